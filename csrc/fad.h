@@ -1,0 +1,127 @@
+/*
+ * fad.h — flash_attn_det public C API.
+ *
+ * Deterministic, batch-invariant attention forward on raw pointers. Usable from
+ * C or C++ with no Python and no torch: fill an fad_fwd_params, ask for the
+ * workspace size, allocate it (device memory for the CUDA path), call the entry.
+ *
+ * Layout (flash_attn's): q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), out (B, Sq, Hq, D),
+ * each with any strides for the first three dims and a contiguous last dim;
+ * softmax_lse (B, Hq, Sq) float32 contiguous.
+ *
+ * The invariance contract (README): in deterministic mode the bits of one query
+ * row's output depend only on that row, the keys/values it may see and their
+ * absolute positions, the score options, dtype, head dim, split_size and the
+ * GPU architecture family -- never on batch size, batch composition, the
+ * number of query rows in the call, the SM count or the run.
+ */
+#ifndef FAD_H
+#define FAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FAD_VERSION "0.1.0"
+
+/* Key/value tile width of every kernel: split_size must be a multiple of it. */
+#define FAD_SPLIT_QUANTUM 128
+#define FAD_MAX_HEAD_DIM 256
+
+typedef enum fad_status {
+    FAD_OK = 0,
+    FAD_ERR_DTYPE = 1,       /* an argument has the wrong element type */
+    FAD_ERR_VALUE = 2,       /* an argument has a bad shape, stride or value */
+    FAD_ERR_ALIGNMENT = 3,   /* a pointer or stride breaks the 16-byte rule */
+    FAD_ERR_UNSUPPORTED = 4, /* valid for flash_attn but not implemented here */
+    FAD_ERR_WORKSPACE = 5,   /* workspace missing or too small */
+    FAD_ERR_NO_CUDA = 6,     /* this build has no CUDA path */
+    FAD_ERR_CUDA = 7         /* a CUDA runtime call failed */
+} fad_status;
+
+/* cudaStream_t is `struct CUstream_st *`; declared here so C callers need no CUDA headers. */
+struct CUstream_st;
+
+typedef enum fad_dtype { FAD_FLOAT16 = 0, FAD_BFLOAT16 = 1 } fad_dtype;
+
+/* How the splits of one query tile are mapped onto CTAs. Never changes bits;
+ * the non-AUTO values exist so that tests can prove that. */
+typedef enum fad_schedule {
+    FAD_SCHEDULE_AUTO = 0,          /* chosen from the grid size and SM count */
+    FAD_SCHEDULE_ONE_CTA = 1,       /* every split of a row in one CTA, no workspace */
+    FAD_SCHEDULE_CTA_PER_SPLIT = 2  /* one CTA per split + a combine kernel */
+} fad_schedule;
+
+typedef struct fad_fwd_params {
+    /* --- tensors (device pointers on the CUDA path, host pointers on the CPU path) --- */
+    const void *q;             /* (B, Sq, Hq, D), dtype */
+    const void *k;             /* (B, Sk, Hkv, D), dtype */
+    const void *v;             /* (B, Sk, Hkv, D), dtype */
+    void *out;                 /* (B, Sq, Hq, D), dtype; written */
+    float *softmax_lse;        /* (B, Hq, Sq) contiguous float32, natural log; written */
+    const float *alibi_slopes; /* NULL, or float32 (Hq,) or (B, Hq) */
+
+    /* --- strides in elements (not bytes); the last dim is contiguous --- */
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    int64_t k_batch_stride, k_row_stride, k_head_stride;
+    int64_t v_batch_stride, v_row_stride, v_head_stride;
+    int64_t out_batch_stride, out_row_stride, out_head_stride;
+    int64_t alibi_batch_stride; /* 0 for slopes of shape (Hq,), Hq for (B, Hq) */
+
+    /* --- sizes --- */
+    int batch;       /* B */
+    int seqlen_q;    /* Sq */
+    int seqlen_k;    /* Sk */
+    int num_heads;   /* Hq: query heads */
+    int num_heads_k; /* Hkv: key/value heads; Hq % Hkv == 0 (GQA/MQA) */
+    int head_dim;    /* D: multiple of 8, at most FAD_MAX_HEAD_DIM */
+    fad_dtype dtype;
+
+    /* --- score options --- */
+    float softmax_scale; /* multiplies q.k before softcap; usually 1/sqrt(D) */
+    float softcap;       /* > 0: score = softcap * tanh(score / softcap) */
+    int causal;          /* 1: key j visible to row i iff j <= i + Sk - Sq */
+    int window_left;     /* -1 unbounded, else keys j >= i + Sk - Sq - window_left */
+    int window_right;    /* -1 unbounded, else keys j <= i + Sk - Sq + window_right */
+
+    /* --- split plan --- */
+    int deterministic;   /* 1: fixed split plan from split_size; 0: plan adapts to the batch */
+    int split_size;      /* keys per split, a positive multiple of FAD_SPLIT_QUANTUM */
+    fad_schedule schedule;
+} fad_fwd_params;
+
+/* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),
+ * no causal mask, unbounded window, deterministic, split_size 512. */
+void fad_fwd_params_init(fad_fwd_params *p);
+
+/* Validates p. On failure returns the status and writes a message that names
+ * the argument into msg (may be NULL). Writes no tensor. */
+fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len);
+
+/* Bytes of device workspace fad_fwd_cuda needs for p on the current device
+ * (0 is common: the workspace only exists when splits are spread over CTAs). */
+fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes,
+                                  char *msg, size_t msg_len);
+
+/* Forward on the GPU, enqueued on stream (a cudaStream_t; NULL = legacy
+ * default stream). Validates first; nothing is written on failure. No host
+ * sync and no allocation: safe inside CUDA graph capture. */
+fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspace_bytes,
+                        struct CUstream_st *stream, char *msg, size_t msg_len);
+
+/* Forward on the CPU (host pointers), fp32 accumulation, same split plan. */
+fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len);
+
+/* 1 when this build contains the CUDA path. */
+int fad_has_cuda(void);
+
+/* A static string naming the status. */
+const char *fad_status_string(fad_status s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FAD_H */

@@ -1,0 +1,223 @@
+/*
+ * fad_core.c — argument checks, the split plan and the public entry points
+ * that do not depend on where the math runs.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fad_internal.h"
+#include "fad_math.h"
+
+fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    if (msg && msg_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_len, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+const char *fad_status_string(fad_status s)
+{
+    switch (s) {
+    case FAD_OK: return "ok";
+    case FAD_ERR_DTYPE: return "wrong dtype";
+    case FAD_ERR_VALUE: return "bad shape, stride or value";
+    case FAD_ERR_ALIGNMENT: return "misaligned pointer or stride";
+    case FAD_ERR_UNSUPPORTED: return "not supported";
+    case FAD_ERR_WORKSPACE: return "workspace missing or too small";
+    case FAD_ERR_NO_CUDA: return "built without CUDA";
+    case FAD_ERR_CUDA: return "CUDA error";
+    }
+    return "unknown status";
+}
+
+void fad_fwd_params_init(fad_fwd_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->dtype = FAD_BFLOAT16;
+    p->window_left = -1;
+    p->window_right = -1;
+    p->deterministic = 1;
+    p->split_size = 512;
+    p->schedule = FAD_SCHEDULE_AUTO;
+}
+
+/* Checks in a fixed order: sizes, head dim, pointers, strides, options. */
+fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    if (!p)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "params: NULL");
+    if (p->dtype != FAD_FLOAT16 && p->dtype != FAD_BFLOAT16)
+        return fad_fail(FAD_ERR_DTYPE, msg, msg_len, "dtype: expected float16 or bfloat16");
+    if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "batch, seqlen_q, seqlen_k: must be >= 0 (got %d, %d, %d)",
+                        p->batch, p->seqlen_q, p->seqlen_k);
+    if (p->num_heads <= 0 || p->num_heads_k <= 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "num_heads, num_heads_k: must be > 0 (got %d, %d)",
+                        p->num_heads, p->num_heads_k);
+    if (p->num_heads % p->num_heads_k)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "num_heads_k: query heads (%d) must be a multiple of key/value heads (%d)",
+                        p->num_heads, p->num_heads_k);
+    if (p->head_dim <= 0 || p->head_dim % 8 || p->head_dim > FAD_MAX_HEAD_DIM)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "head_dim: must be a multiple of 8 in [8, %d] (got %d)", FAD_MAX_HEAD_DIM,
+                        p->head_dim);
+    if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "softmax_scale: must be finite and > 0 (got %g)",
+                        (double)p->softmax_scale);
+    if (!(p->softcap >= 0.f) || !isfinite(p->softcap))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "softcap: must be finite and >= 0 (got %g)",
+                        (double)p->softcap);
+    if (p->window_left < -1 || p->window_right < -1)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "window_size: entries must be -1 (unbounded) or >= 0 (got (%d, %d))",
+                        p->window_left, p->window_right);
+    if (p->causal && p->window_right != 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "causal: requires window_right == 0 (causal is window_size=(left, 0))");
+    if (p->alibi_batch_stride != 0 && p->alibi_batch_stride < p->num_heads)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "alibi_slopes: batch stride %lld < num_heads %d",
+                        (long long)p->alibi_batch_stride, p->num_heads);
+    if (p->split_size <= 0 || p->split_size % FAD_SPLIT_QUANTUM)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "split_size: must be a positive multiple of %d (got %d)", FAD_SPLIT_QUANTUM,
+                        p->split_size);
+    if (p->schedule < FAD_SCHEDULE_AUTO || p->schedule > FAD_SCHEDULE_CTA_PER_SPLIT)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "schedule: unknown value %d", (int)p->schedule);
+    return FAD_OK;
+}
+
+/* The run entries need real tensors; the workspace query does not. */
+static fad_status check_pointers(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    if (p->batch == 0 || p->seqlen_q == 0)
+        return FAD_OK;
+    if (!p->q || !p->out || !p->softmax_lse)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "q, out, softmax_lse: NULL pointer");
+    if (p->seqlen_k > 0 && (!p->k || !p->v))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "k, v: NULL pointer");
+    return FAD_OK;
+}
+
+fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    fad_status st = fad_fwd_check(p, msg, msg_len);
+    return st != FAD_OK ? st : check_pointers(p, msg, msg_len);
+}
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
+{
+    memset(plan, 0, sizeof(*plan));
+    plan->m_blocks = (p->seqlen_q + FAD_BLOCK_M - 1) / FAD_BLOCK_M;
+    long long ctas = (long long)p->batch * p->num_heads * plan->m_blocks;
+    int len_k = p->seqlen_k > 0 ? p->seqlen_k : 1;
+
+    if (p->deterministic) {
+        /* The plan is split_size, full stop: nothing about the batch enters it. */
+        plan->split_size = p->split_size;
+    } else if (num_sms <= 0 || ctas >= num_sms) {
+        /* Fast mode with a full grid: one split per row, no merges at all. */
+        plan->split_size = round_up(len_k, FAD_SPLIT_QUANTUM);
+    } else {
+        /* Fast mode with idle SMs: about two waves of split CTAs. */
+        int want = (int)((2LL * num_sms + ctas - 1) / ctas);
+        int most = (len_k + FAD_SPLIT_QUANTUM - 1) / FAD_SPLIT_QUANTUM;
+        if (want > most) want = most;
+        if (want > 128) want = 128;
+        plan->split_size = round_up((len_k + want - 1) / want, FAD_SPLIT_QUANTUM);
+    }
+    plan->num_splits = fad_num_splits(p->seqlen_k, plan->split_size);
+
+    size_t rows = (size_t)p->batch * p->num_heads * p->seqlen_q;
+    size_t o_bytes = (size_t)plan->num_splits * rows * p->head_dim * sizeof(float);
+    size_t ml_bytes = (size_t)plan->num_splits * rows * 2 * sizeof(float);
+
+    switch (p->schedule) {
+    case FAD_SCHEDULE_ONE_CTA: plan->cta_per_split = 0; break;
+    case FAD_SCHEDULE_CTA_PER_SPLIT: plan->cta_per_split = plan->num_splits > 0; break;
+    default:
+        /* Spreading splits over CTAs never changes bits; do it when the grid
+         * would leave SMs idle and the partials stay small. */
+        plan->cta_per_split = num_sms > 0 && plan->num_splits > 1 && ctas < num_sms &&
+                              o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
+    }
+    if (plan->cta_per_split) {
+        plan->ws_o_offset = 0;
+        plan->ws_ml_offset = (o_bytes + 255) / 256 * 256;
+        plan->workspace_bytes = plan->ws_ml_offset + ml_bytes;
+    }
+}
+
+fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes, char *msg,
+                                  size_t msg_len)
+{
+    int num_sms = 0;
+    fad_plan plan;
+    fad_status st = fad_fwd_check(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (!bytes)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "bytes: NULL");
+    st = fad_cuda_num_sms(&num_sms, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    fad_make_plan(p, num_sms, &plan);
+    *bytes = plan.workspace_bytes;
+    return FAD_OK;
+}
+
+/* The kernels move 16-byte chunks: every row of every tensor starts on one. */
+static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    const void *ptrs[4] = {p->q, p->k, p->v, p->out};
+    const int64_t strides[4][3] = {
+        {p->q_batch_stride, p->q_row_stride, p->q_head_stride},
+        {p->k_batch_stride, p->k_row_stride, p->k_head_stride},
+        {p->v_batch_stride, p->v_row_stride, p->v_head_stride},
+        {p->out_batch_stride, p->out_row_stride, p->out_head_stride}};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    for (int t = 0; t < 4; t++) {
+        if ((uintptr_t)ptrs[t] % 16)
+            return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
+                            "%s: data pointer must be 16-byte aligned", names[t]);
+        for (int d = 0; d < 3; d++)
+            if (strides[t][d] % 8)
+                return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
+                                "%s: strides must be multiples of 8 elements (got %lld)", names[t],
+                                (long long)strides[t][d]);
+    }
+    return FAD_OK;
+}
+
+fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspace_bytes,
+                        struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    int num_sms = 0;
+    fad_plan plan;
+    fad_status st = fad_fwd_check_run(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    st = check_alignment(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    st = fad_cuda_num_sms(&num_sms, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    fad_make_plan(p, num_sms, &plan);
+    if (plan.workspace_bytes && (!workspace || workspace_bytes < plan.workspace_bytes))
+        return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,
+                        "workspace: needs %zu bytes, got %zu (ask fad_fwd_workspace_size)",
+                        plan.workspace_bytes, workspace ? workspace_bytes : (size_t)0);
+    if (p->batch == 0 || p->seqlen_q == 0)
+        return FAD_OK;
+    return fad_fwd_cuda_launch(p, &plan, workspace, stream, msg, msg_len);
+}

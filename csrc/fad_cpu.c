@@ -1,0 +1,192 @@
+/*
+ * fad_cpu.c — the forward pass on the CPU, in plain C, on the same split plan
+ * as the kernels: per row, splits at absolute key positions, FAD_BLOCK_N-key
+ * tiles inside a split with a fresh online-softmax state, splits merged left
+ * to right with fad_merge_*. fp32 accumulation; fp16/bf16 in and out.
+ *
+ * It is the reference for the semantics in CI and the path a user without a
+ * GPU gets. Each row is computed alone, so its bits cannot depend on the batch.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fad_internal.h"
+#include "fad_math.h"
+
+/* --- fp16 / bf16 <-> fp32, round to nearest even ------------------------- */
+
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet */
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float fp16_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: value = man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t float_to_fp16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;               /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;              /* rounds to inf */
+    if (a < 0x38800000u) {                                    /* fp16 subnormal or zero */
+        float af;
+        memcpy(&af, &a, 4);
+        return sign | (uint16_t)lrintf(af * 16777216.0f);     /* units of 2^-24, RNE */
+    }
+    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u);              /* RNE at bit 13 */
+    return sign | (uint16_t)((r - 0x38000000u) >> 13);
+}
+
+typedef float (*load_fn)(uint16_t);
+
+/* --- one row ------------------------------------------------------------- */
+
+typedef struct row_ctx {
+    const fad_fwd_params *p;
+    const fad_score_mod *mod;
+    load_fn load;
+    int split_size;
+} row_ctx;
+
+/* Runs the plan for query row i of (b, h) and writes out/lse. q holds the row
+ * in fp32; kbase/vbase point at key 0 of the row's kv head. */
+static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
+                       const uint16_t *kbase, const uint16_t *vbase, uint16_t *out, float *lse)
+{
+    const fad_fwd_params *p = c->p;
+    const int D = p->head_dim;
+    float slope_log2 = 0.f;
+    if (p->alibi_slopes)
+        slope_log2 = p->alibi_slopes[b * p->alibi_batch_stride + h] * FAD_LOG2E;
+
+    fad_key_range r = fad_row_keys(i, p->seqlen_q, p->seqlen_k, p->window_left, p->window_right);
+    float mr = -INFINITY, lr = 0.f, orow[FAD_MAX_HEAD_DIM]; /* merged state R */
+    float os[FAD_MAX_HEAD_DIM], s[FAD_BLOCK_N];
+    memset(orow, 0, sizeof(float) * D);
+
+    int s_end = fad_end_split(r, c->split_size);
+    for (int sp = fad_first_split(r, c->split_size); sp < s_end; sp++) {
+        /* Fresh state for every split. */
+        float ms = -INFINITY, ls = 0.f;
+        memset(os, 0, sizeof(float) * D);
+        int k0 = sp * c->split_size, k1 = k0 + c->split_size;
+        if (k1 > p->seqlen_k) k1 = p->seqlen_k;
+        for (int t0 = k0; t0 < k1; t0 += FAD_BLOCK_N) {
+            int t1 = t0 + FAD_BLOCK_N < k1 ? t0 + FAD_BLOCK_N : k1;
+            if (t1 <= r.lo || t0 >= r.hi) /* fully masked tile: the identity */
+                continue;
+            float mt = -INFINITY;
+            for (int j = t0; j < t1; j++) {
+                float x = -INFINITY;
+                if (j >= r.lo && j < r.hi) {
+                    const uint16_t *kr = kbase + (int64_t)j * p->k_row_stride;
+                    float dot = 0.f;
+                    for (int d = 0; d < D; d++)
+                        dot = FAD_FMA(q[d], c->load(kr[d]), dot);
+                    x = fad_logit(c->mod, dot);
+                    if (p->alibi_slopes)
+                        x += fad_alibi_log2(slope_log2, i, j, p->seqlen_q, p->seqlen_k);
+                }
+                s[j - t0] = x;
+                mt = fmaxf(mt, x);
+            }
+            float mnew, scale = fad_rescale(ms, mt, &mnew), base = fad_exp_base(mnew), psum = 0.f;
+            for (int d = 0; d < D; d++)
+                os[d] = FAD_MUL(os[d], scale);
+            for (int j = t0; j < t1; j++) {
+                float pj = fad_exp2(s[j - t0] - base);
+                psum += pj;
+                if (pj == 0.f)
+                    continue;
+                const uint16_t *vr = vbase + (int64_t)j * p->v_row_stride;
+                for (int d = 0; d < D; d++)
+                    os[d] = FAD_FMA(pj, c->load(vr[d]), os[d]);
+            }
+            ls = FAD_FMA(ls, scale, psum);
+            ms = mnew;
+        }
+        /* R <- R (+) split, the merge every path shares. */
+        fad_merge_w w = fad_merge_weights(mr, ms);
+        for (int d = 0; d < D; d++)
+            orow[d] = fad_merge_value(orow[d], os[d], w);
+        lr = fad_merge_value(lr, ls, w);
+        mr = w.m;
+    }
+
+    float inv = fad_inv_sum(lr);
+    int bf16 = p->dtype == FAD_BFLOAT16;
+    for (int d = 0; d < D; d++) {
+        float y = FAD_MUL(orow[d], inv);
+        out[d] = bf16 ? float_to_bf16(y) : float_to_fp16(y);
+    }
+    *lse = fad_lse(mr, lr);
+}
+
+fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    fad_plan plan;
+    fad_status st = fad_fwd_check_run(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    fad_make_plan(p, 0, &plan);
+
+    fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap);
+    row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? bf16_to_float : fp16_to_float,
+                 plan.split_size};
+    const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
+    const uint16_t *Q = (const uint16_t *)p->q, *K = (const uint16_t *)p->k,
+                   *V = (const uint16_t *)p->v;
+    uint16_t *O = (uint16_t *)p->out;
+    float q[FAD_MAX_HEAD_DIM];
+
+    for (int b = 0; b < p->batch; b++)
+        for (int h = 0; h < p->num_heads; h++) {
+            int hk = h / group;
+            const uint16_t *kbase = K ? K + b * p->k_batch_stride + hk * p->k_head_stride : NULL;
+            const uint16_t *vbase = V ? V + b * p->v_batch_stride + hk * p->v_head_stride : NULL;
+            for (int i = 0; i < p->seqlen_q; i++) {
+                const uint16_t *qr = Q + b * p->q_batch_stride + i * p->q_row_stride +
+                                     h * p->q_head_stride;
+                for (int d = 0; d < D; d++)
+                    q[d] = c.load(qr[d]);
+                attend_row(&c, b, h, i, q, kbase, vbase,
+                           O + b * p->out_batch_stride + i * p->out_row_stride +
+                               h * p->out_head_stride,
+                           p->softmax_lse + ((int64_t)b * p->num_heads + h) * p->seqlen_q + i);
+            }
+        }
+    return FAD_OK;
+}

@@ -1,0 +1,609 @@
+/*
+ * fad_fwd.cu — the forward kernel on the fixed split plan, its combine kernel
+ * and the single dispatch point that picks a compile-time variant.
+ *
+ * Shapes (flash_attn layout, strides from fad_fwd_params):
+ *   q   (B, Sq, Hq, D)      k, v (B, Sk, Hkv, D)      out (B, Sq, Hq, D)
+ *   lse (B, Hq, Sq) fp32    workspace (partials): o [split][B][Hq][Sq][D] fp32,
+ *                                                 ml [split][B][Hq][Sq][2] fp32
+ *
+ * One CTA = one (batch, head, query tile of kBlockM rows); 4 warps, 16 rows
+ * each. It walks kBlockN-key tiles in increasing order. Tiles belong to splits
+ * at absolute positions [s*S, (s+1)*S); a split starts from a fresh online-
+ * softmax state and, when it ends, is merged into the row's result R with
+ * fad_merge_* (fad_math.h). Either all splits of a row run in one CTA (R lives
+ * in shared memory), or each split runs in its own CTA and writes its state to
+ * the workspace, and combine_kernel folds the states left to right with the
+ * same merge. Both give the same bits: the fold is the same sequence of the
+ * same operations, and skipped tiles/splits are exact identities.
+ *
+ * Tensor cores: mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands
+ * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
+ * registers and fed back as the A operand, cp.async for global->shared.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fad_internal.h"
+#include "fad_math.h"
+
+#define CUDA_TRY(call)                                                                       \
+    do {                                                                                     \
+        cudaError_t err_ = (call);                                                           \
+        if (err_ != cudaSuccess)                                                             \
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "%s failed: %s", #call,              \
+                            cudaGetErrorString(err_));                                       \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* dtype traits: packing fp32 pairs and the matching mma instruction         */
+/* ------------------------------------------------------------------------ */
+
+template <typename T> struct dtype_ops;
+
+template <> struct dtype_ops<__half> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <> struct dtype_ops<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* ------------------------------------------------------------------------ */
+/* shared-memory primitives                                                   */
+/* ------------------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 zero-fills the destination. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* Row-major [rows][kHeadDim] tile whose 16-byte chunks are XOR-swizzled by
+ * row % 8: the 8 rows an ldmatrix phase reads land in 8 different bank groups. */
+template <int kHeadDim> __device__ __forceinline__ int swz(int row, int col)
+{
+    return row * kHeadDim + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
+
+/* A register copy the compiler cannot see through. Re-taken every tile, it
+ * stops loop-invariant code motion from hoisting every (kk, j) ldmatrix
+ * address out of the tile loop (64+ live registers at D=128); inside the
+ * loop the constant parts fold into the instructions' immediate offsets. */
+__device__ __forceinline__ uint32_t opaque(uint32_t x)
+{
+    asm volatile("mov.b32 %0, %0;" : "+r"(x));
+    return x;
+}
+
+/* ldmatrix addressing without per-(row, col) index math in the hot loop. A
+ * thread always reads rows with the same row % 8 (= lane % 8), and chunk
+ * 2 * kk + x of a 16-column block kk. So the swizzled column offset depends
+ * only on kk % 4: four shared-memory addresses per thread and operand; the
+ * rest are compile-time offsets. */
+template <int kHeadDim> struct lds_base {
+    uint32_t addr[4];
+    /* row0: this thread's first row; x: which chunk of the 16-column block */
+    __device__ __forceinline__ lds_base(const void *tile, int row0, int x)
+    {
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((2 * c + x) ^ (row0 % 8)) & 7) * 8) * 2;
+    }
+    __device__ __forceinline__ lds_base reload() const
+    {
+        lds_base r = *this;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            r.addr[c] = opaque(addr[c]);
+        return r;
+    }
+    /* byte address of (row0 + row_off, 16-column block kk); row_off % 8 == 0 */
+    __device__ __forceinline__ uint32_t at(int row_off, int kk) const
+    {
+        return addr[kk % 4] + (row_off * kHeadDim + (kk / 4) * 64) * 2;
+    }
+};
+
+/* Copies rows [0, rows) x cols [0, D) of a global tile into a swizzled shared
+ * tile of kRows x kHeadDim, zero-filling everything outside. */
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(T *smem, const T *g, int64_t row_stride, int rows, int D)
+{
+    constexpr int kChunks = kHeadDim / 8;
+    static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+    for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+        const int c = threadIdx.x + i * kThreads;
+        const int row = c / kChunks, col = (c % kChunks) * 8;
+        const bool ok = row < rows && col < D;
+        cp_async16(smem + swz<kHeadDim>(row, col), ok ? g + row * row_stride + col : g, ok ? 16 : 0);
+    }
+}
+
+/* Sum over the 4 lanes that hold one row, in a fixed order. */
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x = FAD_ADD(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return FAD_ADD(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/* ------------------------------------------------------------------------ */
+/* the forward kernel                                                         */
+/* ------------------------------------------------------------------------ */
+
+struct fwd_args {
+    fad_fwd_params p;
+    fad_plan plan;
+    float *ws_o;  /* partial o, CTA-per-split schedule only */
+    float *ws_ml; /* partial (m, l) */
+};
+
+template <int kHeadDim> struct fwd_cfg {
+    static constexpr int kBlockM = FAD_BLOCK_M, kBlockN = FAD_BLOCK_N;
+    static constexpr int kWarps = 4, kThreads = kWarps * 32;
+    static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
+    static constexpr bool kQInRegs = kHeadDim <= 128;
+    /* sQ, sK, sV in the input dtype, then sR (merged o, fp32) */
+    static constexpr size_t kSmemInputs = (size_t)(kBlockM + 2 * kBlockN) * kHeadDim * 2;
+    static constexpr size_t kSmemBytes = kSmemInputs + (size_t)kBlockM * kHeadDim * 4;
+    static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
+    static_assert(kBlockM == kWarps * 16, "one m16 tile per warp");
+    static_assert(FAD_SPLIT_QUANTUM % kBlockN == 0, "splits are whole tiles");
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads)
+fwd_kernel(const __grid_constant__ fwd_args a)
+{
+    using C = fwd_cfg<kHeadDim>;
+    using ops = dtype_ops<T>;
+    constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
+    const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size;
+
+    const int m_block = blockIdx.x % a.plan.m_blocks;
+    const int bh = blockIdx.x / a.plan.m_blocks;
+    const int b = bh / p.num_heads, h = bh % p.num_heads;
+    const int hk = h / (p.num_heads / p.num_heads_k);
+    const int len_q = p.seqlen_q, len_k = p.seqlen_k;
+    const int m0 = m_block * kBlockM;
+    if (m0 >= len_q)
+        return;
+    const int m_end = min(m0 + kBlockM, len_q);
+
+    /* Keys any row of this tile may see: lo and hi grow with the row index. */
+    const fad_key_range first_row = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
+    const fad_key_range last_row = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
+    const fad_key_range tile_keys = {first_row.lo, last_row.hi};
+    int s_begin = fad_first_split(tile_keys, S), s_end = fad_end_split(tile_keys, S);
+    const bool partial = a.plan.cta_per_split;
+    if (partial) {
+        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
+            return; /* this split is masked for every row: the combine skips it too */
+        s_begin = blockIdx.z;
+        s_end = blockIdx.z + 1;
+    }
+    /* Flat walk over the kBlockN-aligned tiles of splits [s_begin, s_end)
+     * that intersect the tile's key range. */
+    const int t_first = max(s_begin * S, tile_keys.lo / kBlockN * kBlockN);
+    const int t_last = min(min(s_end * S, tile_keys.hi), len_k);
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_raw);
+    T *sK = sQ + kBlockM * kHeadDim;
+    T *sV = sK + kBlockN * kHeadDim;
+    float *sR = reinterpret_cast<float *>(smem_raw + C::kSmemInputs);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int D = p.head_dim;
+    const T *q_g = (const T *)p.q + b * p.q_batch_stride + (int64_t)m0 * p.q_row_stride +
+                   h * p.q_head_stride;
+    const T *k_g = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+    const T *v_g = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+
+    /* This thread's two rows (tile-local r, r + 8) and their key ranges. */
+    const int row0 = warp * 16 + lane / 4;
+    fad_key_range rk[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+        rk[e] = fad_row_keys(m0 + row0 + 8 * e, len_q, len_k, p.window_left, p.window_right);
+    /* A tile needs no mask when it lies inside every row's range. */
+    const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap);
+    const float slope_log2 =
+        p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
+
+    /* Merged result R: (m, l) in registers, o in shared memory, thread-private
+     * slots (slot-major, so a warp's accesses hit 32 different banks). */
+    float mR[2] = {-INFINITY, -INFINITY}, lR[2] = {0.f, 0.f};
+    if (!partial)
+#pragma unroll
+        for (int i = 0; i < kDB * 4; i++)
+            sR[i * C::kThreads + tid] = 0.f;
+
+    /* Current split's state: o in registers, l per thread (quad-summed when the split ends). */
+    float acc[kDB][4] = {}, m_s[2] = {-INFINITY, -INFINITY}, l_s[2] = {0.f, 0.f};
+    int cur_split = -1;
+
+    /* Ends the current split: fold it into R, or write it out as a partial. */
+    auto end_split = [&]() {
+        float l_row[2] = {quad_sum(l_s[0]), quad_sum(l_s[1])};
+        if (!partial) {
+            fad_merge_w w[2] = {fad_merge_weights(mR[0], m_s[0]), fad_merge_weights(mR[1], m_s[1])};
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float *r = &sR[(nb * 4 + e) * C::kThreads + tid];
+                    *r = fad_merge_value(*r, acc[nb][e], w[e / 2]);
+                }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                lR[e] = fad_merge_value(lR[e], l_row[e], w[e]);
+                mR[e] = w[e].m;
+            }
+        } else {
+            const size_t row_base = (((size_t)cur_split * p.batch + b) * p.num_heads + h) * len_q + m0;
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                int r = row0 + 8 * e2;
+                if (m0 + r >= len_q)
+                    continue;
+                float *o = a.ws_o + (row_base + r) * D;
+#pragma unroll
+                for (int nb = 0; nb < kDB; nb++) {
+                    int col = nb * 8 + (lane % 4) * 2;
+                    if (col < D)
+                        *reinterpret_cast<float2 *>(o + col) =
+                            make_float2(acc[nb][2 * e2], acc[nb][2 * e2 + 1]);
+                }
+                if (lane % 4 == 0)
+                    *reinterpret_cast<float2 *>(a.ws_ml + (row_base + r) * 2) =
+                        make_float2(m_s[e2], l_row[e2]);
+            }
+        }
+    };
+
+    /* Prologue: Q and the first K tile in flight. */
+    load_tile<T, kHeadDim, kBlockM, C::kThreads>(sQ, q_g, p.q_row_stride, m_end - m0, D);
+    if (t_first < t_last)
+        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK, k_g + (int64_t)t_first * p.k_row_stride,
+                                                     p.k_row_stride, len_k - t_first, D);
+    cp_async_commit();
+
+    uint32_t qf[C::kQInRegs ? kHeadDim / 16 : 1][4];
+    /* Per-thread ldmatrix bases: A (Q) and V read chunk 2kk + lane/16 of row
+     * lane % 16 (+8 for V's second matrix pair); K reads chunk 2kk + (lane/8) % 2. */
+    const lds_base<kHeadDim> q_lds(sQ, warp * 16 + lane % 16, lane / 16);
+    const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+    const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+
+    for (int t0 = t_first; t0 < t_last; t0 += kBlockN) {
+        if (t0 / S != cur_split) {
+            if (cur_split >= 0)
+                end_split();
+            cur_split = t0 / S;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                m_s[e] = -INFINITY;
+                l_s[e] = 0.f;
+            }
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[nb][e] = 0.f;
+        }
+
+        cp_async_wait_all();
+        __syncthreads(); /* K(t0) landed; every warp is done with V(t0 - kBlockN) */
+        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV, v_g + (int64_t)t0 * p.v_row_stride,
+                                                     p.v_row_stride, len_k - t0, D);
+        cp_async_commit();
+
+        if (C::kQInRegs && t0 == t_first)
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; kk++)
+                ldmatrix_x4(qf[C::kQInRegs ? kk : 0], q_lds.at(0, kk));
+
+        const lds_base<kHeadDim> k_lds = k_lds0.reload(), v_lds = v_lds0.reload();
+        /* S = Q K^T for this warp's 16 rows x kBlockN keys. */
+        float s[kBlockN / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[nb][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; kk++) {
+            uint32_t af[4];
+            if (C::kQInRegs) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    af[i] = qf[C::kQInRegs ? kk : 0][i];
+            } else {
+                ldmatrix_x4(af, q_lds.at(0, kk));
+            }
+#pragma unroll
+            for (int j = 0; j < kBlockN / 16; j++) {
+                uint32_t bf[4];
+                ldmatrix_x4(bf, k_lds.at(j * 16, kk));
+                ops::mma(s[2 * j], af, bf[0], bf[1]);
+                ops::mma(s[2 * j + 1], af, bf[2], bf[3]);
+            }
+        }
+
+        /* Scores -> masked logits (log2 units) -> online softmax step. */
+        const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
+        float m_tile[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
+                const int row = m0 + row0 + 8 * (e / 2);
+                float x = fad_logit(&mod, s[nb][e]);
+                if (p.alibi_slopes)
+                    x = FAD_ADD(x, fad_alibi_log2(slope_log2, row, key, len_q, len_k));
+                if (need_mask && (key < rk[e / 2].lo || key >= rk[e / 2].hi))
+                    x = -INFINITY;
+                s[nb][e] = x;
+                m_tile[e / 2] = fmaxf(m_tile[e / 2], x);
+            }
+        float scale[2], base[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float m_new;
+            scale[e] = fad_rescale(m_s[e], quad_max(m_tile[e]), &m_new);
+            m_s[e] = m_new;
+            base[e] = fad_exp_base(m_new);
+        }
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nb][e] = fad_exp2(s[nb][e] - base[e / 2]);
+                psum[e / 2] = FAD_ADD(psum[e / 2], s[nb][e]);
+            }
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            l_s[e] = FAD_FMA(l_s[e], scale[e], psum[e]);
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nb][e] = FAD_MUL(acc[nb][e], scale[e / 2]);
+
+        cp_async_wait_all();
+        __syncthreads(); /* V(t0) landed; every warp is done with K(t0) */
+        if (t0 + kBlockN < t_last)
+            load_tile<T, kHeadDim, kBlockN, C::kThreads>(
+                sK, k_g + (int64_t)(t0 + kBlockN) * p.k_row_stride, p.k_row_stride,
+                len_k - t0 - kBlockN, D);
+        cp_async_commit();
+
+        /* O += P V: P goes straight from the S accumulators to A fragments. */
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; kk++) {
+            uint32_t pf[4] = {ops::pack(s[2 * kk][0], s[2 * kk][1]), ops::pack(s[2 * kk][2], s[2 * kk][3]),
+                              ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 16; j++) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
+                ops::mma(acc[2 * j], pf, vf[0], vf[1]);
+                ops::mma(acc[2 * j + 1], pf, vf[2], vf[3]);
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    if (partial) {
+        if (cur_split >= 0)
+            end_split();
+        return;
+    }
+    if (cur_split >= 0)
+        end_split();
+
+    /* Normalise R and write out and lse. */
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        const int r = row0 + 8 * e2;
+        if (m0 + r >= len_q)
+            continue;
+        const float inv = fad_inv_sum(lR[e2]);
+        T *o = (T *)p.out + b * p.out_batch_stride + (int64_t)(m0 + r) * p.out_row_stride +
+               h * p.out_head_stride;
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+            const int col = nb * 8 + (lane % 4) * 2;
+            if (col < D) {
+                float y0 = FAD_MUL(sR[(nb * 4 + 2 * e2) * C::kThreads + tid], inv);
+                float y1 = FAD_MUL(sR[(nb * 4 + 2 * e2 + 1) * C::kThreads + tid], inv);
+                *reinterpret_cast<uint32_t *>(o + col) = ops::pack(y0, y1);
+            }
+        }
+        if (lane % 4 == 0)
+            p.softmax_lse[((int64_t)b * p.num_heads + h) * len_q + m0 + r] = fad_lse(mR[e2], lR[e2]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* combine: fold split partials left to right, one warp per query row         */
+/* ------------------------------------------------------------------------ */
+
+template <typename T>
+__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fwd_args a)
+{
+    using ops = dtype_ops<T>;
+    const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
+    const int64_t rows = (int64_t)p.batch * p.num_heads * p.seqlen_q;
+    const int64_t row = (int64_t)blockIdx.x * 4 + threadIdx.x / 32; /* (b, h, i) flattened */
+    if (row >= rows)
+        return;
+    const int i = (int)(row % p.seqlen_q);
+    const int bh = (int)(row / p.seqlen_q), b = bh / p.num_heads, h = bh % p.num_heads;
+    const size_t split_stride = (size_t)rows;
+
+    fad_key_range r = fad_row_keys(i, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    float m = -INFINITY, l = 0.f, o[FAD_MAX_HEAD_DIM / 32];
+#pragma unroll
+    for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
+        o[c] = 0.f;
+    const int s_end = fad_end_split(r, S);
+    for (int s = fad_first_split(r, S); s < s_end; s++) {
+        const size_t idx = s * split_stride + row;
+        const float2 ml = *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2);
+        fad_merge_w w = fad_merge_weights(m, ml.x);
+        const float *os = a.ws_o + idx * D;
+#pragma unroll
+        for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
+            if (lane + 32 * c < D)
+                o[c] = fad_merge_value(o[c], os[lane + 32 * c], w);
+        l = fad_merge_value(l, ml.y, w);
+        m = w.m;
+    }
+    const float inv = fad_inv_sum(l);
+    T *out = (T *)p.out + b * p.out_batch_stride + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+#pragma unroll
+    for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
+        if (lane + 32 * c < D) {
+            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
+            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
+        }
+    if (lane == 0)
+        p.softmax_lse[(int64_t)bh * p.seqlen_q + i] = fad_lse(m, l);
+}
+
+/* ------------------------------------------------------------------------ */
+/* host side: SM count, and the one dispatch point                            */
+/* ------------------------------------------------------------------------ */
+
+#define FAD_MAX_DEVICES 64
+static int g_num_sms[FAD_MAX_DEVICES];
+
+extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
+{
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= FAD_MAX_DEVICES)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
+    if (!g_num_sms[dev])
+        CUDA_TRY(cudaDeviceGetAttribute(&g_num_sms[dev], cudaDevAttrMultiProcessorCount, dev));
+    *num_sms = g_num_sms[dev];
+    return FAD_OK;
+}
+
+extern "C" int fad_has_cuda(void) { return 1; }
+
+extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
+{
+    CUDA_TRY(cudaGetDevice(prev));
+    if (*prev != dev)
+        CUDA_TRY(cudaSetDevice(dev));
+    return FAD_OK;
+}
+
+template <typename T, int kHeadDim>
+static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    using C = fwd_cfg<kHeadDim>;
+    static int smem_set[FAD_MAX_DEVICES];
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < FAD_MAX_DEVICES && !smem_set[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(fwd_kernel<T, kHeadDim>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)C::kSmemBytes));
+        smem_set[dev] = 1;
+    }
+    const fad_plan &plan = a.plan;
+    dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
+              plan.cta_per_split ? plan.num_splits : 1);
+    fwd_kernel<T, kHeadDim><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    CUDA_TRY(cudaGetLastError());
+    if (plan.cta_per_split) {
+        int64_t rows = (int64_t)a.p.batch * a.p.num_heads * a.p.seqlen_q;
+        combine_kernel<T><<<(unsigned)((rows + 3) / 4), 128, 0, stream>>>(a);
+        CUDA_TRY(cudaGetLastError());
+    }
+    return FAD_OK;
+}
+
+template <typename T>
+static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    const int D = a.p.head_dim;
+    if (D <= 64) return launch<T, 64>(a, s, msg, msg_len);
+    if (D <= 128) return launch<T, 128>(a, s, msg, msg_len);
+    if (D <= 192) return launch<T, 192>(a, s, msg, msg_len);
+    return launch<T, 256>(a, s, msg, msg_len);
+}
+
+extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan,
+                                          void *workspace, struct CUstream_st *stream, char *msg,
+                                          size_t msg_len)
+{
+    fwd_args a;
+    a.p = *p;
+    a.plan = *plan;
+    a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
+    a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
+    if (p->dtype == FAD_BFLOAT16)
+        return dispatch_head_dim<__nv_bfloat16>(a, stream, msg, msg_len);
+    return dispatch_head_dim<__half>(a, stream, msg, msg_len);
+}

@@ -1,0 +1,51 @@
+/*
+ * fad_internal.h — what the C core and the CUDA launcher share but a caller of
+ * fad.h never sees: the per-call plan and the tile constants it depends on.
+ */
+#ifndef FAD_INTERNAL_H
+#define FAD_INTERNAL_H
+
+#include "fad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Query rows per CTA of the forward kernel (and per tile of the CPU path). */
+#define FAD_BLOCK_M 64
+/* Keys per tile: the tile walk inside a split. Divides FAD_SPLIT_QUANTUM. */
+#define FAD_BLOCK_N 64
+/* Auto schedule: never spend more than this on split partials. */
+#define FAD_MAX_WORKSPACE_BYTES ((size_t)256 << 20)
+
+typedef struct fad_plan {
+    int split_size;      /* keys per split used by this call */
+    int num_splits;      /* splits of the longest sequence */
+    int m_blocks;        /* query tiles per (batch, head) */
+    int cta_per_split;   /* 1: one CTA per split, partials in workspace, combine */
+    size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
+    size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
+    size_t workspace_bytes;
+} fad_plan;
+
+/* Builds the plan for p (already checked). num_sms = 0 on the CPU path. */
+void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan);
+
+/* fad_fwd_check plus the pointer checks a run needs. */
+fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len);
+
+/* Makes dev the current CUDA device; *prev receives the old one. */
+fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len);
+
+/* printf-style message into msg, returns st. */
+fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
+
+/* CUDA side (fad_fwd.cu, or fad_nocuda.c in a CPU-only build). */
+fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
+fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
+                               struct CUstream_st *stream, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FAD_INTERNAL_H */

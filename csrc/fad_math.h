@@ -1,0 +1,176 @@
+/*
+ * fad_math.h — the math every path shares: which keys a row may see, the
+ * split plan, the score transform, the online-softmax step, the merge of two
+ * partial states and the final normalisation.
+ *
+ * Compiled by the C compiler (CPU path) and by nvcc (kernels), so each rule
+ * lives exactly once. Products and sums that decide bits are written with
+ * explicit fused/unfused operations so that no compiler may re-associate or
+ * contract them differently in different kernels.
+ *
+ * Partial states are (m, l, o) in log2 units: m the running max of the scores
+ * (already multiplied by log2(e)), l = sum exp2(s - m), o = sum exp2(s - m) v.
+ * An empty state is (-inf, 0, 0); merging it into anything is the identity,
+ * bit for bit, which is what lets a kernel skip tiles and splits freely.
+ */
+#ifndef FAD_MATH_H
+#define FAD_MATH_H
+
+#include <math.h>
+
+#ifdef __CUDACC__
+#define FAD_HD __host__ __device__ __forceinline__
+#else
+#define FAD_HD static inline
+#endif
+
+#define FAD_LOG2E 1.4426950408889634f
+#define FAD_LN2 0.6931471805599453f
+
+/* Fixed-rounding arithmetic: identical on every path that shares the code. */
+#if defined(__CUDA_ARCH__)
+#define FAD_FMA(a, b, c) __fmaf_rn((a), (b), (c))
+#define FAD_MUL(a, b) __fmul_rn((a), (b))
+#define FAD_ADD(a, b) __fadd_rn((a), (b))
+FAD_HD float fad_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#else
+#define FAD_FMA(a, b, c) fmaf((a), (b), (c))
+#define FAD_MUL(a, b) ((a) * (b))
+#define FAD_ADD(a, b) ((a) + (b))
+FAD_HD float fad_exp2(float x) { return exp2f(x); }
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Masking: the half-open key range [lo, hi) that query row i may attend.   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fad_key_range {
+    int lo, hi; /* empty when lo >= hi */
+} fad_key_range;
+
+/* Row i of a sequence with len_q queries and len_k keys. Bottom-right aligned
+ * (flash_attn): row i sits at key position i + len_k - len_q. window < 0 is
+ * unbounded; causal is window_right == 0. */
+FAD_HD fad_key_range fad_row_keys(int i, int len_q, int len_k, int window_left, int window_right)
+{
+    fad_key_range r;
+    long long diag = (long long)i + len_k - len_q;
+    long long lo = window_left < 0 ? 0 : diag - window_left;
+    long long hi = window_right < 0 ? len_k : diag + window_right + 1;
+    r.lo = lo < 0 ? 0 : (int)(lo > len_k ? len_k : lo);
+    r.hi = hi < 0 ? 0 : (int)(hi > len_k ? len_k : hi);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Split plan: split s of a sequence covers keys [s*S, min((s+1)*S, len_k)). */
+/* ------------------------------------------------------------------------ */
+
+FAD_HD int fad_num_splits(int len_k, int split_size)
+{
+    return (len_k + split_size - 1) / split_size;
+}
+
+/* First and one-past-last split that intersect keys [lo, hi). */
+FAD_HD int fad_first_split(fad_key_range r, int split_size) { return r.lo / split_size; }
+FAD_HD int fad_end_split(fad_key_range r, int split_size)
+{
+    return r.hi > r.lo ? (r.hi - 1) / split_size + 1 : r.lo / split_size;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Scores: raw dot product q.k -> logit in log2 units.                        */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fad_score_mod {
+    float scale_log2;   /* softmax_scale * log2(e), used when no softcap */
+    float cap_in;       /* softmax_scale / softcap (softcap > 0) */
+    float cap_out_log2; /* softcap * log2(e) (softcap > 0) */
+    int has_softcap;
+} fad_score_mod;
+
+FAD_HD fad_score_mod fad_make_score_mod(float softmax_scale, float softcap)
+{
+    fad_score_mod m;
+    m.has_softcap = softcap > 0.f;
+    m.scale_log2 = softmax_scale * FAD_LOG2E;
+    m.cap_in = m.has_softcap ? softmax_scale / softcap : 0.f;
+    m.cap_out_log2 = m.has_softcap ? softcap * FAD_LOG2E : 0.f;
+    return m;
+}
+
+/* ALiBi in log2 units: -slope * |i + len_k - len_q - j| * log2(e). */
+FAD_HD float fad_alibi_log2(float slope_log2, int i, int j, int len_q, int len_k)
+{
+    long long d = (long long)i + len_k - len_q - j;
+    return -slope_log2 * (float)(d < 0 ? -d : d);
+}
+
+FAD_HD float fad_logit(const fad_score_mod *m, float qk)
+{
+    if (m->has_softcap)
+        return FAD_MUL(m->cap_out_log2, tanhf(FAD_MUL(qk, m->cap_in)));
+    return FAD_MUL(qk, m->scale_log2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Online softmax step for one row and one key tile.                          */
+/* ------------------------------------------------------------------------ */
+
+/* Given the old running max and the tile's max, returns the new max and the
+ * factor the old (l, o) are multiplied by. Exactly 1 when the max does not
+ * move, so a fully masked tile leaves the state untouched. */
+FAD_HD float fad_rescale(float m_old, float m_tile, float *m_new)
+{
+    float m = fmaxf(m_old, m_tile);
+    *m_new = m;
+    return m == m_old ? 1.f : fad_exp2(m_old - m); /* m > m_old here, so m is finite */
+}
+
+/* The max a tile's exponents are taken against: 0 when the row has seen no
+ * key yet, so exp2(-inf - 0) = 0 instead of exp2(-inf - -inf) = NaN. */
+FAD_HD float fad_exp_base(float m) { return m == -INFINITY ? 0.f : m; }
+
+/* ------------------------------------------------------------------------ */
+/* Merging two partial states: the only cross-split reduction there is.      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fad_merge_w {
+    float m;      /* merged max */
+    float wa, wb; /* weights of the left and right state */
+} fad_merge_w;
+
+FAD_HD fad_merge_w fad_merge_weights(float ma, float mb)
+{
+    fad_merge_w w;
+    w.m = fmaxf(ma, mb);
+    w.wa = ma == w.m ? 1.f : fad_exp2(ma - w.m);
+    w.wb = mb == w.m ? 1.f : fad_exp2(mb - w.m);
+    return w;
+}
+
+/* a * wa + b * wb with one fixed rounding sequence (used for l and each o). */
+FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
+{
+    return FAD_FMA(a, w.wa, FAD_MUL(b, w.wb));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Final normalisation of a merged state.                                    */
+/* ------------------------------------------------------------------------ */
+
+/* 1/l, or 0 for a row that saw no key (its output is 0, as flash_attn's). */
+FAD_HD float fad_inv_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+
+/* Natural-log log-sum-exp; -inf for a row that saw no key. */
+FAD_HD float fad_lse(float m, float l)
+{
+    return l > 0.f ? FAD_MUL(FAD_ADD(m, log2f(l)), FAD_LN2) : -INFINITY;
+}
+
+#endif /* FAD_MATH_H */

@@ -1,0 +1,31 @@
+/*
+ * fad_nocuda.c — stands in for fad_fwd.cu in a build made without nvcc: every
+ * CUDA entry reports FAD_ERR_NO_CUDA with a message that says why.
+ */
+#include "fad_internal.h"
+
+#define NO_CUDA_MSG                                                                          \
+    "this build of flash_attn_det has no CUDA path (nvcc was not found when it was built); " \
+    "reinstall with nvcc on PATH or CUDA_HOME set"
+
+fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
+{
+    *num_sms = 0;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
+                               struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    (void)p, (void)plan, (void)workspace, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+int fad_has_cuda(void) { return 0; }
+
+fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
+{
+    (void)dev;
+    *prev = 0;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}

@@ -1,0 +1,407 @@
+/*
+ * module.c — flash_attn_det._C: the CPython glue. Plain C API, no pybind, no
+ * libtorch: tensors arrive as DLPack capsules, are checked (in a fixed order,
+ * each message naming the argument), turned into an fad_fwd_params and handed
+ * to the CPU or CUDA entry of fad.h. Outputs and workspace are allocated by the
+ * caller (torch's caching allocator), so nothing here allocates device memory.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "dlpack_abi.h"
+#include "fad.h"
+#include "fad_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* errors                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *raise_status(fad_status st, const char *msg)
+{
+    PyObject *type = PyExc_RuntimeError;
+    switch (st) {
+    case FAD_ERR_DTYPE: type = PyExc_TypeError; break;
+    case FAD_ERR_VALUE:
+    case FAD_ERR_ALIGNMENT:
+    case FAD_ERR_WORKSPACE: type = PyExc_ValueError; break;
+    case FAD_ERR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
+    default: break;
+    }
+    PyErr_SetString(type, msg && msg[0] ? msg : fad_status_string(st));
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DLPack capsules -> DLTensor                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Borrows the DLTensor inside a capsule; the capsule (and the caller's tensor
+ * behind it) stays alive for the whole call, so nothing is consumed. */
+static int get_tensor(PyObject *cap, const char *name, DLTensor **out)
+{
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
+        *out = &m->dl_tensor;
+        return 0;
+    }
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m =
+            (DLManagedTensorVersioned *)PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != 1) {
+            PyErr_Format(PyExc_ValueError, "%s: unsupported DLPack major version %u", name,
+                         m->version.major);
+            return -1;
+        }
+        *out = &m->dl_tensor;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s: expected a DLPack capsule (torch.utils.dlpack.to_dlpack)",
+                 name);
+    return -1;
+}
+
+static void *tensor_data(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+
+/* Stride of dim d in elements (DLPack allows NULL strides for compact tensors). */
+static int64_t tensor_stride(const DLTensor *t, int d)
+{
+    if (t->strides)
+        return t->strides[d];
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i > d; i--)
+        s *= t->shape[i];
+    return s;
+}
+
+static const char *dtype_name(DLDataType dt)
+{
+    if (dt.lanes != 1) return "a vector dtype";
+    if (dt.code == kDLFloat) return dt.bits == 16 ? "float16" : dt.bits == 32 ? "float32" : dt.bits == 64 ? "float64" : "a float dtype";
+    if (dt.code == kDLBfloat && dt.bits == 16) return "bfloat16";
+    if (dt.code == kDLInt) return dt.bits == 32 ? "int32" : dt.bits == 64 ? "int64" : "an int dtype";
+    if (dt.code == kDLUInt) return dt.bits == 8 ? "uint8" : "an unsigned dtype";
+    if (dt.code == kDLBool) return "bool";
+    return "an unknown dtype";
+}
+
+static int is_dtype(DLDataType dt, int code, int bits)
+{
+    return dt.code == code && dt.bits == bits && dt.lanes == 1;
+}
+
+static int same_device(const DLTensor *a, const DLTensor *b)
+{
+    return a->device.device_type == b->device.device_type && a->device.device_id == b->device.device_id;
+}
+
+static const char *device_name(const DLTensor *t)
+{
+    switch (t->device.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    default: return "an unsupported device";
+    }
+}
+
+static int check_shape(const DLTensor *t, const char *name, int ndim, const int64_t *want)
+{
+    if (t->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d dims, got %d", name, ndim, (int)t->ndim);
+        return -1;
+    }
+    for (int d = 0; d < ndim; d++)
+        if (want[d] >= 0 && t->shape[d] != want[d]) {
+            PyErr_Format(PyExc_ValueError, "%s: dim %d must be %lld, got %lld", name, d,
+                         (long long)want[d], (long long)t->shape[d]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Same device as q, one of the expected dtypes, shape, contiguous last dim. */
+static int check_tensor(const DLTensor *t, const DLTensor *q, const char *name, int code, int bits,
+                        int ndim, const int64_t *shape)
+{
+    if (!same_device(t, q)) {
+        PyErr_Format(PyExc_ValueError, "%s: must be on the same device as q (%s:%d), got %s:%d",
+                     name, device_name(q), (int)q->device.device_id, device_name(t),
+                     (int)t->device.device_id);
+        return -1;
+    }
+    if (!is_dtype(t->dtype, code, bits)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", name,
+                     dtype_name((DLDataType){(uint8_t)code, (uint8_t)bits, 1}), dtype_name(t->dtype));
+        return -1;
+    }
+    if (check_shape(t, name, ndim, shape))
+        return -1;
+    if (ndim && t->shape[ndim - 1] > 1 && tensor_stride(t, ndim - 1) != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: last dim must be contiguous (stride 1), got stride %lld",
+                     name, (long long)tensor_stride(t, ndim - 1));
+        return -1;
+    }
+    return 0;
+}
+
+static int check_contiguous(const DLTensor *t, const char *name)
+{
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] > 1 && tensor_stride(t, d) != s) {
+            PyErr_Format(PyExc_ValueError, "%s: must be contiguous", name);
+            return -1;
+        }
+        s *= t->shape[d];
+    }
+    return 0;
+}
+
+static int as_int(PyObject *o, const char *name, int *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int", name);
+        return -1;
+    }
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: %ld does not fit in 32 bits", name, v);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int as_float(PyObject *o, const char *name, float *out)
+{
+    double v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a float", name);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fwd                                                                        */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(fwd_doc,
+"fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
+"    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
+"--\n\n"
+"Attention forward. q, k, v, out, softmax_lse are DLPack capsules (q (B, Sq, Hq, D),\n"
+"k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
+"alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
+"bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
+"Everything is checked before anything is written.");
+
+enum { FWD_NARGS = 16 };
+
+static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    DLTensor *q, *k, *v, *out, *lse, *alibi = NULL, *ws = NULL;
+    fad_fwd_params p;
+    char msg[512] = "";
+    int causal, deterministic, schedule;
+    long long stream_ll;
+
+    if (nargs != FWD_NARGS) {
+        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", FWD_NARGS, nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
+        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
+        get_tensor(args[4], "softmax_lse", &lse))
+        return NULL;
+    if (args[5] != Py_None && get_tensor(args[5], "alibi_slopes", &alibi))
+        return NULL;
+    if (args[6] != Py_None && get_tensor(args[6], "workspace", &ws))
+        return NULL;
+    if (as_float(args[7], "softmax_scale", &p.softmax_scale) ||
+        as_float(args[8], "softcap", &p.softcap) ||
+        as_int(args[9], "window_left", &p.window_left) ||
+        as_int(args[10], "window_right", &p.window_right) || as_int(args[11], "causal", &causal) ||
+        as_int(args[12], "deterministic", &deterministic) ||
+        as_int(args[13], "split_size", &p.split_size) || as_int(args[14], "schedule", &schedule))
+        return NULL;
+    stream_ll = PyLong_AsLongLong(args[15]);
+    if (stream_ll == -1 && PyErr_Occurred())
+        return NULL;
+
+    /* q first: it fixes device, dtype and the sizes everything else must match. */
+    if (q->device.device_type != kDLCPU && q->device.device_type != kDLCUDA) {
+        PyErr_Format(PyExc_ValueError, "q: must be a CPU or CUDA tensor, got %s", device_name(q));
+        return NULL;
+    }
+    if (!is_dtype(q->dtype, kDLFloat, 16) && !is_dtype(q->dtype, kDLBfloat, 16)) {
+        PyErr_Format(PyExc_TypeError, "q: expected dtype float16 or bfloat16, got %s",
+                     dtype_name(q->dtype));
+        return NULL;
+    }
+    const int code = q->dtype.code;
+    const int64_t any4[4] = {-1, -1, -1, -1};
+    if (check_tensor(q, q, "q", code, 16, 4, any4))
+        return NULL;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t kshape[4] = {B, -1, -1, D};
+    if (check_tensor(k, q, "k", code, 16, 4, kshape))
+        return NULL;
+    const int64_t Sk = k->shape[1], Hk = k->shape[2];
+    const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
+    if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
+        check_tensor(out, q, "out", code, 16, 4, oshape) ||
+        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
+        check_contiguous(lse, "softmax_lse"))
+        return NULL;
+    if (alibi) {
+        const int64_t a1[1] = {H}, a2[2] = {B, H};
+        if (check_tensor(alibi, q, "alibi_slopes", kDLFloat, 32, alibi->ndim == 2 ? 2 : 1,
+                         alibi->ndim == 2 ? a2 : a1))
+            return NULL;
+        p.alibi_slopes = (const float *)tensor_data(alibi);
+        p.alibi_batch_stride = alibi->ndim == 2 ? tensor_stride(alibi, 0) : 0;
+    }
+    if (ws && (!same_device(ws, q) || !is_dtype(ws->dtype, kDLUInt, 8) || ws->ndim != 1 ||
+               check_contiguous(ws, "workspace"))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError,
+                            "workspace: expected a 1-D uint8 tensor on the device of q");
+        return NULL;
+    }
+    if (B > INT32_MAX || Sq > INT32_MAX || Sk > INT32_MAX || H > INT32_MAX || Hk > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "q, k: sizes must fit in 32 bits");
+        return NULL;
+    }
+
+    p.q = tensor_data(q);
+    p.k = tensor_data(k);
+    p.v = tensor_data(v);
+    p.out = tensor_data(out);
+    p.softmax_lse = (float *)tensor_data(lse);
+    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
+    p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1), p.k_head_stride = tensor_stride(k, 2);
+    p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1), p.v_head_stride = tensor_stride(v, 2);
+    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
+    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)Sk;
+    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
+    p.dtype = code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    p.causal = causal;
+    p.deterministic = deterministic;
+    p.schedule = (fad_schedule)schedule;
+
+    fad_status st;
+    if (q->device.device_type == kDLCPU) {
+        st = fad_fwd_check_run(&p, msg, sizeof msg);
+        if (st == FAD_OK) {
+            Py_BEGIN_ALLOW_THREADS
+            st = fad_fwd_cpu(&p, msg, sizeof msg);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        int prev = 0;
+        st = fad_cuda_set_device(q->device.device_id, &prev, msg, sizeof msg);
+        if (st == FAD_OK) {
+            st = fad_fwd_cuda(&p, ws ? tensor_data(ws) : NULL, ws ? (size_t)ws->shape[0] : 0,
+                              (struct CUstream_st *)(uintptr_t)stream_ll, msg, sizeof msg);
+            if (prev != q->device.device_id) {
+                char ignored[64];
+                fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
+            }
+        }
+    }
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fwd_workspace_size                                                         */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(fwd_workspace_size_doc,
+"fwd_workspace_size(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,\n"
+"                   deterministic, split_size, schedule, device_index) -> int\n"
+"--\n\n"
+"Bytes of CUDA workspace fwd needs for these sizes on that device (often 0).");
+
+static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *args,
+                                           Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    char msg[512] = "";
+    int deterministic, schedule, device, prev = 0;
+    size_t bytes = 0;
+
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "fwd_workspace_size: expected 10 arguments, got %zd", nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    p.softmax_scale = 1.f;
+    if (as_int(args[0], "batch", &p.batch) || as_int(args[1], "seqlen_q", &p.seqlen_q) ||
+        as_int(args[2], "seqlen_k", &p.seqlen_k) || as_int(args[3], "num_heads", &p.num_heads) ||
+        as_int(args[4], "num_heads_k", &p.num_heads_k) || as_int(args[5], "head_dim", &p.head_dim) ||
+        as_int(args[6], "deterministic", &deterministic) ||
+        as_int(args[7], "split_size", &p.split_size) || as_int(args[8], "schedule", &schedule) ||
+        as_int(args[9], "device_index", &device))
+        return NULL;
+    p.deterministic = deterministic;
+    p.schedule = (fad_schedule)schedule;
+    fad_status st = fad_cuda_set_device(device, &prev, msg, sizeof msg);
+    if (st == FAD_OK) {
+        st = fad_fwd_workspace_size(&p, &bytes, msg, sizeof msg);
+        if (prev != device) {
+            char ignored[64];
+            fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
+        }
+    }
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    return PyLong_FromSize_t(bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* module                                                                     */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(has_cuda_doc, "has_cuda() -> bool\n--\n\nTrue when this build has the CUDA path.");
+
+static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    return PyBool_FromLong(fad_has_cuda());
+}
+
+static PyMethodDef fad_methods[] = {
+    {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
+    {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,
+     fwd_workspace_size_doc},
+    {"has_cuda", fad_py_has_cuda, METH_NOARGS, has_cuda_doc},
+    {NULL, NULL, 0, NULL}};
+
+static int fad_exec(PyObject *m)
+{
+    if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
+        PyModule_AddIntConstant(m, "SCHEDULE_AUTO", FAD_SCHEDULE_AUTO) < 0 ||
+        PyModule_AddIntConstant(m, "SCHEDULE_ONE_CTA", FAD_SCHEDULE_ONE_CTA) < 0 ||
+        PyModule_AddIntConstant(m, "SCHEDULE_CTA_PER_SPLIT", FAD_SCHEDULE_CTA_PER_SPLIT) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot fad_slots[] = {{Py_mod_exec, fad_exec}, {0, NULL}};
+
+PyDoc_STRVAR(module_doc, "flash_attn_det._C: deterministic attention kernels (C/CUDA core).");
+
+static struct PyModuleDef fad_module = {
+    PyModuleDef_HEAD_INIT, "flash_attn_det._C", module_doc, 0, fad_methods, fad_slots,
+    NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&fad_module); }

@@ -1,0 +1,16 @@
+"""flash_attn_det: deterministic, batch-invariant attention with the flash_attn API.
+
+    from flash_attn_det import flash_attn_func, set_deterministic_mode
+"""
+from ._C import __version__, has_cuda
+from .interface import flash_attn_func
+from .mode import get_deterministic_mode, get_split_size, set_deterministic_mode
+
+__all__ = [
+    "flash_attn_func",
+    "set_deterministic_mode",
+    "get_deterministic_mode",
+    "get_split_size",
+    "has_cuda",
+    "__version__",
+]

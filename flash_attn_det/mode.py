@@ -1,0 +1,37 @@
+"""Process-wide switch between deterministic mode (the default) and fast mode."""
+from . import _C
+
+_SPLIT_QUANTUM = _C.SPLIT_QUANTUM
+
+# One dict, read on every call: deterministic flag, split_size, and the
+# test-only schedule override (flash_attn_det.testing.force_schedule).
+_state = {"enabled": True, "split_size": 512, "schedule": _C.SCHEDULE_AUTO}
+
+
+def set_deterministic_mode(enabled=True, split_size=512):
+    """Turn deterministic mode on (the default) or off.
+
+    enabled: True -> every output bit of a query row depends only on that row's
+        inputs, the keys/values it sees, the options and ``split_size`` -- never
+        on batch size, batch composition, chunking or the GPU's occupancy.
+        False -> fast mode: the split plan adapts to the batch and the GPU.
+    split_size: keys per split of the fixed plan, a positive multiple of 128.
+        Changing it changes the bits (but never the invariances).
+    """
+    if isinstance(split_size, bool) or not isinstance(split_size, int):
+        raise ValueError(f"split_size: expected an int, got {type(split_size).__name__}")
+    if split_size <= 0 or split_size % _SPLIT_QUANTUM:
+        raise ValueError(
+            f"split_size: must be a positive multiple of {_SPLIT_QUANTUM}, got {split_size}")
+    _state["enabled"] = bool(enabled)
+    _state["split_size"] = split_size
+
+
+def get_deterministic_mode():
+    """True when deterministic mode is on."""
+    return _state["enabled"]
+
+
+def get_split_size():
+    """The split_size of deterministic mode."""
+    return _state["split_size"]

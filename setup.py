@@ -1,0 +1,103 @@
+"""Build of flash_attn_det._C: C sources with the C compiler, CUDA sources with nvcc.
+
+No torch at build time and none at link time: the module talks to torch through
+DLPack only, and links the CUDA runtime statically, so it survives torch upgrades.
+
+Environment:
+  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;90" (default "80;86;89;90", plus PTX of the newest)
+  FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
+  CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH)
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("csrc")
+C_SOURCES = ["module.c", "fad_core.c", "fad_cpu.c"]
+CUDA_SOURCES = ["fad_fwd.cu"]
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+def find_nvcc():
+    if os.environ.get("FLASH_ATTN_DET_FORCE_CPU") == "1":
+        return None
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def cuda_home(nvcc):
+    """The toolkit root, following a wrapper script or symlink to the real nvcc."""
+    real = os.path.realpath(nvcc)
+    home = os.path.dirname(os.path.dirname(real))
+    if os.path.exists(os.path.join(home, "lib64", "libcudart_static.a")):
+        return home
+    out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True)
+    for line in (out.stdout + out.stderr).splitlines():
+        if "TOP=" in line:
+            return line.split("TOP=", 1)[1].strip()
+    for guess in ("/usr/local/cuda", home):
+        if os.path.exists(os.path.join(guess, "lib64", "libcudart_static.a")):
+            return guess
+    raise RuntimeError(f"cannot find libcudart_static.a near {nvcc}")
+
+
+def gencode_flags(archs):
+    archs = [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
+    flags = []
+    for a in archs:
+        flags.append(f"-gencode=arch=compute_{a},code=sm_{a}")
+    newest = max(archs, key=int)
+    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # PTX for newer GPUs
+    return flags
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        ext = self.extensions[0]
+        nvcc = find_nvcc()
+        if nvcc is None:
+            print("flash_attn_det: nvcc not found -> building the CPU-only module "
+                  "(CUDA tensors will raise a clear error)", file=sys.stderr)
+            ext.sources.append(os.path.join(CSRC, "fad_nocuda.c"))
+        else:
+            home = cuda_home(nvcc)
+            archs = os.environ.get("FLASH_ATTN_DET_CUDA_ARCHS", DEFAULT_ARCHS)
+            obj_dir = os.path.join(self.build_temp, "cuda")
+            os.makedirs(obj_dir, exist_ok=True)
+            t0 = time.time()
+            for src in CUDA_SOURCES:
+                obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+                cmd = [nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3", "-std=c++17",
+                       "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,
+                       "--expt-relaxed-constexpr"] + gencode_flags(archs)
+                print(" ".join(cmd), file=sys.stderr)
+                subprocess.check_call(cmd)
+                ext.extra_objects.append(obj)
+            print(f"flash_attn_det: nvcc for archs {archs} took {time.time() - t0:.1f} s",
+                  file=sys.stderr)
+            ext.library_dirs.append(os.path.join(home, "lib64"))
+            ext.libraries += ["cudart_static", "dl", "rt", "pthread", "stdc++"]
+        super().build_extensions()
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "flash_attn_det._C",
+            sources=[os.path.join(CSRC, s) for s in C_SOURCES],
+            include_dirs=[CSRC],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-ffp-contract=off"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+)
