@@ -1,0 +1,103 @@
+"""Test helpers for flash_attn_det: a float64 reference attention and a schedule override.
+
+``attention_ref`` is the plain-math definition of what ``flash_attn_func``
+computes (same masking, softcap, ALiBi and GQA rules), evaluated in float64 on
+the inputs' device; the kernels are checked against it. ``force_schedule``
+pins the CUDA split schedule so that tests can show it never changes bits.
+"""
+import contextlib
+
+import torch
+
+from . import _C
+from .mode import _state
+
+_SCHEDULES = {
+    "auto": _C.SCHEDULE_AUTO,
+    "one_cta": _C.SCHEDULE_ONE_CTA,
+    "cta_per_split": _C.SCHEDULE_CTA_PER_SPLIT,
+}
+
+# Bound on the float64 score block one chunk of query rows may hold (elements).
+_MAX_SCORE_ELEMS = 1 << 25
+
+
+def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                  alibi_slopes=None):
+    """Float64 attention with flash_attn's semantics.
+
+    q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H % Hkv == 0. Causal and window
+    masks are bottom-right aligned: row i sits at key position i + Sk - Sq and
+    sees keys j in [pos - left, pos + right] (-1 unbounded; causal is right 0).
+    score = q.k * softmax_scale; softcap > 0 -> softcap * tanh(score / softcap);
+    then ALiBi adds -slope * |pos - j| (slopes (H,) or (B, H)).
+
+    Returns (out float64 (B, Sq, H, D), lse float64 (B, H, Sq), natural log).
+    Rows that see no key get out 0 and lse -inf. Long inputs are processed in
+    chunks of query rows so the float64 score block stays bounded.
+    """
+    B, Sq, H, D = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    if H % Hk:
+        raise ValueError(f"attention_ref: {H} query heads are not a multiple of {Hk} kv heads")
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    left, right = window_size
+    if causal:
+        right = 0
+    dev = q.device
+    kd = k.to(torch.float64).transpose(1, 2).repeat_interleave(H // Hk, dim=1)  # (B, H, Sk, D)
+    vd = v.to(torch.float64).transpose(1, 2).repeat_interleave(H // Hk, dim=1)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(device=dev, dtype=torch.float64)
+        slopes = slopes.reshape(1, H) if slopes.dim() == 1 else slopes.reshape(B, H)
+        slopes = slopes[:, :, None, None]
+    out = torch.zeros((B, H, Sq, D), dtype=torch.float64, device=dev)
+    lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float64, device=dev)
+    if B == 0 or Sq == 0 or Sk == 0:
+        return out.transpose(1, 2).contiguous(), lse
+    j = torch.arange(Sk, device=dev)[None, :]
+    chunk = max(1, _MAX_SCORE_ELEMS // max(1, B * H * Sk))
+    for r0 in range(0, Sq, chunk):
+        r1 = min(Sq, r0 + chunk)
+        qd = q[:, r0:r1].to(torch.float64).transpose(1, 2)  # (B, H, rows, D)
+        s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        pos = torch.arange(r0, r1, device=dev)[:, None] + (Sk - Sq)
+        if slopes is not None:
+            s = s - slopes * (pos - j).abs().to(torch.float64)
+        mask = torch.zeros((r1 - r0, Sk), dtype=torch.bool, device=dev)
+        if left >= 0:
+            mask |= j < pos - left
+        if right >= 0:
+            mask |= j > pos + right
+        s = s.masked_fill(mask, float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # -inf for rows that see nothing
+        seen = torch.isfinite(m)
+        p = torch.exp(s - torch.where(seen, m, torch.zeros_like(m))[..., None])
+        p = torch.where(seen[..., None], p, torch.zeros_like(p))
+        out[:, :, r0:r1] = torch.matmul(p, vd)
+        lse[:, :, r0:r1] = m
+    return out.transpose(1, 2).contiguous(), lse
+
+
+@contextlib.contextmanager
+def force_schedule(name):
+    """Within the block, every CUDA call uses schedule ``name``.
+
+    name: "auto" (chosen from the grid and the SM count), "one_cta" (every
+    split of a row in one CTA) or "cta_per_split" (one CTA per split plus a
+    combine kernel). The previous schedule is restored on exit.
+    """
+    try:
+        value = _SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"force_schedule: unknown schedule {name!r}; "
+                         f"expected one of {sorted(_SCHEDULES)}") from None
+    saved = _state["schedule"]
+    _state["schedule"] = value
+    try:
+        yield
+    finally:
+        _state["schedule"] = saved

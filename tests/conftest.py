@@ -1,0 +1,140 @@
+"""Shared fixtures and helpers for the flash_attn_det test suite."""
+import math
+
+import pytest
+import torch
+from torch.utils.dlpack import to_dlpack
+
+import flash_attn_det
+from flash_attn_det import _C, mode
+
+HAS_CUDA = torch.cuda.is_available() and flash_attn_det.has_cuda()
+
+requires_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason="needs a CUDA GPU and a flash_attn_det build with the CUDA path")
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+# Unit roundoff of the output dtypes (round to nearest even).
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    """Every test starts from, and leaves behind, the default mode."""
+    saved = dict(mode._state)
+    mode._state.update(enabled=True, split_size=512, schedule=_C.SCHEDULE_AUTO)
+    yield
+    mode._state.clear()
+    mode._state.update(saved)
+
+
+def make_gen(seed):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return g
+
+
+def randn(gen, shape, dtype, device="cpu", scale=1.0):
+    """Seeded standard-normal tensor (drawn on the CPU, so the bits do not depend on device)."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float32) * scale
+    return x.to(dtype).to(device)
+
+
+def make_qkv(gen, B, Sq, Sk, H, Hk, D, dtype, device="cpu", q_scale=1.0):
+    q = randn(gen, (B, Sq, H, D), dtype, device, q_scale)
+    k = randn(gen, (B, Sk, Hk, D), dtype, device)
+    v = randn(gen, (B, Sk, Hk, D), dtype, device)
+    return q, k, v
+
+
+def make_alibi(gen, shape, device="cpu"):
+    """Positive fp32 slopes in [0.01, 0.5)."""
+    return (torch.rand(shape, generator=gen, dtype=torch.float32) * 0.49 + 0.01).to(device)
+
+
+def assert_close(out, ref, dtype, atol, rtol_ulps=2.0, what="out", allow_zero_ref=False):
+    """|out - ref| <= atol + rtol * |ref| elementwise, rtol = rtol_ulps unit roundoffs.
+
+    The output must be finite; the worst element is reported on failure. Unless
+    allow_zero_ref, the reference must carry signal (so the check is never vacuous).
+    Returns the max abs error.
+    """
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    o = out.double()
+    assert torch.isfinite(o).all(), f"{what}: non-finite values in the output"
+    rtol = rtol_ulps * UNIT_ROUNDOFF[dtype]
+    err = (o - ref).abs()
+    bound = atol + rtol * ref.abs()
+    bad = err > bound
+    if bad.any():
+        flat = int((err - bound).flatten().argmax())
+        pos = list(torch.unravel_index(torch.tensor(flat), err.shape))
+        pos = tuple(int(p) for p in pos)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {err.numel()} elements out of tolerance "
+            f"(atol={atol:g}, rtol={rtol:g}); worst at {pos}: got {float(o[pos]):.6g}, "
+            f"ref {float(ref[pos]):.6g}; max abs err {float(err.max()):.3g}")
+    if not allow_zero_ref:
+        assert ref.numel() and float(ref.abs().max()) > 1e-3, f"{what}: reference is ~zero"
+    return float(err.max()) if err.numel() else 0.0
+
+
+def assert_lse_close(lse, ref_lse, atol=1e-3):
+    assert lse.dtype == torch.float32
+    assert lse.shape == ref_lse.shape, f"lse: shape {tuple(lse.shape)} != {tuple(ref_lse.shape)}"
+    l64 = lse.double()
+    fin = torch.isfinite(ref_lse)
+    # -inf exactly where the reference row sees no key, and nowhere else.
+    assert torch.equal(torch.isneginf(l64), torch.isneginf(ref_lse)), "lse: -inf pattern differs"
+    assert torch.isfinite(l64[fin]).all(), "lse: non-finite value on a row that sees keys"
+    if fin.any():
+        err = float((l64[fin] - ref_lse[fin]).abs().max())
+        assert err < atol, f"lse: max abs err {err:.3g} >= {atol:g}"
+
+
+def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, window=(-1, -1),
+            causal=False, deterministic=True, split_size=512, schedule=_C.SCHEDULE_AUTO,
+            workspace="auto"):
+    """Calls _C.fwd directly on caller-owned out/lse (no Python-side checks or copies).
+
+    workspace="auto" asks fwd_workspace_size on CUDA; None passes no workspace.
+    """
+    D = q.shape[-1]
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    ws, stream = None, 0
+    if q.is_cuda:
+        if isinstance(workspace, str):
+            B, Sq, H, _ = q.shape
+            nbytes = _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(deterministic),
+                                           split_size, schedule, q.device.index or 0)
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None
+        if workspace is not None:
+            ws = to_dlpack(workspace)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+    elif isinstance(workspace, str):
+        workspace = None
+    _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+           None if alibi is None else to_dlpack(alibi), ws, float(scale), float(softcap),
+           int(window[0]), int(window[1]), int(causal), int(deterministic), split_size,
+           schedule, stream)
+
+
+def row_mask_count(Sq, Sk, window, causal):
+    """Number of query rows that see no key (mirrors the documented mask)."""
+    left, right = window
+    if causal:
+        right = 0
+    n = 0
+    for i in range(Sq):
+        pos = i + Sk - Sq
+        lo = 0 if left < 0 else max(0, pos - left)
+        hi = Sk - 1 if right < 0 else min(Sk - 1, pos + right)
+        n += lo > hi
+    return n
+
+
+__all__ = [
+    "HAS_CUDA", "requires_cuda", "DTYPES", "UNIT_ROUNDOFF", "make_gen", "randn", "make_qkv",
+    "make_alibi", "assert_close", "assert_lse_close", "raw_fwd", "row_mask_count", "math",
+]
