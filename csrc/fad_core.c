@@ -117,7 +117,8 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
 {
     memset(plan, 0, sizeof(*plan));
-    plan->m_blocks = (p->seqlen_q + FAD_BLOCK_M - 1) / FAD_BLOCK_M;
+    const int block_m = fad_block_m(p->head_dim);
+    plan->m_blocks = (p->seqlen_q + block_m - 1) / block_m;
     long long ctas = (long long)p->batch * p->num_heads * plan->m_blocks;
     int len_k = p->seqlen_k > 0 ? p->seqlen_k : 1;
 

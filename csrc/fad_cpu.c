@@ -116,18 +116,23 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
                     float dot = 0.f;
                     for (int d = 0; d < D; d++)
                         dot = FAD_FMA(q[d], c->load(kr[d]), dot);
-                    x = fad_logit(c->mod, dot);
-                    if (p->alibi_slopes)
-                        x += fad_alibi_log2(slope_log2, i, j, p->seqlen_q, p->seqlen_k);
+                    x = dot;
+                    if (c->mod->has_mod) {
+                        x = fad_logit(c->mod, dot);
+                        if (p->alibi_slopes)
+                            x = FAD_ADD(x, fad_alibi_log2(slope_log2, i, j, p->seqlen_q, p->seqlen_k));
+                    }
                 }
                 s[j - t0] = x;
                 mt = fmaxf(mt, x);
             }
-            float mnew, scale = fad_rescale(ms, mt, &mnew), base = fad_exp_base(mnew), psum = 0.f;
+            const float es = c->mod->exp_scale;
+            float mnew, scale = fad_rescale(ms, FAD_MUL(mt, es), &mnew), base = fad_exp_base(mnew);
+            float psum = 0.f;
             for (int d = 0; d < D; d++)
                 os[d] = FAD_MUL(os[d], scale);
             for (int j = t0; j < t1; j++) {
-                float pj = fad_exp2(s[j - t0] - base);
+                float pj = fad_exp_score(s[j - t0], es, base);
                 psum += pj;
                 if (pj == 0.f)
                     continue;
@@ -163,7 +168,7 @@ fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len)
         return st;
     fad_make_plan(p, 0, &plan);
 
-    fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap);
+    fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
     row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? bf16_to_float : fp16_to_float,
                  plan.split_size};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;

@@ -135,12 +135,13 @@ template <int kHeadDim> struct lds_base {
         for (int c = 0; c < 4; c++)
             addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((2 * c + x) ^ (row0 % 8)) & 7) * 8) * 2;
     }
-    __device__ __forceinline__ lds_base reload() const
+    /* this base moved by `bytes` (a pipeline stage), re-taken opaquely */
+    __device__ __forceinline__ lds_base reload(uint32_t bytes) const
     {
         lds_base r = *this;
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            r.addr[c] = opaque(addr[c]);
+            r.addr[c] = opaque(addr[c] + bytes);
         return r;
     }
     /* byte address of (row0 + row_off, 16-column block kk); row_off % 8 == 0 */
@@ -179,6 +180,38 @@ __device__ __forceinline__ float quad_max(float x)
 }
 
 /* ------------------------------------------------------------------------ */
+/* scores of one warp's 16 x kBlockN tile                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
+ * masks them, and returns each row's max. Element (nb, e) of the fragment is
+ * row lane/4 + 8*(e/2), key t0 + nb*8 + 2*(lane%4) + e%2. */
+template <bool kMask, bool kMod, int kNB>
+__device__ __forceinline__ void score_tile(float (&s)[kNB][4], float (&m_tile)[2],
+                                           const fad_score_mod &mod, float slope_log2,
+                                           const fad_key_range (&rk)[2], int t0, int row0_abs,
+                                           int len_q, int len_k)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
+            float x = s[nb][e];
+            if (kMod) {
+                x = fad_logit(&mod, x);
+                if (slope_log2 != 0.f)
+                    x = FAD_ADD(x, fad_alibi_log2(slope_log2, row0_abs + 8 * (e / 2), key, len_q, len_k));
+            }
+            if (kMask && (key < rk[e / 2].lo || key >= rk[e / 2].hi))
+                x = -INFINITY;
+            s[nb][e] = x;
+            m_tile[e / 2] = fmaxf(m_tile[e / 2], x);
+        }
+}
+
+/* ------------------------------------------------------------------------ */
 /* the forward kernel                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -190,19 +223,23 @@ struct fwd_args {
 };
 
 template <int kHeadDim> struct fwd_cfg {
-    static constexpr int kBlockM = FAD_BLOCK_M, kBlockN = FAD_BLOCK_N;
-    static constexpr int kWarps = 4, kThreads = kWarps * 32;
+    /* 16 query rows per warp; 8 warps share each K/V tile up to D=128, so a
+     * tile fetched from L2 feeds 128 rows (shared memory caps D>128 at 4). */
+    static constexpr int kWarps = kHeadDim <= 128 ? 8 : 4, kThreads = kWarps * 32;
+    static constexpr int kBlockM = kWarps * 16, kBlockN = FAD_BLOCK_N;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
     static constexpr bool kQInRegs = kHeadDim <= 128;
-    /* sQ, sK, sV in the input dtype, then sR (merged o, fp32) */
-    static constexpr size_t kSmemInputs = (size_t)(kBlockM + 2 * kBlockN) * kHeadDim * 2;
+    /* K and V are double-buffered: tile t+1 loads while tile t computes. */
+    static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
+    /* sQ, 2 x (sK, sV) in the input dtype, then sR (merged o, fp32) */
+    static constexpr size_t kSmemInputs = (size_t)(kBlockM * kHeadDim + 2 * kStageElems) * 2;
     static constexpr size_t kSmemBytes = kSmemInputs + (size_t)kBlockM * kHeadDim * 4;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
-    static_assert(kBlockM == kWarps * 16, "one m16 tile per warp");
     static_assert(FAD_SPLIT_QUANTUM % kBlockN == 0, "splits are whole tiles");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
@@ -241,8 +278,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);
-    T *sK = sQ + kBlockM * kHeadDim;
-    T *sV = sK + kBlockN * kHeadDim;
+    T *sK = sQ + kBlockM * kHeadDim; /* stage s: sK + s * kStageElems */
+    T *sV = sK + kBlockN * kHeadDim; /* stage s: sV + s * kStageElems */
     float *sR = reinterpret_cast<float *>(smem_raw + C::kSmemInputs);
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -260,7 +297,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         rk[e] = fad_row_keys(m0 + row0 + 8 * e, len_q, len_k, p.window_left, p.window_right);
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap);
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
     const float slope_log2 =
         p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
 
@@ -315,11 +352,20 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
     };
 
-    /* Prologue: Q and the first K tile in flight. */
+    /* Loads K and V tile t0 into stage st. */
+    auto load_kv = [&](int t0, int st) {
+        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK + st * C::kStageElems,
+                                                     k_g + (int64_t)t0 * p.k_row_stride,
+                                                     p.k_row_stride, len_k - t0, D);
+        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV + st * C::kStageElems,
+                                                     v_g + (int64_t)t0 * p.v_row_stride,
+                                                     p.v_row_stride, len_k - t0, D);
+    };
+
+    /* Prologue: Q and the first K/V tiles in flight. */
     load_tile<T, kHeadDim, kBlockM, C::kThreads>(sQ, q_g, p.q_row_stride, m_end - m0, D);
     if (t_first < t_last)
-        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK, k_g + (int64_t)t_first * p.k_row_stride,
-                                                     p.k_row_stride, len_k - t_first, D);
+        load_kv(t_first, 0);
     cp_async_commit();
 
     uint32_t qf[C::kQInRegs ? kHeadDim / 16 : 1][4];
@@ -329,7 +375,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
     const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
-    for (int t0 = t_first; t0 < t_last; t0 += kBlockN) {
+    for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
         if (t0 / S != cur_split) {
             if (cur_split >= 0)
                 end_split();
@@ -347,9 +393,9 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
 
         cp_async_wait_all();
-        __syncthreads(); /* K(t0) landed; every warp is done with V(t0 - kBlockN) */
-        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV, v_g + (int64_t)t0 * p.v_row_stride,
-                                                     p.v_row_stride, len_k - t0, D);
+        __syncthreads(); /* K/V(t0) landed; every warp is done with the other stage */
+        if (t0 + kBlockN < t_last)
+            load_kv(t0 + kBlockN, stage ^ 1);
         cp_async_commit();
 
         if (C::kQInRegs && t0 == t_first)
@@ -357,7 +403,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             for (int kk = 0; kk < kHeadDim / 16; kk++)
                 ldmatrix_x4(qf[C::kQInRegs ? kk : 0], q_lds.at(0, kk));
 
-        const lds_base<kHeadDim> k_lds = k_lds0.reload(), v_lds = v_lds0.reload();
+        const lds_base<kHeadDim> k_lds = k_lds0.reload(stage * C::kStageElems * 2),
+                                 v_lds = v_lds0.reload(stage * C::kStageElems * 2);
         /* S = Q K^T for this warp's 16 rows x kBlockN keys. */
         float s[kBlockN / 8][4];
 #pragma unroll
@@ -384,28 +431,17 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             }
         }
 
-        /* Scores -> masked logits (log2 units) -> online softmax step. */
-        const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
+        /* Scores -> masked, row max -> online softmax step. */
         float m_tile[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
-                const int row = m0 + row0 + 8 * (e / 2);
-                float x = fad_logit(&mod, s[nb][e]);
-                if (p.alibi_slopes)
-                    x = FAD_ADD(x, fad_alibi_log2(slope_log2, row, key, len_q, len_k));
-                if (need_mask && (key < rk[e / 2].lo || key >= rk[e / 2].hi))
-                    x = -INFINITY;
-                s[nb][e] = x;
-                m_tile[e / 2] = fmaxf(m_tile[e / 2], x);
-            }
+        if (t0 < unmasked_lo || t0 + kBlockN > unmasked_hi)
+            score_tile<true, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
+        else
+            score_tile<false, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
         float scale[2], base[2], psum[2] = {0.f, 0.f};
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             float m_new;
-            scale[e] = fad_rescale(m_s[e], quad_max(m_tile[e]), &m_new);
+            scale[e] = fad_rescale(m_s[e], FAD_MUL(quad_max(m_tile[e]), mod.exp_scale), &m_new);
             m_s[e] = m_new;
             base[e] = fad_exp_base(m_new);
         }
@@ -413,7 +449,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         for (int nb = 0; nb < kBlockN / 8; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                s[nb][e] = fad_exp2(s[nb][e] - base[e / 2]);
+                s[nb][e] = fad_exp_score(s[nb][e], mod.exp_scale, base[e / 2]);
                 psum[e / 2] = FAD_ADD(psum[e / 2], s[nb][e]);
             }
 #pragma unroll
@@ -425,13 +461,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             for (int e = 0; e < 4; e++)
                 acc[nb][e] = FAD_MUL(acc[nb][e], scale[e / 2]);
 
-        cp_async_wait_all();
-        __syncthreads(); /* V(t0) landed; every warp is done with K(t0) */
-        if (t0 + kBlockN < t_last)
-            load_tile<T, kHeadDim, kBlockN, C::kThreads>(
-                sK, k_g + (int64_t)(t0 + kBlockN) * p.k_row_stride, p.k_row_stride,
-                len_k - t0 - kBlockN, D);
-        cp_async_commit();
 
         /* O += P V: P goes straight from the S accumulators to A fragments. */
 #pragma unroll
@@ -558,7 +587,7 @@ extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t 
     return FAD_OK;
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = fwd_cfg<kHeadDim>;
@@ -566,15 +595,18 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
     if (dev >= 0 && dev < FAD_MAX_DEVICES && !smem_set[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(fwd_kernel<T, kHeadDim>,
+        CUDA_TRY(cudaFuncSetAttribute(fwd_kernel<T, kHeadDim, kMod>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)C::kSmemBytes));
         smem_set[dev] = 1;
     }
     const fad_plan &plan = a.plan;
+    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
+                        C::kBlockM, fad_block_m(a.p.head_dim));
     dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
               plan.cta_per_split ? plan.num_splits : 1);
-    fwd_kernel<T, kHeadDim><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    fwd_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     if (plan.cta_per_split) {
         int64_t rows = (int64_t)a.p.batch * a.p.num_heads * a.p.seqlen_q;
@@ -584,14 +616,24 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
     return FAD_OK;
 }
 
-template <typename T>
+template <typename T, bool kMod>
 static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
 {
     const int D = a.p.head_dim;
-    if (D <= 64) return launch<T, 64>(a, s, msg, msg_len);
-    if (D <= 128) return launch<T, 128>(a, s, msg, msg_len);
-    if (D <= 192) return launch<T, 192>(a, s, msg, msg_len);
-    return launch<T, 256>(a, s, msg, msg_len);
+    if (D <= 64) return launch<T, 64, kMod>(a, s, msg, msg_len);
+    if (D <= 128) return launch<T, 128, kMod>(a, s, msg, msg_len);
+    if (D <= 192) return launch<T, 192, kMod>(a, s, msg, msg_len);
+    return launch<T, 256, kMod>(a, s, msg, msg_len);
+}
+
+/* The one place a call picks its compile-time variant: dtype x head dim x
+ * whether scores need a mod (softcap/ALiBi) before the softmax. */
+template <typename T>
+static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    if (a.p.softcap > 0.f || a.p.alibi_slopes)
+        return dispatch_head_dim<T, true>(a, s, msg, msg_len);
+    return dispatch_head_dim<T, false>(a, s, msg, msg_len);
 }
 
 extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan,
@@ -604,6 +646,6 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
     a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
     if (p->dtype == FAD_BFLOAT16)
-        return dispatch_head_dim<__nv_bfloat16>(a, stream, msg, msg_len);
-    return dispatch_head_dim<__half>(a, stream, msg, msg_len);
+        return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
+    return dispatch_mod<__half>(a, stream, msg, msg_len);
 }

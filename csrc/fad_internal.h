@@ -11,8 +11,9 @@
 extern "C" {
 #endif
 
-/* Query rows per CTA of the forward kernel (and per tile of the CPU path). */
-#define FAD_BLOCK_M 64
+/* Query rows per CTA of the forward kernel: 8 warps x 16 rows up to head dim
+ * 128, 4 warps x 16 rows above (shared memory). Never changes bits. */
+static inline int fad_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 /* Keys per tile: the tile walk inside a split. Divides FAD_SPLIT_QUANTUM. */
 #define FAD_BLOCK_N 64
 /* Auto schedule: never spend more than this on split partials. */

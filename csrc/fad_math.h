@@ -87,18 +87,28 @@ FAD_HD int fad_end_split(fad_key_range r, int split_size)
 /* Scores: raw dot product q.k -> logit in log2 units.                        */
 /* ------------------------------------------------------------------------ */
 
+/* A tile's scores are kept as raw dot products when no score mod applies:
+ * the scale then enters the exponent as one FMA, exp2(qk * scale_log2 - max).
+ * With softcap or ALiBi the scores are rewritten into log2 logits first and
+ * exp_scale is 1. Either way: p = fad_exp_score(s, exp_scale, base), and a
+ * row's max in log2 units is max(s) * exp_scale (exact: scaling by a positive
+ * number is monotone under rounding). */
 typedef struct fad_score_mod {
-    float scale_log2;   /* softmax_scale * log2(e), used when no softcap */
+    float scale_log2;   /* softmax_scale * log2(e) */
+    float exp_scale;    /* scale_log2 without a mod, 1 with one */
     float cap_in;       /* softmax_scale / softcap (softcap > 0) */
     float cap_out_log2; /* softcap * log2(e) (softcap > 0) */
     int has_softcap;
+    int has_mod;        /* softcap or ALiBi: scores become log2 logits */
 } fad_score_mod;
 
-FAD_HD fad_score_mod fad_make_score_mod(float softmax_scale, float softcap)
+FAD_HD fad_score_mod fad_make_score_mod(float softmax_scale, float softcap, int has_alibi)
 {
     fad_score_mod m;
     m.has_softcap = softcap > 0.f;
+    m.has_mod = m.has_softcap || has_alibi;
     m.scale_log2 = softmax_scale * FAD_LOG2E;
+    m.exp_scale = m.has_mod ? 1.f : m.scale_log2;
     m.cap_in = m.has_softcap ? softmax_scale / softcap : 0.f;
     m.cap_out_log2 = m.has_softcap ? softcap * FAD_LOG2E : 0.f;
     return m;
@@ -111,11 +121,18 @@ FAD_HD float fad_alibi_log2(float slope_log2, int i, int j, int len_q, int len_k
     return -slope_log2 * (float)(d < 0 ? -d : d);
 }
 
+/* The log2 logit of a raw dot product (used only when has_mod). */
 FAD_HD float fad_logit(const fad_score_mod *m, float qk)
 {
     if (m->has_softcap)
         return FAD_MUL(m->cap_out_log2, tanhf(FAD_MUL(qk, m->cap_in)));
     return FAD_MUL(qk, m->scale_log2);
+}
+
+/* exp2 of a score in log2 units relative to base (see fad_score_mod). */
+FAD_HD float fad_exp_score(float s, float exp_scale, float base)
+{
+    return fad_exp2(FAD_FMA(s, exp_scale, -base));
 }
 
 /* ------------------------------------------------------------------------ */
