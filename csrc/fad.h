@@ -81,7 +81,7 @@ typedef struct fad_fwd_params {
     fad_dtype dtype;
 
     /* --- score options --- */
-    float softmax_scale; /* multiplies q.k before softcap; usually 1/sqrt(D) */
+    float softmax_scale; /* multiplies q.k before softcap; 0 means 1/sqrt(D) */
     float softcap;       /* > 0: score = softcap * tanh(score / softcap) */
     int causal;          /* 1: key j visible to row i iff j <= i + Sk - Sq */
     int window_left;     /* -1 unbounded, else keys j >= i + Sk - Sq - window_left */

@@ -69,8 +69,9 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "head_dim: must be a multiple of 8 in [8, %d] (got %d)", FAD_MAX_HEAD_DIM,
                         p->head_dim);
-    if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale))
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "softmax_scale: must be finite and > 0 (got %g)",
+    if (!(p->softmax_scale >= 0.f) || !isfinite(p->softmax_scale))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "softmax_scale: must be finite and >= 0 (0 = 1/sqrt(head_dim)), got %g",
                         (double)p->softmax_scale);
     if (!(p->softcap >= 0.f) || !isfinite(p->softcap))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "softcap: must be finite and >= 0 (got %g)",
@@ -110,6 +111,14 @@ fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
     fad_status st = fad_fwd_check(p, msg, msg_len);
     return st != FAD_OK ? st : check_pointers(p, msg, msg_len);
+}
+
+fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p)
+{
+    fad_fwd_params r = *p;
+    if (r.softmax_scale == 0.f)
+        r.softmax_scale = 1.f / sqrtf((float)r.head_dim);
+    return r;
 }
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -180,6 +189,11 @@ fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes, char *
 static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
     const void *ptrs[4] = {p->q, p->k, p->v, p->out};
+    /* the stride of a dim of size 1 is never used */
+    const int sizes[4][3] = {{p->batch, p->seqlen_q, p->num_heads},
+                             {p->batch, p->seqlen_k, p->num_heads_k},
+                             {p->batch, p->seqlen_k, p->num_heads_k},
+                             {p->batch, p->seqlen_q, p->num_heads}};
     const int64_t strides[4][3] = {
         {p->q_batch_stride, p->q_row_stride, p->q_head_stride},
         {p->k_batch_stride, p->k_row_stride, p->k_head_stride},
@@ -190,8 +204,13 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
         if ((uintptr_t)ptrs[t] % 16)
             return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
                             "%s: data pointer must be 16-byte aligned", names[t]);
+        /* the kernels index inside a tile with 32-bit offsets (row * row_stride, row < 256) */
+        if (sizes[t][1] > 1 && (strides[t][1] >= ((int64_t)1 << 23) || strides[t][1] < 0))
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "%s: row stride %lld is too large (limit 2^23 elements)", names[t],
+                            (long long)strides[t][1]);
         for (int d = 0; d < 3; d++)
-            if (strides[t][d] % 8)
+            if (sizes[t][d] > 1 && strides[t][d] % 8)
                 return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
                                 "%s: strides must be multiples of 8 elements (got %lld)", names[t],
                                 (long long)strides[t][d]);
@@ -220,5 +239,6 @@ fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspa
                         plan.workspace_bytes, workspace ? workspace_bytes : (size_t)0);
     if (p->batch == 0 || p->seqlen_q == 0)
         return FAD_OK;
-    return fad_fwd_cuda_launch(p, &plan, workspace, stream, msg, msg_len);
+    const fad_fwd_params resolved = fad_fwd_resolve(p);
+    return fad_fwd_cuda_launch(&resolved, &plan, workspace, stream, msg, msg_len);
 }

@@ -160,12 +160,13 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
     *lse = fad_lse(mr, lr);
 }
 
-fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len)
+fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
 {
     fad_plan plan;
-    fad_status st = fad_fwd_check_run(p, msg, msg_len);
+    fad_status st = fad_fwd_check_run(params, msg, msg_len);
     if (st != FAD_OK)
         return st;
+    const fad_fwd_params resolved = fad_fwd_resolve(params), *p = &resolved;
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);

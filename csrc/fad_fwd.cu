@@ -152,9 +152,11 @@ template <int kHeadDim> struct lds_base {
 };
 
 /* Copies rows [0, rows) x cols [0, D) of a global tile into a swizzled shared
- * tile of kRows x kHeadDim, zero-filling everything outside. */
+ * tile of kRows x kHeadDim, zero-filling everything outside. Offsets inside a
+ * tile are 32-bit (the checks bound row_stride * 256 below 2^31), which keeps
+ * per-chunk 64-bit pointers out of the registers. */
 template <typename T, int kHeadDim, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile(T *smem, const T *g, int64_t row_stride, int rows, int D)
+__device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, int rows, int D)
 {
     constexpr int kChunks = kHeadDim / 8;
     static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
@@ -163,7 +165,7 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int64_t row_strid
         const int c = threadIdx.x + i * kThreads;
         const int row = c / kChunks, col = (c % kChunks) * 8;
         const bool ok = row < rows && col < D;
-        cp_async16(smem + swz<kHeadDim>(row, col), ok ? g + row * row_stride + col : g, ok ? 16 : 0);
+        cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
     }
 }
 
@@ -184,31 +186,35 @@ __device__ __forceinline__ float quad_max(float x)
 /* ------------------------------------------------------------------------ */
 
 /* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
- * masks them, and returns each row's max. Element (nb, e) of the fragment is
- * row lane/4 + 8*(e/2), key t0 + nb*8 + 2*(lane%4) + e%2. */
-template <bool kMask, bool kMod, int kNB>
-__device__ __forceinline__ void score_tile(float (&s)[kNB][4], float (&m_tile)[2],
+ * masks them, and updates each row's max. Fragment element (mt, nb, e) is row
+ * row0 + 16*mt + 8*(e/2) (row0 = this thread's first row), key
+ * t0 + 8*nb + 2*(lane%4) + e%2; per-row arrays are indexed 2*mt + e/2.
+ * rk: each row's key range (kMask only). */
+template <bool kMask, bool kMod, int kMT, int kNB>
+__device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
                                            const fad_score_mod &mod, float slope_log2,
-                                           const fad_key_range (&rk)[2], int t0, int row0_abs,
-                                           int len_q, int len_k)
+                                           const fad_key_range *rk, int t0, int row0, int len_q,
+                                           int len_k)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int nb = 0; nb < kNB; nb++)
+    for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
-            float x = s[nb][e];
-            if (kMod) {
-                x = fad_logit(&mod, x);
-                if (slope_log2 != 0.f)
-                    x = FAD_ADD(x, fad_alibi_log2(slope_log2, row0_abs + 8 * (e / 2), key, len_q, len_k));
+        for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + e / 2, key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
+                float x = s[mt][nb][e];
+                if (kMod) {
+                    x = fad_logit(&mod, x);
+                    if (slope_log2 != 0.f)
+                        x = FAD_ADD(x, fad_alibi_log2(slope_log2, row0 + 8 * r, key, len_q, len_k));
+                }
+                if (kMask && (key < rk[r].lo || key >= rk[r].hi))
+                    x = -INFINITY;
+                s[mt][nb][e] = x;
+                m_tile[r] = fmaxf(m_tile[r], x);
             }
-            if (kMask && (key < rk[e / 2].lo || key >= rk[e / 2].hi))
-                x = -INFINITY;
-            s[nb][e] = x;
-            m_tile[e / 2] = fmaxf(m_tile[e / 2], x);
-        }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -223,17 +229,26 @@ struct fwd_args {
 };
 
 template <int kHeadDim> struct fwd_cfg {
-    /* 16 query rows per warp; 8 warps share each K/V tile up to D=128, so a
-     * tile fetched from L2 feeds 128 rows (shared memory caps D>128 at 4). */
+    /* Wide (D <= FAD_WIDE_MAX_D): 8 warps x 32 query rows (two m16 tiles per
+     * warp), so every K/V fragment read from shared memory feeds four MMAs and
+     * each K/V tile fetched from L2 serves 256 rows. Otherwise 16 rows per warp,
+     * 8 warps up to D=128 (Q held in registers), 4 above (registers). */
+    static constexpr bool kWide = kHeadDim <= FAD_WIDE_MAX_D;
+    static constexpr int kMT = kWide ? 2 : 1;
     static constexpr int kWarps = kHeadDim <= 128 ? 8 : 4, kThreads = kWarps * 32;
-    static constexpr int kBlockM = kWarps * 16, kBlockN = FAD_BLOCK_N;
+    static constexpr int kBlockM = kWarps * 16 * kMT;
+    /* Keys per tile: 32 for wide D=128 keeps S + O within the registers. */
+    static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
-    static constexpr bool kQInRegs = kHeadDim <= 128;
+    static constexpr bool kQInRegs = !kWide && kHeadDim <= 128;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
-    /* sQ, 2 x (sK, sV) in the input dtype, then sR (merged o, fp32) */
-    static constexpr size_t kSmemInputs = (size_t)(kBlockM * kHeadDim + 2 * kStageElems) * 2;
-    static constexpr size_t kSmemBytes = kSmemInputs + (size_t)kBlockM * kHeadDim * 4;
+    /* Shared memory: sR (merged o, fp32, thread-private slots); sQ, which
+     * lives inside sR when Q is held in registers (sR is first written after
+     * every warp has read Q); then 2 x (sK, sV). */
+    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
+    static constexpr size_t kSmemQ = kQInRegs ? 0 : (size_t)kBlockM * kHeadDim * 2;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
     static_assert(FAD_SPLIT_QUANTUM % kBlockN == 0, "splits are whole tiles");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -245,7 +260,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 {
     using C = fwd_cfg<kHeadDim>;
     using ops = dtype_ops<T>;
-    constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
+    constexpr int kMT = C::kMT, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
+    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT; /* S n8 blocks; rows per thread */
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
 
@@ -277,10 +293,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const int t_last = min(min(s_end * S, tile_keys.hi), len_k);
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_raw);
-    T *sK = sQ + kBlockM * kHeadDim; /* stage s: sK + s * kStageElems */
-    T *sV = sK + kBlockN * kHeadDim; /* stage s: sV + s * kStageElems */
-    float *sR = reinterpret_cast<float *>(smem_raw + C::kSmemInputs);
+    float *sR = reinterpret_cast<float *>(smem_raw);
+    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInRegs ? 0 : C::kSmemR));
+    T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
+    T *sV = sK + kBlockN * kHeadDim;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int D = p.head_dim;
@@ -289,191 +305,228 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const T *k_g = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
     const T *v_g = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
 
-    /* This thread's two rows (tile-local r, r + 8) and their key ranges. */
-    const int row0 = warp * 16 + lane / 4;
-    fad_key_range rk[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++)
-        rk[e] = fad_row_keys(m0 + row0 + 8 * e, len_q, len_k, p.window_left, p.window_right);
+    /* This thread's rows: row0 + 8r (tile-local), r = 2*mt + e/2. */
+    const int row0 = warp * 16 * kMT + lane / 4;
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
     const float slope_log2 =
         p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
 
-    /* Merged result R: (m, l) in registers, o in shared memory, thread-private
-     * slots (slot-major, so a warp's accesses hit 32 different banks). */
-    float mR[2] = {-INFINITY, -INFINITY}, lR[2] = {0.f, 0.f};
-    if (!partial)
+    /* Merged result R: (m, l) in registers, o in sR once a second split starts
+     * (slot-major: a warp's accesses hit 32 different banks). */
+    float mR[kRows], lR[kRows];
+    bool have_R = false;
+    /* Current split: o in registers, l per thread (quad-summed when the split ends). */
+    float acc[kMT][kDB][4] = {}, m_s[kRows], l_s[kRows];
 #pragma unroll
-        for (int i = 0; i < kDB * 4; i++)
-            sR[i * C::kThreads + tid] = 0.f;
-
-    /* Current split's state: o in registers, l per thread (quad-summed when the split ends). */
-    float acc[kDB][4] = {}, m_s[2] = {-INFINITY, -INFINITY}, l_s[2] = {0.f, 0.f};
+    for (int r = 0; r < kRows; r++)
+        mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
 
-    /* Ends the current split: fold it into R, or write it out as a partial. */
-    auto end_split = [&]() {
-        float l_row[2] = {quad_sum(l_s[0]), quad_sum(l_s[1])};
-        if (!partial) {
-            fad_merge_w w[2] = {fad_merge_weights(mR[0], m_s[0]), fad_merge_weights(mR[1], m_s[1])};
+    /* Partial schedule: the CTA's one split ends; write its (m, l, o) out. */
+    auto write_partial = [&]() {
+        const size_t row_base = (((size_t)cur_split * p.batch + b) * p.num_heads + h) * len_q + m0;
 #pragma unroll
-            for (int nb = 0; nb < kDB; nb++)
+        for (int r = 0; r < kRows; r++) {
+            const float l_row = quad_sum(l_s[r]);
+            const int row = row0 + 8 * r;
+            if (m0 + row >= len_q)
+                continue;
+            float *o = a.ws_o + (row_base + row) * D;
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++) {
+                const int col = nb * 8 + (lane % 4) * 2;
+                if (col < D)
+                    *reinterpret_cast<float2 *>(o + col) =
+                        make_float2(acc[r / 2][nb][2 * (r % 2)], acc[r / 2][nb][2 * (r % 2) + 1]);
+            }
+            if (lane % 4 == 0)
+                *reinterpret_cast<float2 *>(a.ws_ml + (row_base + row) * 2) = make_float2(m_s[r], l_row);
+        }
+    };
+
+    /* A split ends: fold it into R with fad_merge_* -- into sR (to_smem), or,
+     * for the last split, into acc, ready to normalise. Before the first fold R
+     * is the empty state (o = 0), exactly what the combine kernel starts from. */
+    auto fold_split = [&](bool to_smem) {
+        fad_merge_w w[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            w[r] = fad_merge_weights(mR[r], m_s[r]);
+            lR[r] = fad_merge_value(lR[r], quad_sum(l_s[r]), w[r]);
+            mR[r] = w[r].m;
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float *r = &sR[(nb * 4 + e) * C::kThreads + tid];
-                    *r = fad_merge_value(*r, acc[nb][e], w[e / 2]);
+                    float *slot = &sR[((mt * kDB + nb) * 4 + e) * C::kThreads + tid];
+                    const float v = fad_merge_value(have_R ? *slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
+                    if (to_smem)
+                        *slot = v;
+                    else
+                        acc[mt][nb][e] = v;
                 }
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                lR[e] = fad_merge_value(lR[e], l_row[e], w[e]);
-                mR[e] = w[e].m;
+                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+                 * ahead of the FMAs (that many live registers spill the loop). */
+                __syncwarp();
             }
-        } else {
-            const size_t row_base = (((size_t)cur_split * p.batch + b) * p.num_heads + h) * len_q + m0;
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                int r = row0 + 8 * e2;
-                if (m0 + r >= len_q)
-                    continue;
-                float *o = a.ws_o + (row_base + r) * D;
-#pragma unroll
-                for (int nb = 0; nb < kDB; nb++) {
-                    int col = nb * 8 + (lane % 4) * 2;
-                    if (col < D)
-                        *reinterpret_cast<float2 *>(o + col) =
-                            make_float2(acc[nb][2 * e2], acc[nb][2 * e2 + 1]);
-                }
-                if (lane % 4 == 0)
-                    *reinterpret_cast<float2 *>(a.ws_ml + (row_base + r) * 2) =
-                        make_float2(m_s[e2], l_row[e2]);
-            }
-        }
+        have_R = true;
     };
 
     /* Loads K and V tile t0 into stage st. */
     auto load_kv = [&](int t0, int st) {
         load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK + st * C::kStageElems,
                                                      k_g + (int64_t)t0 * p.k_row_stride,
-                                                     p.k_row_stride, len_k - t0, D);
+                                                     (int)p.k_row_stride, len_k - t0, D);
         load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV + st * C::kStageElems,
                                                      v_g + (int64_t)t0 * p.v_row_stride,
-                                                     p.v_row_stride, len_k - t0, D);
+                                                     (int)p.v_row_stride, len_k - t0, D);
     };
 
     /* Prologue: Q and the first K/V tiles in flight. */
-    load_tile<T, kHeadDim, kBlockM, C::kThreads>(sQ, q_g, p.q_row_stride, m_end - m0, D);
+    load_tile<T, kHeadDim, kBlockM, C::kThreads>(sQ, q_g, (int)p.q_row_stride, m_end - m0, D);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
 
-    uint32_t qf[C::kQInRegs ? kHeadDim / 16 : 1][4];
+    uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
     /* Per-thread ldmatrix bases: A (Q) and V read chunk 2kk + lane/16 of row
      * lane % 16 (+8 for V's second matrix pair); K reads chunk 2kk + (lane/8) % 2. */
-    const lds_base<kHeadDim> q_lds(sQ, warp * 16 + lane % 16, lane / 16);
+    const lds_base<kHeadDim> q_lds(sQ, warp * 16 * kMT + lane % 16, lane / 16);
     const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
     const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
     for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
-        if (t0 / S != cur_split) {
-            if (cur_split >= 0)
-                end_split();
-            cur_split = t0 / S;
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                m_s[e] = -INFINITY;
-                l_s[e] = 0.f;
-            }
-#pragma unroll
-            for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[nb][e] = 0.f;
-        }
-
         cp_async_wait_all();
-        __syncthreads(); /* K/V(t0) landed; every warp is done with the other stage */
+        __syncthreads(); /* K/V(t0) landed; every warp is done with the other stage (and with sQ) */
         if (t0 + kBlockN < t_last)
             load_kv(t0 + kBlockN, stage ^ 1);
         cp_async_commit();
 
+        if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
+            if (cur_split >= 0)
+                fold_split(true); /* never in a partial CTA: it walks one split */
+            cur_split = t0 / S;
+#pragma unroll
+            for (int r = 0; r < kRows; r++)
+                m_s[r] = -INFINITY, l_s[r] = 0.f;
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[mt][nb][e] = 0.f;
+        }
+
         if (C::kQInRegs && t0 == t_first)
 #pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; kk++)
-                ldmatrix_x4(qf[C::kQInRegs ? kk : 0], q_lds.at(0, kk));
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; kk++)
+                    ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0], q_lds.at(mt * 16, kk));
 
         const lds_base<kHeadDim> k_lds = k_lds0.reload(stage * C::kStageElems * 2),
                                  v_lds = v_lds0.reload(stage * C::kStageElems * 2);
-        /* S = Q K^T for this warp's 16 rows x kBlockN keys. */
-        float s[kBlockN / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[nb][e] = 0.f;
+        /* S = Q K^T for this warp's rows x kBlockN keys. */
+        float s[kMT][kNB][4] = {};
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; kk++) {
-            uint32_t af[4];
-            if (C::kQInRegs) {
+            uint32_t af[kMT][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    af[i] = qf[C::kQInRegs ? kk : 0][i];
-            } else {
-                ldmatrix_x4(af, q_lds.at(0, kk));
+            for (int mt = 0; mt < kMT; mt++) {
+                if (C::kQInRegs) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        af[mt][i] = qf[mt][C::kQInRegs ? kk : 0][i];
+                } else {
+                    ldmatrix_x4(af[mt], q_lds.at(mt * 16, kk));
+                }
             }
 #pragma unroll
             for (int j = 0; j < kBlockN / 16; j++) {
                 uint32_t bf[4];
                 ldmatrix_x4(bf, k_lds.at(j * 16, kk));
-                ops::mma(s[2 * j], af, bf[0], bf[1]);
-                ops::mma(s[2 * j + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < kMT; mt++) {
+                    ops::mma(s[mt][2 * j], af[mt], bf[0], bf[1]);
+                    ops::mma(s[mt][2 * j + 1], af[mt], bf[2], bf[3]);
+                }
             }
         }
 
         /* Scores -> masked, row max -> online softmax step. */
-        float m_tile[2] = {-INFINITY, -INFINITY};
-        if (t0 < unmasked_lo || t0 + kBlockN > unmasked_hi)
-            score_tile<true, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
-        else
-            score_tile<false, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
-        float scale[2], base[2], psum[2] = {0.f, 0.f};
+        float m_tile[kRows];
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
+        for (int r = 0; r < kRows; r++)
+            m_tile[r] = -INFINITY;
+        if (t0 < unmasked_lo || t0 + kBlockN > unmasked_hi) {
+            fad_key_range rk[kRows]; /* recomputed here: registers are scarce in the loop */
+#pragma unroll
+            for (int r = 0; r < kRows; r++)
+                rk[r] = fad_row_keys(m0 + row0 + 8 * r, len_q, len_k, p.window_left, p.window_right);
+            score_tile<true, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
+        }
+        else
+            score_tile<false, kMod>(s, m_tile, mod, slope_log2, nullptr, t0, m0 + row0, len_q, len_k);
+        float scale[kRows], base[kRows], psum[kRows];
+        bool all_one = true;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
             float m_new;
-            scale[e] = fad_rescale(m_s[e], FAD_MUL(quad_max(m_tile[e]), mod.exp_scale), &m_new);
-            m_s[e] = m_new;
-            base[e] = fad_exp_base(m_new);
+            scale[r] = fad_rescale(m_s[r], FAD_MUL(quad_max(m_tile[r]), mod.exp_scale), &m_new);
+            m_s[r] = m_new;
+            base[r] = fad_exp_base(m_new);
+            psum[r] = 0.f;
+            all_one &= scale[r] == 1.f;
         }
 #pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; nb++)
+        for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nb][e] = fad_exp_score(s[nb][e], mod.exp_scale, base[e / 2]);
-                psum[e / 2] = FAD_ADD(psum[e / 2], s[nb][e]);
-            }
+            for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-            l_s[e] = FAD_FMA(l_s[e], scale[e], psum[e]);
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + e / 2;
+                    s[mt][nb][e] = fad_exp_score(s[mt][nb][e], mod.exp_scale, base[r]);
+                    psum[r] = FAD_ADD(psum[r], s[mt][nb][e]);
+                }
 #pragma unroll
-        for (int nb = 0; nb < kDB; nb++)
+        for (int r = 0; r < kRows; r++)
+            l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
+        /* Multiplying by 1 is exact, so skipping it changes no bit. */
+        if (!__all_sync(0xffffffffu, all_one))
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nb][e] = FAD_MUL(acc[nb][e], scale[e / 2]);
-
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], scale[2 * mt + e / 2]);
 
         /* O += P V: P goes straight from the S accumulators to A fragments. */
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; kk++) {
-            uint32_t pf[4] = {ops::pack(s[2 * kk][0], s[2 * kk][1]), ops::pack(s[2 * kk][2], s[2 * kk][3]),
-                              ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t pf[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++) {
+                pf[mt][0] = ops::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pf[mt][1] = ops::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pf[mt][2] = ops::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pf[mt][3] = ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int j = 0; j < kHeadDim / 16; j++) {
                 uint32_t vf[4];
                 ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
-                ops::mma(acc[2 * j], pf, vf[0], vf[1]);
-                ops::mma(acc[2 * j + 1], pf, vf[2], vf[3]);
+#pragma unroll
+                for (int mt = 0; mt < kMT; mt++) {
+                    ops::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
+                    ops::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+                }
             }
         }
     }
@@ -481,32 +534,31 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     if (partial) {
         if (cur_split >= 0)
-            end_split();
+            write_partial();
         return;
     }
     if (cur_split >= 0)
-        end_split();
+        fold_split(false); /* R is now in acc, mR, lR */
 
     /* Normalise R and write out and lse. */
 #pragma unroll
-    for (int e2 = 0; e2 < 2; e2++) {
-        const int r = row0 + 8 * e2;
-        if (m0 + r >= len_q)
+    for (int r = 0; r < kRows; r++) {
+        const int row = m0 + row0 + 8 * r;
+        if (row >= len_q)
             continue;
-        const float inv = fad_inv_sum(lR[e2]);
-        T *o = (T *)p.out + b * p.out_batch_stride + (int64_t)(m0 + r) * p.out_row_stride +
+        const float inv = fad_inv_sum(lR[r]);
+        T *o = (T *)p.out + b * p.out_batch_stride + (int64_t)row * p.out_row_stride +
                h * p.out_head_stride;
 #pragma unroll
         for (int nb = 0; nb < kDB; nb++) {
             const int col = nb * 8 + (lane % 4) * 2;
-            if (col < D) {
-                float y0 = FAD_MUL(sR[(nb * 4 + 2 * e2) * C::kThreads + tid], inv);
-                float y1 = FAD_MUL(sR[(nb * 4 + 2 * e2 + 1) * C::kThreads + tid], inv);
-                *reinterpret_cast<uint32_t *>(o + col) = ops::pack(y0, y1);
-            }
+            if (col < D)
+                *reinterpret_cast<uint32_t *>(o + col) =
+                    ops::pack(FAD_MUL(acc[r / 2][nb][2 * (r % 2)], inv),
+                              FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
         }
         if (lane % 4 == 0)
-            p.softmax_lse[((int64_t)b * p.num_heads + h) * len_q + m0 + r] = fad_lse(mR[e2], lR[e2]);
+            p.softmax_lse[((int64_t)b * p.num_heads + h) * len_q + row] = fad_lse(mR[r], lR[r]);
     }
 }
 

@@ -11,10 +11,20 @@
 extern "C" {
 #endif
 
-/* Query rows per CTA of the forward kernel: 8 warps x 16 rows up to head dim
- * 128, 4 warps x 16 rows above (shared memory). Never changes bits. */
-static inline int fad_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
-/* Keys per tile: the tile walk inside a split. Divides FAD_SPLIT_QUANTUM. */
+/* Head dims up to this use the wide CTA: 8 warps x 32 query rows. */
+#ifndef FAD_WIDE_MAX_D
+#define FAD_WIDE_MAX_D 64
+#endif
+
+/* Query rows per CTA of the forward kernel (fwd_cfg in fad_fwd.cu): 8 warps x
+ * 32 rows (wide), 8 warps x 16 rows up to D=128, 4 warps x 16 rows above.
+ * Never changes bits. */
+static inline int fad_block_m(int head_dim)
+{
+    return head_dim <= FAD_WIDE_MAX_D ? 256 : head_dim <= 128 ? 128 : 64;
+}
+/* Keys per tile of the CPU path's walk inside a split (each CUDA variant has
+ * its own, also dividing FAD_SPLIT_QUANTUM). */
 #define FAD_BLOCK_N 64
 /* Auto schedule: never spend more than this on split partials. */
 #define FAD_MAX_WORKSPACE_BYTES ((size_t)256 << 20)
@@ -34,6 +44,9 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan);
 
 /* fad_fwd_check plus the pointer checks a run needs. */
 fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len);
+
+/* A copy of p with defaults filled in (softmax_scale 0 -> 1/sqrt(head_dim)). */
+fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 
 /* Makes dev the current CUDA device; *prev receives the old one. */
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len);

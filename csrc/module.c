@@ -147,6 +147,9 @@ static int check_tensor(const DLTensor *t, const DLTensor *q, const char *name, 
 static int check_contiguous(const DLTensor *t, const char *name)
 {
     int64_t s = 1;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0)
+            return 0; /* an empty tensor is contiguous whatever its strides */
     for (int d = t->ndim - 1; d >= 0; d--) {
         if (t->shape[d] > 1 && tensor_stride(t, d) != s) {
             PyErr_Format(PyExc_ValueError, "%s: must be contiguous", name);

@@ -15,8 +15,9 @@ def _operand(x, name):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() and x.stride(-1) != 1 and x.shape[-1] > 1:
         return x.contiguous()
-    if x.is_cuda and (x.data_ptr() % _ALIGN or any(s % 8 for s in x.stride()[:-1])):
-        return x.contiguous()
+    if x.is_cuda and (x.data_ptr() % _ALIGN or
+                      any(s % 8 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)):
+        return x.clone(memory_format=torch.contiguous_format)  # contiguous() may return x itself
     return x
 
 
@@ -48,6 +49,9 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
     B, Sq, H, D = q.shape
     if softmax_scale is None:
         softmax_scale = D ** -0.5
+    elif not softmax_scale > 0 or softmax_scale == float("inf"):
+        # (the C API reads 0 as "default"; from Python an explicit 0 is a mistake)
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
     left, right = _window(window_size, causal)
     if alibi_slopes is not None:
         alibi_slopes = _operand(alibi_slopes, "alibi_slopes")

@@ -1,6 +1,4 @@
 """Shared fixtures and helpers for the flash_attn_det test suite."""
-import math
-
 import pytest
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -133,8 +131,3 @@ def row_mask_count(Sq, Sk, window, causal):
         n += lo > hi
     return n
 
-
-__all__ = [
-    "HAS_CUDA", "requires_cuda", "DTYPES", "UNIT_ROUNDOFF", "make_gen", "randn", "make_qkv",
-    "make_alibi", "assert_close", "assert_lse_close", "raw_fwd", "row_mask_count", "math",
-]
