@@ -241,6 +241,8 @@ template <int kHeadDim> struct fwd_cfg {
     static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
     static constexpr bool kQInRegs = !kWide && kHeadDim <= 128;
+    /* CTAs per SM the register allocation must allow (__launch_bounds__). */
+    static constexpr int kMinBlocks = kHeadDim <= FAD_TWO_CTA_MAX_D ? 2 : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     /* Shared memory: sR (merged o, fp32, thread-private slots); sQ, which
@@ -255,7 +257,7 @@ template <int kHeadDim> struct fwd_cfg {
 };
 
 template <typename T, int kHeadDim, bool kMod>
-__global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads)
+__global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads, fwd_cfg<kHeadDim>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
     using C = fwd_cfg<kHeadDim>;

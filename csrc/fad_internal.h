@@ -13,7 +13,12 @@ extern "C" {
 
 /* Head dims up to this use the wide CTA: 8 warps x 32 query rows. */
 #ifndef FAD_WIDE_MAX_D
-#define FAD_WIDE_MAX_D 64
+#define FAD_WIDE_MAX_D 0
+#endif
+
+/* Head dims up to this cap registers at 128 per thread so that two CTAs share an SM. */
+#ifndef FAD_TWO_CTA_MAX_D
+#define FAD_TWO_CTA_MAX_D 64
 #endif
 
 /* Query rows per CTA of the forward kernel (fwd_cfg in fad_fwd.cu): 8 warps x
