@@ -4,11 +4,11 @@ The CPU variant is compiled with gcc against the C core (no Python, no torch)
 and runs everywhere gcc is present. The CUDA variant links csrc/fad_fwd.cu
 built by nvcc; it is built when nvcc is present and run when a GPU is.
 """
+import math
 import os
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 
@@ -129,17 +129,21 @@ def cuda_demo_exe(tmp_path_factory):
 def _load_dump(dump, device):
     B, Sq, Sk, H, Hk, D = (CFG0[n] for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
 
+    def read(name, dtype, shape):
+        with open(os.path.join(dump, name), "rb") as f:
+            raw = torch.frombuffer(bytearray(f.read()), dtype=dtype)
+        assert raw.numel() == math.prod(shape), f"{name}: {raw.numel()} elements"
+        return raw.reshape(shape).to(device)
+
     def bf16(name, shape):
-        raw = np.fromfile(os.path.join(dump, name), dtype=np.int16)
-        assert raw.size == int(np.prod(shape)), f"{name}: {raw.size} elements"
-        return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape).to(device)
+        return read(name, torch.bfloat16, shape)
 
     q = bf16("q.bin", (B, Sq, H, D))
     k = bf16("k.bin", (B, Sk, Hk, D))
     v = bf16("v.bin", (B, Sk, Hk, D))
     out = bf16("out.bin", (B, Sq, H, D))
-    lse = torch.from_numpy(np.fromfile(os.path.join(dump, "lse.bin"), dtype=np.float32))
-    return q, k, v, out, lse.reshape(B, H, Sq).to(device)
+    lse = read("lse.bin", torch.float32, (B, H, Sq))
+    return q, k, v, out, lse
 
 
 def _check_exit_status(demo):
