@@ -7,7 +7,9 @@
  *
  * Layout (flash_attn's): q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), out (B, Sq, Hq, D),
  * each with any strides for the first three dims and a contiguous last dim;
- * softmax_lse (B, Hq, Sq) float32 contiguous.
+ * softmax_lse (B, Hq, Sq) float32 contiguous. Variable-length batches
+ * (cu_seqlens_q/k set): q/out (total_q, Hq, D), k/v (total_k, Hkv, D), sequence b
+ * at rows [cu_seqlens[b], cu_seqlens[b+1]); softmax_lse (Hq, total_q).
  *
  * The invariance contract (README): in deterministic mode the bits of one query
  * row's output depend only on that row, the keys/values it may see and their
@@ -71,10 +73,17 @@ typedef struct fad_fwd_params {
     int64_t out_batch_stride, out_row_stride, out_head_stride;
     int64_t alibi_batch_stride; /* 0 for slopes of shape (Hq,), Hq for (B, Hq) */
 
+    /* --- variable-length batches; all NULL for a padded (B, S, ...) batch --- */
+    const int32_t *cu_seqlens_q; /* (B+1) int32: sequence b's queries are rows [cu[b], cu[b+1]) */
+    const int32_t *cu_seqlens_k; /* (B+1) int32: likewise its keys; set together with cu_seqlens_q */
+    const int32_t *seqused_k;    /* NULL or (B) int32: sequence b attends only its first seqused_k[b] keys */
+    int total_q;                 /* rows of q and out (varlen only) */
+    int total_k;                 /* rows of k and v (varlen only) */
+
     /* --- sizes --- */
     int batch;       /* B */
-    int seqlen_q;    /* Sq */
-    int seqlen_k;    /* Sk */
+    int seqlen_q;    /* Sq; varlen: the longest sequence's queries (max_seqlen_q) */
+    int seqlen_k;    /* Sk; varlen: the longest sequence's keys (max_seqlen_k) */
     int num_heads;   /* Hq: query heads */
     int num_heads_k; /* Hkv: key/value heads; Hq % Hkv == 0 (GQA/MQA) */
     int head_dim;    /* D: multiple of 8, at most FAD_MAX_HEAD_DIM */

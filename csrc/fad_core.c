@@ -9,6 +9,7 @@
 
 #include "fad_internal.h"
 #include "fad_math.h"
+#include "fad_seq.h"
 
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...)
 {
@@ -86,6 +87,14 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
     if (p->alibi_batch_stride != 0 && p->alibi_batch_stride < p->num_heads)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "alibi_slopes: batch stride %lld < num_heads %d",
                         (long long)p->alibi_batch_stride, p->num_heads);
+    if (!p->cu_seqlens_q != !p->cu_seqlens_k)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "cu_seqlens_q, cu_seqlens_k: give both (variable-length batch) or neither");
+    if (p->seqused_k && !p->cu_seqlens_k)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqused_k: needs cu_seqlens_k");
+    if (p->cu_seqlens_q && (p->total_q < 0 || p->total_k < 0))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "total_q, total_k: must be >= 0 (got %d, %d)",
+                        p->total_q, p->total_k);
     if (p->split_size <= 0 || p->split_size % FAD_SPLIT_QUANTUM)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "split_size: must be a positive multiple of %d (got %d)", FAD_SPLIT_QUANTUM,
@@ -95,14 +104,19 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
     return FAD_OK;
 }
 
+int fad_fwd_is_empty(const fad_fwd_params *p)
+{
+    return p->batch == 0 || p->seqlen_q == 0 || (p->cu_seqlens_q && p->total_q == 0);
+}
+
 /* The run entries need real tensors; the workspace query does not. */
 static fad_status check_pointers(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
-    if (p->batch == 0 || p->seqlen_q == 0)
-        return FAD_OK;
+    if (fad_fwd_is_empty(p))
+        return FAD_OK; /* empty tensors may have NULL data */
     if (!p->q || !p->out || !p->softmax_lse)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "q, out, softmax_lse: NULL pointer");
-    if (p->seqlen_k > 0 && (!p->k || !p->v))
+    if ((p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0 && (!p->k || !p->v))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "k, v: NULL pointer");
     return FAD_OK;
 }
@@ -147,7 +161,7 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
     }
     plan->num_splits = fad_num_splits(p->seqlen_k, plan->split_size);
 
-    size_t rows = (size_t)p->batch * p->num_heads * p->seqlen_q;
+    size_t rows = (size_t)fad_flat_rows(p);
     size_t o_bytes = (size_t)plan->num_splits * rows * p->head_dim * sizeof(float);
     size_t ml_bytes = (size_t)plan->num_splits * rows * 2 * sizeof(float);
 
@@ -237,7 +251,7 @@ fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspa
         return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,
                         "workspace: needs %zu bytes, got %zu (ask fad_fwd_workspace_size)",
                         plan.workspace_bytes, workspace ? workspace_bytes : (size_t)0);
-    if (p->batch == 0 || p->seqlen_q == 0)
+    if (fad_fwd_is_empty(p))
         return FAD_OK;
     const fad_fwd_params resolved = fad_fwd_resolve(p);
     return fad_fwd_cuda_launch(&resolved, &plan, workspace, stream, msg, msg_len);

@@ -13,6 +13,7 @@
 
 #include "fad_internal.h"
 #include "fad_math.h"
+#include "fad_seq.h"
 
 /* --- fp16 / bf16 <-> fp32, round to nearest even ------------------------- */
 
@@ -79,6 +80,7 @@ typedef struct row_ctx {
     const fad_score_mod *mod;
     load_fn load;
     int split_size;
+    int len_q, len_k; /* the current sequence's */
 } row_ctx;
 
 /* Runs the plan for query row i of (b, h) and writes out/lse. q holds the row
@@ -92,7 +94,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
     if (p->alibi_slopes)
         slope_log2 = p->alibi_slopes[b * p->alibi_batch_stride + h] * FAD_LOG2E;
 
-    fad_key_range r = fad_row_keys(i, p->seqlen_q, p->seqlen_k, p->window_left, p->window_right);
+    fad_key_range r = fad_row_keys(i, c->len_q, c->len_k, p->window_left, p->window_right);
     float mr = -INFINITY, lr = 0.f, orow[FAD_MAX_HEAD_DIM]; /* merged state R */
     float os[FAD_MAX_HEAD_DIM], s[FAD_BLOCK_N];
     memset(orow, 0, sizeof(float) * D);
@@ -103,7 +105,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
         float ms = -INFINITY, ls = 0.f;
         memset(os, 0, sizeof(float) * D);
         int k0 = sp * c->split_size, k1 = k0 + c->split_size;
-        if (k1 > p->seqlen_k) k1 = p->seqlen_k;
+        if (k1 > c->len_k) k1 = c->len_k;
         for (int t0 = k0; t0 < k1; t0 += FAD_BLOCK_N) {
             int t1 = t0 + FAD_BLOCK_N < k1 ? t0 + FAD_BLOCK_N : k1;
             if (t1 <= r.lo || t0 >= r.hi) /* fully masked tile: the identity */
@@ -120,7 +122,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
                     if (c->mod->has_mod) {
                         x = fad_logit(c->mod, dot);
                         if (p->alibi_slopes)
-                            x = FAD_ADD(x, fad_alibi_log2(slope_log2, i, j, p->seqlen_q, p->seqlen_k));
+                            x = FAD_ADD(x, fad_alibi_log2(slope_log2, i, j, c->len_q, c->len_k));
                     }
                 }
                 s[j - t0] = x;
@@ -160,6 +162,34 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
     *lse = fad_lse(mr, lr);
 }
 
+/* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
+ * sequence that points outside the tensors is skipped, see fad_seq.h). */
+static fad_status check_seqlens(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    if (!p->cu_seqlens_q)
+        return FAD_OK;
+    if (p->cu_seqlens_q[0] != 0 || p->cu_seqlens_k[0] != 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "cu_seqlens_q, cu_seqlens_k: must start at 0");
+    for (int b = 0; b < p->batch; b++) {
+        const int32_t *cq = p->cu_seqlens_q + b, *ck = p->cu_seqlens_k + b;
+        if (cq[1] < cq[0] || cq[1] > p->total_q || cq[1] - cq[0] > p->seqlen_q)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cu_seqlens_q: sequence %d has rows [%d, %d): must be increasing, within "
+                            "q's %d rows and at most max_seqlen_q=%d long",
+                            b, cq[0], cq[1], p->total_q, p->seqlen_q);
+        if (ck[1] < ck[0] || ck[1] > p->total_k || ck[1] - ck[0] > p->seqlen_k)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cu_seqlens_k: sequence %d has rows [%d, %d): must be increasing, within "
+                            "k's %d rows and at most max_seqlen_k=%d long",
+                            b, ck[0], ck[1], p->total_k, p->seqlen_k);
+        if (p->seqused_k && (p->seqused_k[b] < 0 || p->seqused_k[b] > ck[1] - ck[0]))
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "seqused_k: sequence %d uses %d keys, must be in [0, %d]", b,
+                            p->seqused_k[b], ck[1] - ck[0]);
+    }
+    return FAD_OK;
+}
+
 fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
 {
     fad_plan plan;
@@ -167,32 +197,37 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
     if (st != FAD_OK)
         return st;
     const fad_fwd_params resolved = fad_fwd_resolve(params), *p = &resolved;
+    st = check_seqlens(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
     row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? bf16_to_float : fp16_to_float,
-                 plan.split_size};
+                 plan.split_size, 0, 0};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
+    const int64_t lse_head_stride = fad_lse_head_stride(p);
     const uint16_t *Q = (const uint16_t *)p->q, *K = (const uint16_t *)p->k,
                    *V = (const uint16_t *)p->v;
     uint16_t *O = (uint16_t *)p->out;
     float q[FAD_MAX_HEAD_DIM];
 
-    for (int b = 0; b < p->batch; b++)
+    for (int b = 0; b < p->batch; b++) {
+        const fad_seq seq = fad_get_seq(p, b);
+        c.len_q = seq.len_q, c.len_k = seq.len_k;
         for (int h = 0; h < p->num_heads; h++) {
             int hk = h / group;
-            const uint16_t *kbase = K ? K + b * p->k_batch_stride + hk * p->k_head_stride : NULL;
-            const uint16_t *vbase = V ? V + b * p->v_batch_stride + hk * p->v_head_stride : NULL;
-            for (int i = 0; i < p->seqlen_q; i++) {
-                const uint16_t *qr = Q + b * p->q_batch_stride + i * p->q_row_stride +
-                                     h * p->q_head_stride;
+            const uint16_t *kbase = K ? K + seq.k_off + hk * p->k_head_stride : NULL;
+            const uint16_t *vbase = V ? V + seq.v_off + hk * p->v_head_stride : NULL;
+            for (int i = 0; i < seq.len_q; i++) {
+                const uint16_t *qr = Q + seq.q_off + i * p->q_row_stride + h * p->q_head_stride;
                 for (int d = 0; d < D; d++)
                     q[d] = c.load(qr[d]);
                 attend_row(&c, b, h, i, q, kbase, vbase,
-                           O + b * p->out_batch_stride + i * p->out_row_stride +
-                               h * p->out_head_stride,
-                           p->softmax_lse + ((int64_t)b * p->num_heads + h) * p->seqlen_q + i);
+                           O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride,
+                           p->softmax_lse + seq.row0 + h * lse_head_stride + i);
             }
         }
+    }
     return FAD_OK;
 }

@@ -28,6 +28,7 @@
 
 #include "fad_internal.h"
 #include "fad_math.h"
+#include "fad_seq.h"
 
 #define CUDA_TRY(call)                                                                       \
     do {                                                                                     \
@@ -271,10 +272,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const int bh = blockIdx.x / a.plan.m_blocks;
     const int b = bh / p.num_heads, h = bh % p.num_heads;
     const int hk = h / (p.num_heads / p.num_heads_k);
-    const int len_q = p.seqlen_q, len_k = p.seqlen_k;
+    const fad_seq seq = fad_get_seq(&p, b);
+    const int len_q = seq.len_q, len_k = seq.len_k;
     const int m0 = m_block * kBlockM;
     if (m0 >= len_q)
         return;
+    const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
     const int m_end = min(m0 + kBlockM, len_q);
 
     /* Keys any row of this tile may see: lo and hi grow with the row index. */
@@ -302,10 +305,9 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int D = p.head_dim;
-    const T *q_g = (const T *)p.q + b * p.q_batch_stride + (int64_t)m0 * p.q_row_stride +
-                   h * p.q_head_stride;
-    const T *k_g = (const T *)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
-    const T *v_g = (const T *)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+    const T *q_g = (const T *)p.q + seq.q_off + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride;
+    const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
+    const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
 
     /* This thread's rows: row0 + 8r (tile-local), r = 2*mt + e/2. */
     const int row0 = warp * 16 * kMT + lane / 4;
@@ -328,7 +330,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     /* Partial schedule: the CTA's one split ends; write its (m, l, o) out. */
     auto write_partial = [&]() {
-        const size_t row_base = (((size_t)cur_split * p.batch + b) * p.num_heads + h) * len_q + m0;
+        const size_t row_base = (size_t)cur_split * fad_flat_rows(&p) + lse_row0 + m0;
 #pragma unroll
         for (int r = 0; r < kRows; r++) {
             const float l_row = quad_sum(l_s[r]);
@@ -549,8 +551,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if (row >= len_q)
             continue;
         const float inv = fad_inv_sum(lR[r]);
-        T *o = (T *)p.out + b * p.out_batch_stride + (int64_t)row * p.out_row_stride +
-               h * p.out_head_stride;
+        T *o = (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
         for (int nb = 0; nb < kDB; nb++) {
             const int col = nb * 8 + (lane % 4) * 2;
@@ -560,7 +561,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                               FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
         }
         if (lane % 4 == 0)
-            p.softmax_lse[((int64_t)b * p.num_heads + h) * len_q + row] = fad_lse(mR[r], lR[r]);
+            p.softmax_lse[lse_row0 + row] = fad_lse(mR[r], lR[r]);
     }
 }
 
@@ -574,15 +575,16 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
     using ops = dtype_ops<T>;
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
-    const int64_t rows = (int64_t)p.batch * p.num_heads * p.seqlen_q;
-    const int64_t row = (int64_t)blockIdx.x * 4 + threadIdx.x / 32; /* (b, h, i) flattened */
-    if (row >= rows)
+    const int q_blocks = (p.seqlen_q + 3) / 4; /* blocks of 4 rows per (batch, head) */
+    const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
+    const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32; /* query row of sequence b */
+    const fad_seq seq = fad_get_seq(&p, b);
+    if (i >= seq.len_q)
         return;
-    const int i = (int)(row % p.seqlen_q);
-    const int bh = (int)(row / p.seqlen_q), b = bh / p.num_heads, h = bh % p.num_heads;
-    const size_t split_stride = (size_t)rows;
+    const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
+    const size_t split_stride = (size_t)fad_flat_rows(&p);
 
-    fad_key_range r = fad_row_keys(i, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
     float m = -INFINITY, l = 0.f, o[FAD_MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
@@ -601,7 +603,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
         m = w.m;
     }
     const float inv = fad_inv_sum(l);
-    T *out = (T *)p.out + b * p.out_batch_stride + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
     for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
         if (lane + 32 * c < D) {
@@ -609,7 +611,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
             out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
         }
     if (lane == 0)
-        p.softmax_lse[(int64_t)bh * p.seqlen_q + i] = fad_lse(m, l);
+        p.softmax_lse[row] = fad_lse(m, l);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -663,8 +665,9 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
     fwd_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     if (plan.cta_per_split) {
-        int64_t rows = (int64_t)a.p.batch * a.p.num_heads * a.p.seqlen_q;
-        combine_kernel<T><<<(unsigned)((rows + 3) / 4), 128, 0, stream>>>(a);
+        /* one warp per query row, 4 rows per block, for every (batch, head) */
+        const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
+        combine_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(a);
         CUDA_TRY(cudaGetLastError());
     }
     return FAD_OK;

@@ -50,6 +50,9 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan);
 /* fad_fwd_check plus the pointer checks a run needs. */
 fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len);
 
+/* 1 when the call has no query row: nothing to compute or write. */
+int fad_fwd_is_empty(const fad_fwd_params *p);
+
 /* A copy of p with defaults filled in (softmax_scale 0 -> 1/sqrt(head_dim)). */
 fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 

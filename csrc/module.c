@@ -190,126 +190,100 @@ static int as_float(PyObject *o, const char *name, float *out)
 /* fwd                                                                        */
 /* ------------------------------------------------------------------------ */
 
-PyDoc_STRVAR(fwd_doc,
-"fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
-"    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
-"--\n\n"
-"Attention forward. q, k, v, out, softmax_lse are DLPack capsules (q (B, Sq, Hq, D),\n"
-"k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
-"alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
-"bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
-"Everything is checked before anything is written.");
+/* Options shared by fwd and fwd_varlen: their last FWD_NOPTS arguments,
+ * (alibi_slopes, workspace, softmax_scale, softcap, window_left, window_right,
+ *  causal, deterministic, split_size, schedule, stream). */
+enum { FWD_NOPTS = 11 };
 
-enum { FWD_NARGS = 16 };
+typedef struct fwd_opts {
+    DLTensor *alibi, *ws; /* NULL when None */
+    long long stream;     /* cudaStream_t as an int */
+} fwd_opts;
 
-static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static int parse_opts(PyObject *const *a, fad_fwd_params *p, fwd_opts *o)
 {
-    (void)module;
-    DLTensor *q, *k, *v, *out, *lse, *alibi = NULL, *ws = NULL;
-    fad_fwd_params p;
-    char msg[512] = "";
     int causal, deterministic, schedule;
-    long long stream_ll;
+    o->alibi = o->ws = NULL;
+    if (a[0] != Py_None && get_tensor(a[0], "alibi_slopes", &o->alibi))
+        return -1;
+    if (a[1] != Py_None && get_tensor(a[1], "workspace", &o->ws))
+        return -1;
+    if (as_float(a[2], "softmax_scale", &p->softmax_scale) || as_float(a[3], "softcap", &p->softcap) ||
+        as_int(a[4], "window_left", &p->window_left) || as_int(a[5], "window_right", &p->window_right) ||
+        as_int(a[6], "causal", &causal) || as_int(a[7], "deterministic", &deterministic) ||
+        as_int(a[8], "split_size", &p->split_size) || as_int(a[9], "schedule", &schedule))
+        return -1;
+    o->stream = PyLong_AsLongLong(a[10]);
+    if (o->stream == -1 && PyErr_Occurred())
+        return -1;
+    p->causal = causal;
+    p->deterministic = deterministic;
+    p->schedule = (fad_schedule)schedule;
+    return 0;
+}
 
-    if (nargs != FWD_NARGS) {
-        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", FWD_NARGS, nargs);
-        return NULL;
-    }
-    fad_fwd_params_init(&p);
-    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
-        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
-        get_tensor(args[4], "softmax_lse", &lse))
-        return NULL;
-    if (args[5] != Py_None && get_tensor(args[5], "alibi_slopes", &alibi))
-        return NULL;
-    if (args[6] != Py_None && get_tensor(args[6], "workspace", &ws))
-        return NULL;
-    if (as_float(args[7], "softmax_scale", &p.softmax_scale) ||
-        as_float(args[8], "softcap", &p.softcap) ||
-        as_int(args[9], "window_left", &p.window_left) ||
-        as_int(args[10], "window_right", &p.window_right) || as_int(args[11], "causal", &causal) ||
-        as_int(args[12], "deterministic", &deterministic) ||
-        as_int(args[13], "split_size", &p.split_size) || as_int(args[14], "schedule", &schedule))
-        return NULL;
-    stream_ll = PyLong_AsLongLong(args[15]);
-    if (stream_ll == -1 && PyErr_Occurred())
-        return NULL;
-
-    /* q first: it fixes device, dtype and the sizes everything else must match. */
+/* q first: it fixes device, dtype and rank for everything else. */
+static int check_q(const DLTensor *q, int ndim)
+{
     if (q->device.device_type != kDLCPU && q->device.device_type != kDLCUDA) {
         PyErr_Format(PyExc_ValueError, "q: must be a CPU or CUDA tensor, got %s", device_name(q));
-        return NULL;
+        return -1;
     }
     if (!is_dtype(q->dtype, kDLFloat, 16) && !is_dtype(q->dtype, kDLBfloat, 16)) {
         PyErr_Format(PyExc_TypeError, "q: expected dtype float16 or bfloat16, got %s",
                      dtype_name(q->dtype));
-        return NULL;
+        return -1;
     }
-    const int code = q->dtype.code;
-    const int64_t any4[4] = {-1, -1, -1, -1};
-    if (check_tensor(q, q, "q", code, 16, 4, any4))
-        return NULL;
-    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
-    const int64_t kshape[4] = {B, -1, -1, D};
-    if (check_tensor(k, q, "k", code, 16, 4, kshape))
-        return NULL;
-    const int64_t Sk = k->shape[1], Hk = k->shape[2];
-    const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
-    if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
-        check_tensor(out, q, "out", code, 16, 4, oshape) ||
-        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
-        check_contiguous(lse, "softmax_lse"))
-        return NULL;
-    if (alibi) {
-        const int64_t a1[1] = {H}, a2[2] = {B, H};
-        if (check_tensor(alibi, q, "alibi_slopes", kDLFloat, 32, alibi->ndim == 2 ? 2 : 1,
-                         alibi->ndim == 2 ? a2 : a1))
+    const int64_t any[4] = {-1, -1, -1, -1};
+    return check_tensor(q, q, "q", q->dtype.code, 16, ndim, any);
+}
+
+static int fits_int(int64_t x, const char *name)
+{
+    if (x > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld does not fit in 32 bits", name, (long long)x);
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks the options' tensors against p (sizes filled in), then runs on the
+ * CPU or the GPU. Everything is checked before anything is written. */
+static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
+{
+    char msg[512] = "";
+    if (o->alibi) {
+        const int64_t a1[1] = {p->num_heads}, a2[2] = {p->batch, p->num_heads};
+        const int two = o->alibi->ndim == 2;
+        if (check_tensor(o->alibi, q, "alibi_slopes", kDLFloat, 32, two ? 2 : 1, two ? a2 : a1))
             return NULL;
-        p.alibi_slopes = (const float *)tensor_data(alibi);
-        p.alibi_batch_stride = alibi->ndim == 2 ? tensor_stride(alibi, 0) : 0;
+        p->alibi_slopes = (const float *)tensor_data(o->alibi);
+        p->alibi_batch_stride = two ? tensor_stride(o->alibi, 0) : 0;
     }
-    if (ws && (!same_device(ws, q) || !is_dtype(ws->dtype, kDLUInt, 8) || ws->ndim != 1 ||
-               check_contiguous(ws, "workspace"))) {
+    if (o->ws && (!same_device(o->ws, q) || !is_dtype(o->ws->dtype, kDLUInt, 8) ||
+                  o->ws->ndim != 1 || check_contiguous(o->ws, "workspace"))) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError,
                             "workspace: expected a 1-D uint8 tensor on the device of q");
         return NULL;
     }
-    if (B > INT32_MAX || Sq > INT32_MAX || Sk > INT32_MAX || H > INT32_MAX || Hk > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "q, k: sizes must fit in 32 bits");
-        return NULL;
-    }
-
-    p.q = tensor_data(q);
-    p.k = tensor_data(k);
-    p.v = tensor_data(v);
-    p.out = tensor_data(out);
-    p.softmax_lse = (float *)tensor_data(lse);
-    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
-    p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1), p.k_head_stride = tensor_stride(k, 2);
-    p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1), p.v_head_stride = tensor_stride(v, 2);
-    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
-    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)Sk;
-    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
-    p.dtype = code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
-    p.causal = causal;
-    p.deterministic = deterministic;
-    p.schedule = (fad_schedule)schedule;
+    p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
 
     fad_status st;
     if (q->device.device_type == kDLCPU) {
-        st = fad_fwd_check_run(&p, msg, sizeof msg);
+        st = fad_fwd_check_run(p, msg, sizeof msg);
         if (st == FAD_OK) {
             Py_BEGIN_ALLOW_THREADS
-            st = fad_fwd_cpu(&p, msg, sizeof msg);
+            st = fad_fwd_cpu(p, msg, sizeof msg);
             Py_END_ALLOW_THREADS
         }
     } else {
         int prev = 0;
         st = fad_cuda_set_device(q->device.device_id, &prev, msg, sizeof msg);
         if (st == FAD_OK) {
-            st = fad_fwd_cuda(&p, ws ? tensor_data(ws) : NULL, ws ? (size_t)ws->shape[0] : 0,
-                              (struct CUstream_st *)(uintptr_t)stream_ll, msg, sizeof msg);
+            st = fad_fwd_cuda(p, o->ws ? tensor_data(o->ws) : NULL,
+                              o->ws ? (size_t)o->ws->shape[0] : 0,
+                              (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
             if (prev != q->device.device_id) {
                 char ignored[64];
                 fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
@@ -321,15 +295,145 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(fwd_doc,
+"fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
+"    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
+"--\n\n"
+"Attention forward. q, k, v, out, softmax_lse are DLPack capsules (q (B, Sq, Hq, D),\n"
+"k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
+"alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
+"bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
+"Everything is checked before anything is written.");
+
+static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    DLTensor *q, *k, *v, *out, *lse;
+    fad_fwd_params p;
+    fwd_opts o;
+
+    if (nargs != 5 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", 5 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
+        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
+        get_tensor(args[4], "softmax_lse", &lse) || parse_opts(args + 5, &p, &o) || check_q(q, 4))
+        return NULL;
+    const int code = q->dtype.code;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t kshape[4] = {B, -1, -1, D};
+    if (check_tensor(k, q, "k", code, 16, 4, kshape))
+        return NULL;
+    const int64_t Sk = k->shape[1], Hk = k->shape[2];
+    const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
+    if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
+        check_tensor(out, q, "out", code, 16, 4, oshape) ||
+        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
+        check_contiguous(lse, "softmax_lse") || fits_int(B, "q: batch") ||
+        fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") || fits_int(Sk, "k: seqlen") ||
+        fits_int(Hk, "k: heads"))
+        return NULL;
+
+    p.q = tensor_data(q), p.k = tensor_data(k), p.v = tensor_data(v), p.out = tensor_data(out);
+    p.softmax_lse = (float *)tensor_data(lse);
+    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
+    p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1), p.k_head_stride = tensor_stride(k, 2);
+    p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1), p.v_head_stride = tensor_stride(v, 2);
+    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
+    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)Sk;
+    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
+    return run_fwd(&p, q, &o);
+}
+
+PyDoc_STRVAR(fwd_varlen_doc,
+"fwd_varlen(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,\n"
+"           max_seqlen_q, max_seqlen_k, alibi_slopes, workspace, softmax_scale, softcap,\n"
+"           window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
+"--\n\n"
+"Attention forward over a variable-length batch. q (total_q, Hq, D), k/v (total_k,\n"
+"Hkv, D), out like q, softmax_lse (Hq, total_q) float32 contiguous; cu_seqlens_q/k\n"
+"int32 (B+1,), seqused_k int32 (B,) or None. Other arguments as fwd.");
+
+static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL;
+    fad_fwd_params p;
+    fwd_opts o;
+    int max_q, max_k;
+
+    if (nargs != 10 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "fwd_varlen: expected %d arguments, got %zd",
+                     10 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
+        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
+        get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cu_seqlens_q", &cu_q) ||
+        get_tensor(args[6], "cu_seqlens_k", &cu_k) ||
+        (args[7] != Py_None && get_tensor(args[7], "seqused_k", &used_k)) ||
+        as_int(args[8], "max_seqlen_q", &max_q) || as_int(args[9], "max_seqlen_k", &max_k) ||
+        parse_opts(args + 10, &p, &o) || check_q(q, 3))
+        return NULL;
+    const int code = q->dtype.code;
+    const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
+    const int64_t kshape[3] = {-1, -1, D};
+    if (check_tensor(k, q, "k", code, 16, 3, kshape))
+        return NULL;
+    const int64_t Tk = k->shape[0], Hk = k->shape[1];
+    const int64_t vshape[3] = {Tk, Hk, D}, oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
+    const int64_t cushape[1] = {-1};
+    if (check_tensor(v, q, "v", code, 16, 3, vshape) ||
+        check_tensor(out, q, "out", code, 16, 3, oshape) ||
+        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 2, lshape) ||
+        check_contiguous(lse, "softmax_lse") ||
+        check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
+        return NULL;
+    const int64_t B = cu_q->shape[0] - 1;
+    const int64_t cukshape[1] = {B + 1}, usedshape[1] = {B};
+    if (B < 0) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needs at least one entry (batch + 1)");
+        return NULL;
+    }
+    if (check_tensor(cu_k, q, "cu_seqlens_k", kDLInt, 32, 1, cukshape) ||
+        (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
+        fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
+        fits_int(Hk, "k: heads"))
+        return NULL;
+    if (max_q < 0 || max_k < 0) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q, max_seqlen_k: must be >= 0 (got %d, %d)",
+                     max_q, max_k);
+        return NULL;
+    }
+
+    p.q = tensor_data(q), p.k = tensor_data(k), p.v = tensor_data(v), p.out = tensor_data(out);
+    p.softmax_lse = (float *)tensor_data(lse);
+    p.cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
+    p.cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
+    p.seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
+    p.q_row_stride = tensor_stride(q, 0), p.q_head_stride = tensor_stride(q, 1);
+    p.k_row_stride = tensor_stride(k, 0), p.k_head_stride = tensor_stride(k, 1);
+    p.v_row_stride = tensor_stride(v, 0), p.v_head_stride = tensor_stride(v, 1);
+    p.out_row_stride = tensor_stride(out, 0), p.out_head_stride = tensor_stride(out, 1);
+    p.batch = (int)B, p.seqlen_q = max_q, p.seqlen_k = max_k;
+    p.total_q = (int)Tq, p.total_k = (int)Tk;
+    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
+    return run_fwd(&p, q, &o);
+}
+
 /* ------------------------------------------------------------------------ */
 /* fwd_workspace_size                                                         */
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(fwd_workspace_size_doc,
 "fwd_workspace_size(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,\n"
-"                   deterministic, split_size, schedule, device_index) -> int\n"
+"                   deterministic, split_size, schedule, device_index, total_q=-1) -> int\n"
 "--\n\n"
-"Bytes of CUDA workspace fwd needs for these sizes on that device (often 0).");
+"Bytes of CUDA workspace fwd needs for these sizes on that device (often 0).\n"
+"For fwd_varlen pass max_seqlen_q/k as seqlen_q/k and total_q (rows of q).");
 
 static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *args,
                                            Py_ssize_t nargs)
@@ -340,8 +444,9 @@ static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *ar
     int deterministic, schedule, device, prev = 0;
     size_t bytes = 0;
 
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "fwd_workspace_size: expected 10 arguments, got %zd", nargs);
+    if (nargs != 10 && nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "fwd_workspace_size: expected 10 or 11 arguments, got %zd",
+                     nargs);
         return NULL;
     }
     fad_fwd_params_init(&p);
@@ -355,6 +460,16 @@ static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *ar
         return NULL;
     p.deterministic = deterministic;
     p.schedule = (fad_schedule)schedule;
+    if (nargs == 11) {
+        int total_q;
+        if (as_int(args[10], "total_q", &total_q))
+            return NULL;
+        if (total_q >= 0) { /* varlen: the flat rows are (Hq, total_q); pointers are not read */
+            static const int32_t dummy[1];
+            p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+            p.total_q = total_q;
+        }
+    }
     fad_status st = fad_cuda_set_device(device, &prev, msg, sizeof msg);
     if (st == FAD_OK) {
         st = fad_fwd_workspace_size(&p, &bytes, msg, sizeof msg);
@@ -382,6 +497,7 @@ static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
 
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
+    {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
     {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,
      fwd_workspace_size_doc},
     {"has_cuda", fad_py_has_cuda, METH_NOARGS, has_cuda_doc},

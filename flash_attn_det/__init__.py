@@ -3,11 +3,18 @@
     from flash_attn_det import flash_attn_func, set_deterministic_mode
 """
 from ._C import __version__, has_cuda
-from .interface import flash_attn_func
+from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                        flash_attn_varlen_qkvpacked_func)
 from .mode import get_deterministic_mode, get_split_size, set_deterministic_mode
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "set_deterministic_mode",
     "get_deterministic_mode",
     "get_split_size",

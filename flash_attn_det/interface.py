@@ -32,45 +32,88 @@ def _window(window_size, causal):
     return left, 0 if causal else right
 
 
+def _cuda_call_args(q, det, split_size, schedule, B, Sq, Sk, H, Hk, D, total_q=-1):
+    """(workspace capsule or None, stream) for a CUDA call; (None, 0) on the CPU."""
+    if not q.is_cuda:
+        return None, 0
+    nbytes = _C.fwd_workspace_size(B, Sq, Sk, H, Hk, D, det, split_size, schedule,
+                                   q.device.index, total_q)
+    ws = to_dlpack(torch.empty(nbytes, dtype=torch.uint8, device=q.device)) if nbytes else None
+    return ws, _current_stream(q.device)
+
+
+def _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    """The arguments every forward entry shares, checked; q: (..., headdim)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(
+            "flash_attn_det: the backward pass is not implemented yet; call the forward under "
+            "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad")
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    elif not softmax_scale > 0 or softmax_scale == float("inf"):
+        # (the C API reads 0 as "default"; from Python an explicit 0 is a mistake)
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
+    left, right = _window(window_size, causal)
+    if alibi_slopes is not None:
+        alibi_slopes = to_dlpack(_operand(alibi_slopes, "alibi_slopes"))
+    return alibi_slopes, float(softmax_scale), float(softcap), left, right, int(bool(causal))
+
+
 def _current_stream(device):
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
                                               else torch.cuda.current_device())
 
 
 def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
-    """Runs the forward kernel; returns (out, softmax_lse)."""
+    """Runs the forward kernel on a padded batch; returns (out, softmax_lse)."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 4:
         raise ValueError(f"q: expected 4 dims (batch, seqlen, nheads, headdim), got {q.dim()}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "flash_attn_det: the backward pass is not implemented yet; call the forward under "
-            "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad")
+    opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     B, Sq, H, D = q.shape
-    if softmax_scale is None:
-        softmax_scale = D ** -0.5
-    elif not softmax_scale > 0 or softmax_scale == float("inf"):
-        # (the C API reads 0 as "default"; from Python an explicit 0 is a mistake)
-        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
-    left, right = _window(window_size, causal)
-    if alibi_slopes is not None:
-        alibi_slopes = _operand(alibi_slopes, "alibi_slopes")
+    Sk, Hk = (k.shape[1], k.shape[2]) if k.dim() == 4 else (0, 1)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
-    workspace, stream = None, 0
-    if q.is_cuda:
-        Sk, Hk = (k.shape[1], k.shape[2]) if k.dim() == 4 else (0, 1)
-        nbytes = _C.fwd_workspace_size(B, Sq, Sk, H, Hk, D, det, split_size, schedule,
-                                       q.device.index)
-        if nbytes:
-            workspace = to_dlpack(torch.empty(nbytes, dtype=torch.uint8, device=q.device))
-        stream = _current_stream(q.device)
-    _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
-           None if alibi_slopes is None else to_dlpack(alibi_slopes), workspace,
-           float(softmax_scale), float(softcap), left, right, int(bool(causal)), int(det),
-           split_size, schedule, stream)
+    ws, stream = _cuda_call_args(q, det, split_size, schedule, B, Sq, Sk, H, Hk, D)
+    _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse), opts[0], ws,
+           *opts[1:], int(det), split_size, schedule, stream)
     return out, lse
+
+
+def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                causal, window_size, softcap, alibi_slopes, seqused_k):
+    """Runs the forward kernel on a variable-length batch; returns (out, softmax_lse)."""
+    q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
+    if q.dim() != 3:
+        raise ValueError(f"q: expected 3 dims (total_q, nheads, headdim), got {q.dim()}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
+    opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    Tq, H, D = q.shape
+    Hk = k.shape[1] if k.dim() == 3 else 1
+    B = max(cu_seqlens_q.shape[0] - 1, 0) if cu_seqlens_q.dim() == 1 else 0
+    # On the GPU cu_seqlens are not read back (no sync): a sequence whose bounds fall
+    # outside q/k is skipped by the kernel, and NaN-filled outputs make that loud.
+    fill = float("nan") if q.is_cuda else 0.0
+    out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
+    lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device)
+    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    ws, stream = _cuda_call_args(q, det, split_size, schedule, B, int(max_seqlen_q),
+                                 int(max_seqlen_k), H, Hk, D, total_q=Tq)
+    _C.fwd_varlen(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+                  to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
+                  None if seqused_k is None else to_dlpack(seqused_k), int(max_seqlen_q),
+                  int(max_seqlen_k), opts[0], ws, *opts[1:], int(det), split_size, schedule,
+                  stream)
+    return out, lse
+
+
+def _no_dropout(dropout_p):
+    if dropout_p:
+        raise NotImplementedError("dropout_p: dropout is not implemented by flash_attn_det yet; "
+                                  "pass dropout_p=0.0")
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -92,8 +135,78 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     with softmax_lse (batch, nheads, seqlen_q) fp32 when return_attn_probs.
     Rows that see no key get out 0 and lse -inf.
     """
-    if dropout_p:
-        raise NotImplementedError("dropout_p: dropout is not implemented by flash_attn_det yet; "
-                                  "pass dropout_p=0.0")
+    _no_dropout(dropout_p)
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, seqused_k=None):
+    """flash_attn_func over a batch of sequences packed along the first axis.
+
+    q: (total_q, nheads, headdim), k/v: (total_k, nheads_k, headdim); sequence b is rows
+    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of
+    k/v (int32, batch + 1 entries); max_seqlen_q/k bound the lengths. seqused_k (int32,
+    (batch,)): sequence b attends only its first seqused_k[b] keys. Masks, scale, softcap,
+    ALiBi ((nheads,) or (batch, nheads)) as flash_attn_func, per sequence. A sequence's
+    bits equal those of flash_attn_func on that sequence alone (deterministic mode).
+    Returns out (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None).
+    block_table (paged KV) is not implemented yet.
+    """
+    _no_dropout(dropout_p)
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
+    out, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _unbind_packed(x, n, dim, name):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() <= dim or x.shape[dim] != n:
+        raise ValueError(f"{name}: expected {n} along dim {dim}, got shape {tuple(x.shape)}")
+    return x.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """flash_attn_func with qkv: (batch, seqlen, 3, nheads, headdim), read in place."""
+    q, k, v = _unbind_packed(qkv, 3, 2, "qkv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """flash_attn_func with kv: (batch, seqlen_k, 2, nheads_k, headdim), read in place."""
+    k, v = _unbind_packed(kv, 2, 2, "kv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func with qkv: (total, 3, nheads, headdim)."""
+    q, k, v = _unbind_packed(qkv, 3, 1, "qkv")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """flash_attn_varlen_func with kv: (total_k, 2, nheads_k, headdim)."""
+    k, v = _unbind_packed(kv, 2, 1, "kv")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs)

@@ -1,0 +1,64 @@
+/*
+ * fad_seq.h — where sequence b of a call lives: the one place that knows the
+ * difference between a padded (B, S, H, D) batch and a variable-length batch
+ * (cu_seqlens). Shared by the CPU path, the kernels and the plan.
+ *
+ * Every per-row array (softmax_lse, the workspace partials) is addressed by a
+ * flat row index lse_index(seq, h, i) = seq.row0 + h * head_stride + i:
+ *   padded: row0 = b * H * Sq, head_stride = Sq       -> lse (B, H, Sq)
+ *   varlen: row0 = cu_seqlens_q[b], head_stride = total_q -> lse (H, total_q)
+ */
+#ifndef FAD_SEQ_H
+#define FAD_SEQ_H
+
+#include <stdint.h>
+
+#include "fad.h"
+#include "fad_math.h"
+
+typedef struct fad_seq {
+    int64_t q_off, k_off, v_off, o_off; /* element offset of row 0, head 0 in q, k, v, out */
+    int64_t row0;                       /* flat row of (h = 0, i = 0) in lse / partials */
+    int len_q, len_k;
+    int valid; /* 0: its cu_seqlens point outside q or k (varlen on the GPU only) */
+} fad_seq;
+
+/* Rows per head in the flat row space, and rows in all. */
+FAD_HD int64_t fad_lse_head_stride(const fad_fwd_params *p)
+{
+    return p->cu_seqlens_q ? p->total_q : p->seqlen_q;
+}
+FAD_HD int64_t fad_flat_rows(const fad_fwd_params *p)
+{
+    return p->cu_seqlens_q ? (int64_t)p->num_heads * p->total_q
+                           : (int64_t)p->batch * p->num_heads * p->seqlen_q;
+}
+
+FAD_HD fad_seq fad_get_seq(const fad_fwd_params *p, int b)
+{
+    fad_seq s;
+    if (!p->cu_seqlens_q) {
+        s.q_off = b * p->q_batch_stride, s.k_off = b * p->k_batch_stride;
+        s.v_off = b * p->v_batch_stride, s.o_off = b * p->out_batch_stride;
+        s.row0 = (int64_t)b * p->num_heads * p->seqlen_q;
+        s.len_q = p->seqlen_q, s.len_k = p->seqlen_k, s.valid = 1;
+        return s;
+    }
+    const int q0 = p->cu_seqlens_q[b], q1 = p->cu_seqlens_q[b + 1];
+    const int k0 = p->cu_seqlens_k[b], k1 = p->cu_seqlens_k[b + 1];
+    int len_k = k1 - k0;
+    if (p->seqused_k && p->seqused_k[b] < len_k)
+        len_k = p->seqused_k[b];
+    /* Lengths beyond the max_seqlen the grid was sized for, or rows outside
+     * the tensors, make the sequence invalid: it is never read or computed. */
+    s.valid = q0 >= 0 && q1 >= q0 && q1 <= p->total_q && q1 - q0 <= p->seqlen_q && k0 >= 0 &&
+              k1 >= k0 && k1 <= p->total_k && len_k >= 0 && len_k <= p->seqlen_k;
+    s.q_off = (int64_t)q0 * p->q_row_stride, s.o_off = (int64_t)q0 * p->out_row_stride;
+    s.k_off = (int64_t)k0 * p->k_row_stride, s.v_off = (int64_t)k0 * p->v_row_stride;
+    s.row0 = q0;
+    s.len_q = s.valid ? q1 - q0 : 0;
+    s.len_k = s.valid ? len_k : 0;
+    return s;
+}
+
+#endif /* FAD_SEQ_H */
