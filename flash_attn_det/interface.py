@@ -90,6 +90,9 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
+    if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
+        raise ValueError(f"max_seqlen_q, max_seqlen_k: must be >= 0, got {max_seqlen_q}, "
+                         f"{max_seqlen_k}")
     opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     Tq, H, D = q.shape
     Hk = k.shape[1] if k.dim() == 3 else 1
