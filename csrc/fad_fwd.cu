@@ -230,20 +230,23 @@ struct fwd_args {
 };
 
 template <int kHeadDim> struct fwd_cfg {
-    /* Wide (D <= FAD_WIDE_MAX_D): 8 warps x 32 query rows (two m16 tiles per
-     * warp), so every K/V fragment read from shared memory feeds four MMAs and
-     * each K/V tile fetched from L2 serves 256 rows. Otherwise 16 rows per warp,
-     * 8 warps up to D=128 (Q held in registers), 4 above (registers). */
+    /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
+     * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
+     * fragment read from shared memory feeds four MMAs. Otherwise 16 rows per
+     * warp, Q held in registers up to D=128. Several small CTAs per SM beat one
+     * big one: their warps are not held in step by a shared barrier, so one
+     * CTA's softmax overlaps another's MMAs. */
     static constexpr bool kWide = kHeadDim <= FAD_WIDE_MAX_D;
     static constexpr int kMT = kWide ? 2 : 1;
-    static constexpr int kWarps = kHeadDim <= 128 ? 8 : 4, kThreads = kWarps * 32;
+    static constexpr int kWarps = kHeadDim <= 64 ? FAD_D64_WARPS : kHeadDim <= 128 ? FAD_D128_WARPS : 4;
+    static constexpr int kThreads = kWarps * 32;
     static constexpr int kBlockM = kWarps * 16 * kMT;
     /* Keys per tile: 32 for wide D=128 keeps S + O within the registers. */
     static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
     static constexpr bool kQInRegs = !kWide && kHeadDim <= 128;
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
-    static constexpr int kMinBlocks = kHeadDim <= FAD_TWO_CTA_MAX_D ? 2 : 1;
+    static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     /* Shared memory: sR (merged o, fp32, thread-private slots); sQ, which

@@ -11,23 +11,41 @@
 extern "C" {
 #endif
 
-/* Head dims up to this use the wide CTA: 8 warps x 32 query rows. */
+/* Tile shape of the forward kernel per head-dim class: tuning knobs that never
+ * change a bit (rows are independent), compared with scripts/ab_variants.sh.
+ * FAD_WIDE_MAX_D: head dims up to this give each warp 32 query rows (else 16).
+ * FAD_D64_WARPS / FAD_D128_WARPS: warps per CTA for D <= 64 and 64 < D <= 128
+ * (4 above). FAD_D64_MIN_BLOCKS: CTAs per SM the D <= 64 register budget allows. */
 #ifndef FAD_WIDE_MAX_D
 #define FAD_WIDE_MAX_D 0
 #endif
-
-/* Head dims up to this cap registers at 128 per thread so that two CTAs share an SM. */
-#ifndef FAD_TWO_CTA_MAX_D
-#define FAD_TWO_CTA_MAX_D 64
+#ifndef FAD_D64_WARPS
+#define FAD_D64_WARPS 8
+#endif
+#ifndef FAD_D64_MIN_BLOCKS
+#define FAD_D64_MIN_BLOCKS 2
+#endif
+#ifndef FAD_D128_WARPS
+#define FAD_D128_WARPS 4
 #endif
 
-/* Query rows per CTA of the forward kernel (fwd_cfg in fad_fwd.cu): 8 warps x
- * 32 rows (wide), 8 warps x 16 rows up to D=128, 4 warps x 16 rows above.
- * Never changes bits. */
-static inline int fad_block_m(int head_dim)
+#ifdef __CUDACC__
+#define FAD_HOST_DEVICE __host__ __device__
+#else
+#define FAD_HOST_DEVICE
+#endif
+
+static inline FAD_HOST_DEVICE int fad_fwd_warps(int head_dim)
 {
-    return head_dim <= FAD_WIDE_MAX_D ? 256 : head_dim <= 128 ? 128 : 64;
+    return head_dim <= 64 ? FAD_D64_WARPS : head_dim <= 128 ? FAD_D128_WARPS : 4;
 }
+
+/* Query rows per CTA of the forward kernel (fwd_cfg in fad_fwd.cu). */
+static inline FAD_HOST_DEVICE int fad_block_m(int head_dim)
+{
+    return fad_fwd_warps(head_dim) * 16 * (head_dim <= FAD_WIDE_MAX_D ? 2 : 1);
+}
+
 /* Keys per tile of the CPU path's walk inside a split (each CUDA variant has
  * its own, also dividing FAD_SPLIT_QUANTUM). */
 #define FAD_BLOCK_N 64
