@@ -2,13 +2,16 @@
  * fad_fwd.cu — the forward kernel on the fixed split plan, its combine kernel
  * and the single dispatch point that picks a compile-time variant.
  *
- * Shapes (flash_attn layout, strides from fad_fwd_params):
- *   q   (B, Sq, Hq, D)      k, v (B, Sk, Hkv, D)      out (B, Sq, Hq, D)
- *   lse (B, Hq, Sq) fp32    workspace (partials): o [split][B][Hq][Sq][D] fp32,
- *                                                 ml [split][B][Hq][Sq][2] fp32
+ * Shapes (flash_attn layout, strides from fad_fwd_params; fad_seq.h says
+ * where sequence b lives):
+ *   padded: q, out (B, Sq, Hq, D)   k, v (B, Sk, Hkv, D)     lse (B, Hq, Sq) fp32
+ *   varlen: q, out (total_q, Hq, D) k, v (total_k, Hkv, D)   lse (Hq, total_q) fp32
+ *   workspace (partials): o [split][flat row][D] fp32, ml [split][flat row][2] fp32,
+ *   flat row = the row's index in lse.
  *
- * One CTA = one (batch, head, query tile of kBlockM rows); 4 warps, 16 rows
- * each. It walks kBlockN-key tiles in increasing order. Tiles belong to splits
+ * One CTA = one (sequence, head, query tile of kBlockM rows); 16 query rows per
+ * warp (32 in the wide variant), warps per CTA by head dim (fwd_cfg). It walks
+ * kBlockN-key tiles in increasing order. Tiles belong to splits
  * at absolute positions [s*S, (s+1)*S); a split starts from a fresh online-
  * softmax state and, when it ends, is merged into the row's result R with
  * fad_merge_* (fad_math.h). Either all splits of a row run in one CTA (R lives
