@@ -124,6 +124,22 @@ fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspa
 /* Forward on the CPU (host pointers), fp32 accumulation, same split plan. */
 fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len);
 
+/* Backward: gradients of the forward described by fwd (whose out and
+ * softmax_lse are that forward's results). dout, dq, dk, dv have the strides of
+ * out, q, k, v. dq is fully written; dk/dv rows of keys that no query sees (past
+ * seqused_k, or between varlen sequences) are left as they are (pass zeros).
+ * Accumulation orders depend only on positions inside a sequence (keys in
+ * increasing order for dq; query heads of a group, then rows, in increasing
+ * order for dk/dv), so the gradients are batch-invariant and run-to-run stable. */
+typedef struct fad_bwd_params {
+    fad_fwd_params fwd; /* the forward's tensors and options */
+    const void *dout;   /* like out: gradient of the output */
+    void *dq, *dk, *dv; /* like q, k, v: written */
+} fad_bwd_params;
+
+/* Backward on the CPU (host pointers), fp32 accumulation. */
+fad_status fad_bwd_cpu(const fad_bwd_params *p, char *msg, size_t msg_len);
+
 /* 1 when this build contains the CUDA path. */
 int fad_has_cuda(void);
 

@@ -17,7 +17,7 @@
 
 /* --- fp16 / bf16 <-> fp32, round to nearest even ------------------------- */
 
-static float bf16_to_float(uint16_t h)
+float fad_bf16_to_float(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -25,7 +25,7 @@ static float bf16_to_float(uint16_t h)
     return f;
 }
 
-static uint16_t float_to_bf16(float f)
+uint16_t fad_float_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -35,7 +35,7 @@ static uint16_t float_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static float fp16_to_float(uint16_t h)
+float fad_fp16_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
     if (exp == 0x1f) {
@@ -54,7 +54,7 @@ static float fp16_to_float(uint16_t h)
     return f;
 }
 
-static uint16_t float_to_fp16(float f)
+uint16_t fad_float_to_fp16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -71,7 +71,6 @@ static uint16_t float_to_fp16(float f)
     return sign | (uint16_t)((r - 0x38000000u) >> 13);
 }
 
-typedef float (*load_fn)(uint16_t);
 
 /* --- one row ------------------------------------------------------------- */
 
@@ -157,14 +156,14 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
     int bf16 = p->dtype == FAD_BFLOAT16;
     for (int d = 0; d < D; d++) {
         float y = FAD_MUL(orow[d], inv);
-        out[d] = bf16 ? float_to_bf16(y) : float_to_fp16(y);
+        out[d] = bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
     }
     *lse = fad_lse(mr, lr);
 }
 
 /* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
  * sequence that points outside the tensors is skipped, see fad_seq.h). */
-static fad_status check_seqlens(const fad_fwd_params *p, char *msg, size_t msg_len)
+fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
     if (!p->cu_seqlens_q)
         return FAD_OK;
@@ -197,13 +196,13 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
     if (st != FAD_OK)
         return st;
     const fad_fwd_params resolved = fad_fwd_resolve(params), *p = &resolved;
-    st = check_seqlens(p, msg, msg_len);
+    st = fad_check_seqlens_host(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? bf16_to_float : fp16_to_float,
+    row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float,
                  plan.split_size, 0, 0};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     const int64_t lse_head_stride = fad_lse_head_stride(p);

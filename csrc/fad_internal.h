@@ -77,6 +77,14 @@ fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 /* Makes dev the current CUDA device; *prev receives the old one. */
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len);
 
+/* CPU path helpers shared by the forward and the backward (fad_cpu.c). */
+fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len);
+float fad_bf16_to_float(uint16_t h);
+float fad_fp16_to_float(uint16_t h);
+uint16_t fad_float_to_bf16(float f); /* round to nearest even */
+uint16_t fad_float_to_fp16(float f); /* round to nearest even */
+typedef float (*load_fn)(uint16_t);
+
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 

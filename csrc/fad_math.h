@@ -129,6 +129,17 @@ FAD_HD float fad_logit(const fad_score_mod *m, float qk)
     return FAD_MUL(qk, m->scale_log2);
 }
 
+/* d(score)/d(q.k) in natural units, for the backward: the scale, times
+ * 1 - tanh^2 under a softcap (ALiBi is additive and has no gradient). */
+FAD_HD float fad_logit_grad(const fad_score_mod *m, float softmax_scale, float qk)
+{
+    if (m->has_softcap) {
+        const float t = tanhf(FAD_MUL(qk, m->cap_in));
+        return FAD_MUL(softmax_scale, FAD_FMA(-t, t, 1.f));
+    }
+    return softmax_scale;
+}
+
 /* exp2 of a score in log2 units relative to base (see fad_score_mod). */
 FAD_HD float fad_exp_score(float s, float exp_scale, float base)
 {

@@ -247,16 +247,14 @@ static int fits_int(int64_t x, const char *name)
     return 0;
 }
 
-/* Checks the options' tensors against p (sizes filled in), then runs on the
- * CPU or the GPU. Everything is checked before anything is written. */
-static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
+/* Checks the options' tensors against p (sizes filled in) and stores them. */
+static int finish_opts(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
 {
-    char msg[512] = "";
     if (o->alibi) {
         const int64_t a1[1] = {p->num_heads}, a2[2] = {p->batch, p->num_heads};
         const int two = o->alibi->ndim == 2;
         if (check_tensor(o->alibi, q, "alibi_slopes", kDLFloat, 32, two ? 2 : 1, two ? a2 : a1))
-            return NULL;
+            return -1;
         p->alibi_slopes = (const float *)tensor_data(o->alibi);
         p->alibi_batch_stride = two ? tensor_stride(o->alibi, 0) : 0;
     }
@@ -265,10 +263,18 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError,
                             "workspace: expected a 1-D uint8 tensor on the device of q");
-        return NULL;
+        return -1;
     }
     p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    return 0;
+}
 
+/* Runs the forward on the CPU or the GPU; everything was checked before. */
+static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
+{
+    char msg[512] = "";
+    if (finish_opts(p, q, o))
+        return NULL;
     fad_status st;
     if (q->device.device_type == kDLCPU) {
         st = fad_fwd_check_run(p, msg, sizeof msg);
@@ -295,6 +301,46 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
     Py_RETURN_NONE;
 }
 
+/* Backward: grads = (dout, dq, dk, dv) capsules, each the shape and strides of
+ * (out, q, k, v). CPU only for now. */
+static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyObject *const *grads,
+                         const fwd_opts *o)
+{
+    static const char *names[4] = {"dout", "dq", "dk", "dv"};
+    fad_bwd_params bp;
+    DLTensor *g[4];
+    char msg[512] = "";
+    const DLTensor *q = fwd_t[1];
+    for (int t = 0; t < 4; t++) {
+        const DLTensor *like = fwd_t[t];
+        if (get_tensor(grads[t], names[t], &g[t]) ||
+            check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape))
+            return NULL;
+        for (int d = 0; d < like->ndim; d++)
+            if (like->shape[d] > 1 && tensor_stride(g[t], d) != tensor_stride(like, d)) {
+                PyErr_Format(PyExc_ValueError, "%s: strides must equal those of %s", names[t],
+                             t == 0 ? "out" : t == 1 ? "q" : t == 2 ? "k" : "v");
+                return NULL;
+            }
+    }
+    if (finish_opts(p, q, o))
+        return NULL;
+    if (q->device.device_type != kDLCPU)
+        return raise_status(FAD_ERR_UNSUPPORTED,
+                            "flash_attn_det: the GPU backward pass is not implemented yet "
+                            "(the CPU path has one)");
+    bp.fwd = *p;
+    bp.dout = tensor_data(g[0]), bp.dq = tensor_data(g[1]);
+    bp.dk = tensor_data(g[2]), bp.dv = tensor_data(g[3]);
+    fad_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fad_bwd_cpu(&bp, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(fwd_doc,
 "fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
 "    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
@@ -305,27 +351,20 @@ PyDoc_STRVAR(fwd_doc,
 "bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
 "Everything is checked before anything is written.");
 
-static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Fills p from fwd's arguments (padded layout); t receives q, k, v, out. */
+static int fill_fwd(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])
 {
-    (void)module;
     DLTensor *q, *k, *v, *out, *lse;
-    fad_fwd_params p;
-    fwd_opts o;
-
-    if (nargs != 5 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", 5 + FWD_NOPTS, nargs);
-        return NULL;
-    }
-    fad_fwd_params_init(&p);
+    fad_fwd_params_init(p);
     if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
         get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
-        get_tensor(args[4], "softmax_lse", &lse) || parse_opts(args + 5, &p, &o) || check_q(q, 4))
-        return NULL;
+        get_tensor(args[4], "softmax_lse", &lse) || parse_opts(args + 5, p, o) || check_q(q, 4))
+        return -1;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
     const int64_t kshape[4] = {B, -1, -1, D};
     if (check_tensor(k, q, "k", code, 16, 4, kshape))
-        return NULL;
+        return -1;
     const int64_t Sk = k->shape[1], Hk = k->shape[2];
     const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
@@ -334,17 +373,56 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
         check_contiguous(lse, "softmax_lse") || fits_int(B, "q: batch") ||
         fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") || fits_int(Sk, "k: seqlen") ||
         fits_int(Hk, "k: heads"))
-        return NULL;
+        return -1;
 
-    p.q = tensor_data(q), p.k = tensor_data(k), p.v = tensor_data(v), p.out = tensor_data(out);
-    p.softmax_lse = (float *)tensor_data(lse);
-    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
-    p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1), p.k_head_stride = tensor_stride(k, 2);
-    p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1), p.v_head_stride = tensor_stride(v, 2);
-    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
-    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)Sk;
-    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
-    return run_fwd(&p, q, &o);
+    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
+    p->softmax_lse = (float *)tensor_data(lse);
+    p->q_batch_stride = tensor_stride(q, 0), p->q_row_stride = tensor_stride(q, 1), p->q_head_stride = tensor_stride(q, 2);
+    p->k_batch_stride = tensor_stride(k, 0), p->k_row_stride = tensor_stride(k, 1), p->k_head_stride = tensor_stride(k, 2);
+    p->v_batch_stride = tensor_stride(v, 0), p->v_row_stride = tensor_stride(v, 1), p->v_head_stride = tensor_stride(v, 2);
+    p->out_batch_stride = tensor_stride(out, 0), p->out_row_stride = tensor_stride(out, 1), p->out_head_stride = tensor_stride(out, 2);
+    p->batch = (int)B, p->seqlen_q = (int)Sq, p->seqlen_k = (int)Sk;
+    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    t[0] = out, t[1] = q, t[2] = k, t[3] = v;
+    return 0;
+}
+
+static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *t[4];
+    if (nargs != 5 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", 5 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    if (fill_fwd(args, &p, &o, t))
+        return NULL;
+    return run_fwd(&p, t[1], &o);
+}
+
+PyDoc_STRVAR(bwd_doc,
+"bwd(dout, dq, dk, dv, <the arguments of fwd>)\n"
+"--\n\n"
+"Gradients of the forward fwd computed (out and softmax_lse are its results).\n"
+"dout, dq, dk, dv: capsules shaped and strided like out, q, k, v; dq is written in\n"
+"full, dk/dv on the rows some query sees (pass zeros). CPU tensors only for now.");
+
+static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *t[4];
+    if (nargs != 4 + 5 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "bwd: expected %d arguments, got %zd", 4 + 5 + FWD_NOPTS,
+                     nargs);
+        return NULL;
+    }
+    if (fill_fwd(args + 4, &p, &o, t))
+        return NULL;
+    return run_bwd(&p, (const DLTensor *const *)t, args, &o);
 }
 
 PyDoc_STRVAR(fwd_varlen_doc,
@@ -356,33 +434,26 @@ PyDoc_STRVAR(fwd_varlen_doc,
 "Hkv, D), out like q, softmax_lse (Hq, total_q) float32 contiguous; cu_seqlens_q/k\n"
 "int32 (B+1,), seqused_k int32 (B,) or None. Other arguments as fwd.");
 
-static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Fills p from fwd_varlen's arguments; t receives q, k, v, out. */
+static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])
 {
-    (void)module;
     DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL;
-    fad_fwd_params p;
-    fwd_opts o;
     int max_q, max_k;
 
-    if (nargs != 10 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "fwd_varlen: expected %d arguments, got %zd",
-                     10 + FWD_NOPTS, nargs);
-        return NULL;
-    }
-    fad_fwd_params_init(&p);
+    fad_fwd_params_init(p);
     if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
         get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
         get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cu_seqlens_q", &cu_q) ||
         get_tensor(args[6], "cu_seqlens_k", &cu_k) ||
         (args[7] != Py_None && get_tensor(args[7], "seqused_k", &used_k)) ||
         as_int(args[8], "max_seqlen_q", &max_q) || as_int(args[9], "max_seqlen_k", &max_k) ||
-        parse_opts(args + 10, &p, &o) || check_q(q, 3))
-        return NULL;
+        parse_opts(args + 10, p, o) || check_q(q, 3))
+        return -1;
     const int code = q->dtype.code;
     const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
     const int64_t kshape[3] = {-1, -1, D};
     if (check_tensor(k, q, "k", code, 16, 3, kshape))
-        return NULL;
+        return -1;
     const int64_t Tk = k->shape[0], Hk = k->shape[1];
     const int64_t vshape[3] = {Tk, Hk, D}, oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
     const int64_t cushape[1] = {-1};
@@ -391,37 +462,75 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
         check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 2, lshape) ||
         check_contiguous(lse, "softmax_lse") ||
         check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
-        return NULL;
+        return -1;
     const int64_t B = cu_q->shape[0] - 1;
     const int64_t cukshape[1] = {B + 1}, usedshape[1] = {B};
     if (B < 0) {
         PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needs at least one entry (batch + 1)");
-        return NULL;
+        return -1;
     }
     if (check_tensor(cu_k, q, "cu_seqlens_k", kDLInt, 32, 1, cukshape) ||
         (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
         fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
         fits_int(Hk, "k: heads"))
-        return NULL;
+        return -1;
     if (max_q < 0 || max_k < 0) {
         PyErr_Format(PyExc_ValueError, "max_seqlen_q, max_seqlen_k: must be >= 0 (got %d, %d)",
                      max_q, max_k);
-        return NULL;
+        return -1;
     }
 
-    p.q = tensor_data(q), p.k = tensor_data(k), p.v = tensor_data(v), p.out = tensor_data(out);
-    p.softmax_lse = (float *)tensor_data(lse);
-    p.cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
-    p.cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
-    p.seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
-    p.q_row_stride = tensor_stride(q, 0), p.q_head_stride = tensor_stride(q, 1);
-    p.k_row_stride = tensor_stride(k, 0), p.k_head_stride = tensor_stride(k, 1);
-    p.v_row_stride = tensor_stride(v, 0), p.v_head_stride = tensor_stride(v, 1);
-    p.out_row_stride = tensor_stride(out, 0), p.out_head_stride = tensor_stride(out, 1);
-    p.batch = (int)B, p.seqlen_q = max_q, p.seqlen_k = max_k;
-    p.total_q = (int)Tq, p.total_k = (int)Tk;
-    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
-    return run_fwd(&p, q, &o);
+    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
+    p->softmax_lse = (float *)tensor_data(lse);
+    p->cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
+    p->cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
+    p->seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
+    p->q_row_stride = tensor_stride(q, 0), p->q_head_stride = tensor_stride(q, 1);
+    p->k_row_stride = tensor_stride(k, 0), p->k_head_stride = tensor_stride(k, 1);
+    p->v_row_stride = tensor_stride(v, 0), p->v_head_stride = tensor_stride(v, 1);
+    p->out_row_stride = tensor_stride(out, 0), p->out_head_stride = tensor_stride(out, 1);
+    p->batch = (int)B, p->seqlen_q = max_q, p->seqlen_k = max_k;
+    p->total_q = (int)Tq, p->total_k = (int)Tk;
+    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    t[0] = out, t[1] = q, t[2] = k, t[3] = v;
+    return 0;
+}
+
+static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *t[4];
+    if (nargs != 10 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "fwd_varlen: expected %d arguments, got %zd",
+                     10 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    if (fill_fwd_varlen(args, &p, &o, t))
+        return NULL;
+    return run_fwd(&p, t[1], &o);
+}
+
+PyDoc_STRVAR(bwd_varlen_doc,
+"bwd_varlen(dout, dq, dk, dv, <the arguments of fwd_varlen>)\n"
+"--\n\n"
+"bwd for a variable-length batch. CPU tensors only for now.");
+
+static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *t[4];
+    if (nargs != 4 + 10 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "bwd_varlen: expected %d arguments, got %zd",
+                     4 + 10 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    if (fill_fwd_varlen(args + 4, &p, &o, t))
+        return NULL;
+    return run_bwd(&p, (const DLTensor *const *)t, args, &o);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -498,6 +607,8 @@ static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
+    {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
+    {"bwd_varlen", (PyCFunction)(void (*)(void))fad_py_bwd_varlen, METH_FASTCALL, bwd_varlen_doc},
     {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,
      fwd_workspace_size_doc},
     {"has_cuda", fad_py_has_cuda, METH_NOARGS, has_cuda_doc},

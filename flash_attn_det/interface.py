@@ -1,4 +1,4 @@
-"""The flash_attn-compatible entry points (forward)."""
+"""The flash_attn-compatible entry points: forward on CPU and GPU, autograd on the CPU path."""
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -42,12 +42,20 @@ def _cuda_call_args(q, det, split_size, schedule, B, Sq, Sk, H, Hk, D, total_q=-
     return ws, _current_stream(q.device)
 
 
+def _needs_grad(q, k, v):
+    """True when autograd must record the call; the GPU backward does not exist yet."""
+    need = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if need and q.is_cuda:
+        raise NotImplementedError(
+            "flash_attn_det: the GPU backward pass is not implemented yet; call the forward under "
+            "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad "
+            "(CPU tensors have a backward)")
+    return need
+
+
 def _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
     """The arguments every forward entry shares, checked; q: (..., headdim)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "flash_attn_det: the backward pass is not implemented yet; call the forward under "
-            "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     elif not softmax_scale > 0 or softmax_scale == float("inf"):
@@ -113,6 +121,62 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return out, lse
 
 
+def _bwd_common(ctx, dout, entry, layout_args):
+    """dq, dk, dv of a recorded call (CPU path); layout_args sit between the grads and opts."""
+    q, k, v, out, lse = ctx.saved_tensors[:5]
+    alibi = ctx.alibi
+    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    opts = _options(q, k, v, ctx.softmax_scale, ctx.causal, ctx.window_size, ctx.softcap, alibi)
+    entry(*(to_dlpack(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)), *layout_args, opts[0],
+          None, *opts[1:], int(_state["enabled"]), _state["split_size"], _state["schedule"], 0)
+    return dq, dk, dv
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    """flash_attn_func under autograd (the backward runs on the CPU path)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
+        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.causal, ctx.window_size = softmax_scale, causal, window_size
+        ctx.softcap, ctx.alibi = softcap, alibi_slopes
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        dq, dk, dv = _bwd_common(ctx, dout, _C.bwd, ())
+        return dq, dk, dv, None, None, None, None, None
+
+
+class _FlashAttnVarlenFunc(torch.autograd.Function):
+    """flash_attn_varlen_func under autograd (the backward runs on the CPU path)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k):
+        out, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               seqused_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.layout = (int(max_seqlen_q), int(max_seqlen_k))
+        ctx.seqused_k = seqused_k
+        ctx.softmax_scale, ctx.causal, ctx.window_size = softmax_scale, causal, window_size
+        ctx.softcap, ctx.alibi = softcap, alibi_slopes
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        cu_q, cu_k = ctx.saved_tensors[5:7]
+        used = None if ctx.seqused_k is None else to_dlpack(ctx.seqused_k)
+        dq, dk, dv = _bwd_common(ctx, dout, _C.bwd_varlen,
+                                 (to_dlpack(cu_q), to_dlpack(cu_k), used, *ctx.layout))
+        return (dq, dk, dv) + (None,) * 10
+
+
 def _no_dropout(dropout_p):
     if dropout_p:
         raise NotImplementedError("dropout_p: dropout is not implemented by flash_attn_det yet; "
@@ -139,7 +203,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Rows that see no key get out 0 and lse -inf.
     """
     _no_dropout(dropout_p)
-    out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if _needs_grad(q, k, v):
+        out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
+                                        alibi_slopes)
+    else:
+        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -161,8 +229,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _no_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
-    out, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+            window_size, softcap, alibi_slopes, seqused_k)
+    if _needs_grad(q, k, v):
+        out, lse = _FlashAttnVarlenFunc.apply(*args)
+    else:
+        out, lse = _fwd_varlen(*args)
     return (out, lse, None) if return_attn_probs else out
 
 

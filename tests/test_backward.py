@@ -1,0 +1,117 @@
+"""The backward pass: the CPU path's gradients against float64 autograd, and the
+training contract (a sequence's dq, dk, dv do not depend on the rest of the batch,
+nor on the run). The GPU backward does not exist yet: CUDA inputs that require grad
+must raise a clear NotImplementedError.
+"""
+import pytest
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det.testing import attention_ref
+
+from conftest import HAS_CUDA, make_gen, randn
+
+# Relative error of a gradient (Frobenius norm) against float64 autograd: the inputs are
+# rounded to the dtype and so are the gradients, so a few unit roundoffs.
+REL_TOL = {torch.float16: 1e-3, torch.bfloat16: 6e-3}
+
+
+def grads(fn, q, k, v, dout, **kw):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v, **kw)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def ref_grads(q, k, v, dout, **kw):
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, _ = attention_ref(q, k, v, **kw)
+    out.backward(dout.double())
+    return q.grad, k.grad, v.grad
+
+
+def assert_rel(got, ref, dtype, what):
+    assert torch.isfinite(got).all(), f"{what}: non-finite"
+    den = float(ref.norm())
+    err = float((got.double() - ref).norm()) / (den if den > 0 else 1.0)
+    assert den > 0 or float(got.abs().max()) == 0.0, f"{what}: reference is zero, got nonzero"
+    assert err < REL_TOL[dtype], f"{what}: relative error {err:.2e} >= {REL_TOL[dtype]:g}"
+
+
+CASES = [
+    dict(B=2, Sq=37, Sk=41, H=4, Hk=2, D=24),
+    dict(B=1, Sq=80, Sk=80, H=2, Hk=2, D=64, causal=True),
+    dict(B=2, Sq=50, Sk=20, H=3, Hk=1, D=8, causal=True),                 # fully masked rows
+    dict(B=1, Sq=30, Sk=90, H=2, Hk=2, D=40, window_size=(10, 4)),
+    dict(B=2, Sq=33, Sk=33, H=2, Hk=2, D=32, softcap=3.0, causal=True),
+    dict(B=2, Sq=25, Sk=60, H=4, Hk=4, D=16, alibi="BH"),
+    dict(B=1, Sq=9, Sk=700, H=2, Hk=1, D=128),                             # several splits
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_cpu_grads_match_float64(dtype, case):
+    case = dict(case)
+    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    gen = make_gen(21)
+    q, k, v = (randn(gen, (B, S, h, D), dtype) for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, D), dtype)
+    if case.pop("alibi", None):
+        case["alibi_slopes"] = torch.rand((B, H), generator=gen) * 0.2 + 0.01
+    _, dq, dk, dv = grads(fad.flash_attn_func, q, k, v, dout, **case)
+    rq, rk, rv = ref_grads(q, k, v, dout, **case)
+    for what, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert_rel(got, ref, dtype, what)
+    if case.get("causal") and Sq > Sk:  # rows that see no key get no gradient
+        assert torch.equal(dq[:, :Sq - Sk], torch.zeros_like(dq[:, :Sq - Sk]))
+
+
+def test_cpu_grads_batch_invariant_and_run_to_run():
+    gen = make_gen(22)
+    B, S, H, Hk, D = 4, 70, 4, 2, 32
+    q, k, v, dout = (randn(gen, (B, S, h, D), torch.bfloat16) for h in (H, Hk, Hk, H))
+    full = grads(fad.flash_attn_func, q, k, v, dout, causal=True)
+    again = grads(fad.flash_attn_func, q, k, v, dout, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(full, again)), "not run-to-run stable"
+    for b in range(B):
+        alone = grads(fad.flash_attn_func, q[b:b + 1], k[b:b + 1], v[b:b + 1], dout[b:b + 1],
+                      causal=True)
+        for name, f, a in zip(("out", "dq", "dk", "dv"), full, alone):
+            assert torch.equal(f[b:b + 1], a), f"sequence {b}: {name} depends on the batch"
+
+
+def test_cpu_varlen_grads_equal_single_sequences():
+    gen = make_gen(23)
+    lens, H, D = [30, 1, 55], 2, 32
+    q, k, v, dout = (randn(gen, (sum(lens), H, D), torch.float16) for _ in range(4))
+    cu = torch.tensor([0, 30, 31, 86], dtype=torch.int32)
+
+    def varlen(q, k, v, **kw):
+        return fad.flash_attn_varlen_func(q, k, v, cu, cu, 55, 55, **kw)
+
+    _, dq, dk, dv = grads(varlen, q, k, v, dout, causal=True)
+    for s0, s1 in ((0, 30), (30, 31), (31, 86)):
+        _, aq, ak, av = grads(fad.flash_attn_func, q[None, s0:s1], k[None, s0:s1],
+                              v[None, s0:s1], dout[None, s0:s1], causal=True)
+        assert torch.equal(dq[s0:s1], aq[0]) and torch.equal(dk[s0:s1], ak[0])
+        assert torch.equal(dv[s0:s1], av[0])
+
+
+def test_cpu_packed_grads_equal_unpacked():
+    gen = make_gen(24)
+    qkv = randn(gen, (2, 40, 3, 2, 32), torch.bfloat16)
+    dout = randn(gen, (2, 40, 2, 32), torch.bfloat16)
+    qkv_g = qkv.clone().requires_grad_(True)
+    fad.flash_attn_qkvpacked_func(qkv_g, causal=True).backward(dout)
+    _, dq, dk, dv = grads(fad.flash_attn_func, *qkv.unbind(2), dout, causal=True)
+    assert torch.equal(qkv_g.grad, torch.stack((dq, dk, dv), dim=2))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_backward_raises_clearly():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="GPU backward"):
+        fad.flash_attn_func(q, q.detach(), q.detach())
+    with torch.no_grad():  # inference on the same tensors is fine
+        assert fad.flash_attn_func(q, q, q).shape == q.shape
