@@ -7,6 +7,7 @@ from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                         flash_attn_varlen_qkvpacked_func)
 from .mode import get_deterministic_mode, get_split_size, set_deterministic_mode
+from . import ops  # noqa: F401  (registers torch.ops.flash_attn_det.* for torch.compile)
 
 __all__ = [
     "flash_attn_func",

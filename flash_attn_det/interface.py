@@ -121,38 +121,45 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return out, lse
 
 
-def _bwd_common(ctx, dout, entry, layout_args):
-    """dq, dk, dv of a recorded call (CPU path); layout_args sit between the grads and opts."""
-    q, k, v, out, lse = ctx.saved_tensors[:5]
-    alibi = ctx.alibi
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap,
+              alibi_slopes, varlen=None):
+    """dq, dk, dv of a forward call (CPU path). varlen: (cu_seqlens_q, cu_seqlens_k,
+    seqused_k, max_seqlen_q, max_seqlen_k) for the variable-length entry."""
+    if q.is_cuda:
+        raise NotImplementedError("flash_attn_det: the GPU backward pass is not implemented yet")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    opts = _options(q, k, v, ctx.softmax_scale, ctx.causal, ctx.window_size, ctx.softcap, alibi)
-    entry(*(to_dlpack(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)), *layout_args, opts[0],
-          None, *opts[1:], int(_state["enabled"]), _state["split_size"], _state["schedule"], 0)
+    opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    tensors = [to_dlpack(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
+    mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], 0)
+    if varlen is None:
+        _C.bwd(*tensors, opts[0], None, *opts[1:], *mode)
+    else:
+        cu_q, cu_k, used, max_q, max_k = varlen
+        _C.bwd_varlen(*tensors, to_dlpack(cu_q), to_dlpack(cu_k),
+                      None if used is None else to_dlpack(used), int(max_q), int(max_k),
+                      opts[0], None, *opts[1:], *mode)
     return dq, dk, dv
 
 
 class _FlashAttnFunc(torch.autograd.Function):
-    """flash_attn_func under autograd (the backward runs on the CPU path)."""
+    """flash_attn_func under autograd in eager mode (ops.py registers the same for compile)."""
 
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
         out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.softmax_scale, ctx.causal, ctx.window_size = softmax_scale, causal, window_size
-        ctx.softcap, ctx.alibi = softcap, alibi_slopes
+        ctx.opts = (softmax_scale, causal, window_size, softcap, alibi_slopes)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        dq, dk, dv = _bwd_common(ctx, dout, _C.bwd, ())
-        return dq, dk, dv, None, None, None, None, None
+        return (*_backward(dout, *ctx.saved_tensors, *ctx.opts),) + (None,) * 5
 
 
 class _FlashAttnVarlenFunc(torch.autograd.Function):
-    """flash_attn_varlen_func under autograd (the backward runs on the CPU path)."""
+    """flash_attn_varlen_func under autograd in eager mode."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -160,20 +167,15 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
         out, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_size, softcap, alibi_slopes,
                                seqused_k)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.layout = (int(max_seqlen_q), int(max_seqlen_k))
-        ctx.seqused_k = seqused_k
-        ctx.softmax_scale, ctx.causal, ctx.window_size = softmax_scale, causal, window_size
-        ctx.softcap, ctx.alibi = softcap, alibi_slopes
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.opts = (softmax_scale, causal, window_size, softcap, alibi_slopes)
+        ctx.varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        cu_q, cu_k = ctx.saved_tensors[5:7]
-        used = None if ctx.seqused_k is None else to_dlpack(ctx.seqused_k)
-        dq, dk, dv = _bwd_common(ctx, dout, _C.bwd_varlen,
-                                 (to_dlpack(cu_q), to_dlpack(cu_k), used, *ctx.layout))
+        dq, dk, dv = _backward(dout, *ctx.saved_tensors, *ctx.opts, varlen=ctx.varlen)
         return (dq, dk, dv) + (None,) * 10
 
 
@@ -203,7 +205,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Rows that see no key get out 0 and lse -inf.
     """
     _no_dropout(dropout_p)
-    if _needs_grad(q, k, v):
+    if torch.compiler.is_compiling():
+        left, right = _window(window_size, causal)
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        out, lse = torch.ops.flash_attn_det.fwd(q, k, v, scale, bool(causal), left, right,
+                                                float(softcap), alibi_slopes)
+    elif _needs_grad(q, k, v):
         out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
                                         alibi_slopes)
     else:
@@ -231,7 +238,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
-    if _needs_grad(q, k, v):
+    if torch.compiler.is_compiling():
+        left, right = _window(window_size, causal)
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        out, lse = torch.ops.flash_attn_det.fwd_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
+            bool(causal), left, right, float(softcap), alibi_slopes, seqused_k)
+    elif _needs_grad(q, k, v):
         out, lse = _FlashAttnVarlenFunc.apply(*args)
     else:
         out, lse = _fwd_varlen(*args)

@@ -1,0 +1,101 @@
+"""torch.library registration of the entry points, so that torch.compile(fullgraph=True)
+traces a model that calls them without a graph break: custom ops with fake (meta)
+implementations and registered autograd. Eager calls skip this layer (custom-op dispatch
+costs host time at decode); interface.py routes through it only while compiling.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import interface as _I
+
+_LIB = "flash_attn_det"
+
+
+@torch.library.custom_op(f"{_LIB}::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+        window_right: int, softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    return _I._fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
+                   alibi_slopes)
+
+
+@fwd.register_fake
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes):
+    B, Sq, H, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::fwd_varlen", mutates_args=())
+def fwd_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+               window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor], seqused_k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    return _I._fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, causal, (window_left, window_right), softcap,
+                          alibi_slopes, seqused_k)
+
+
+@fwd_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left, window_right, softcap, alibi_slopes, seqused_k):
+    Tq, H, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        q.new_empty((H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return _I._backward(dout, q, k, v, out, lse, softmax_scale, causal,
+                        (window_left, window_right), softcap, alibi_slopes)
+
+
+@torch.library.custom_op(f"{_LIB}::bwd_varlen", mutates_args=())
+def bwd_varlen(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float, alibi_slopes: Optional[Tensor],
+               seqused_k: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return _I._backward(dout, q, k, v, out, lse, softmax_scale, causal,
+                        (window_left, window_right), softcap, alibi_slopes,
+                        varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                max_seqlen_k))
+
+
+def _grads_like(q, k, v):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+@bwd.register_fake
+def _(dout, q, k, v, *rest):
+    return _grads_like(q, k, v)
+
+
+@bwd_varlen.register_fake
+def _(dout, q, k, v, *rest):
+    return _grads_like(q, k, v)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3], *output)
+    ctx.inputs = inputs
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    dq, dk, dv = bwd(dout, *ctx.saved_tensors, *ctx.inputs[3:])
+    return (dq, dk, dv) + (None,) * 6
+
+
+def _fwd_varlen_backward(ctx, dout, _dlse):
+    (cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap, alibi,
+     used) = ctx.inputs[3:]
+    dq, dk, dv = bwd_varlen(dout, *ctx.saved_tensors, cu_q, cu_k, max_q, max_k, scale, causal,
+                            left, right, softcap, alibi, used)
+    return (dq, dk, dv) + (None,) * 11
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_setup)
+fwd_varlen.register_autograd(_fwd_varlen_backward, setup_context=_setup)
