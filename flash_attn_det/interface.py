@@ -46,7 +46,7 @@ def _needs_grad(q, k, v):
     """True when autograd must record the call; the GPU backward does not exist yet."""
     need = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if need and q.is_cuda:
+    if need and isinstance(q, torch.Tensor) and q.is_cuda:
         raise NotImplementedError(
             "flash_attn_det: the GPU backward pass is not implemented yet; call the forward under "
             "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad "
@@ -68,6 +68,7 @@ def _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
 
 
 def _current_stream(device):
+    # the raw-stream getter costs ~0.3 us; torch.cuda.current_stream() costs ~7 us
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
                                               else torch.cuda.current_device())
 
