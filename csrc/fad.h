@@ -80,6 +80,14 @@ typedef struct fad_fwd_params {
     int total_q;                 /* rows of q and out (varlen only) */
     int total_k;                 /* rows of k and v (varlen only) */
 
+    /* --- KV cache (flash_attn_with_kvcache): k/v are the cache, (kv_batch, seqlen_k =
+     *     capacity, Hkv, D); sequence b attends cache rows [leftpad, cache_seqlens[b]) of
+     *     cache entry cache_batch_idx[b]. All NULL otherwise. --- */
+    const int32_t *cache_seqlens;   /* (B) int32: where sequence b's keys end in the cache */
+    const int32_t *cache_batch_idx; /* NULL or (B) int32: cache entry of sequence b (default b) */
+    const int32_t *cache_leftpad;   /* NULL or (B) int32: where sequence b's keys start (default 0) */
+    int kv_batch;                   /* entries in the cache (k/v dim 0) */
+
     /* --- sizes --- */
     int batch;       /* B */
     int seqlen_q;    /* Sq; varlen: the longest sequence's queries (max_seqlen_q) */

@@ -90,6 +90,14 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
     if (!p->cu_seqlens_q != !p->cu_seqlens_k)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "cu_seqlens_q, cu_seqlens_k: give both (variable-length batch) or neither");
+    if ((p->cache_batch_idx || p->cache_leftpad) && !p->cache_seqlens)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "cache_batch_idx, cache_leftpad: need cache_seqlens");
+    if (p->cache_seqlens && p->cu_seqlens_q)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "cache_seqlens: a KV cache takes a padded batch, not cu_seqlens");
+    if (p->cache_seqlens && p->kv_batch < 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "kv_batch: must be >= 0 (got %d)", p->kv_batch);
     if (p->seqused_k && !p->cu_seqlens_k)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqused_k: needs cu_seqlens_k");
     if (p->cu_seqlens_q && (p->total_q < 0 || p->total_k < 0))
@@ -204,9 +212,10 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
 {
     const void *ptrs[4] = {p->q, p->k, p->v, p->out};
     /* the stride of a dim of size 1 is never used */
+    const int kv_batch = p->cache_seqlens ? p->kv_batch : p->batch;
     const int sizes[4][3] = {{p->batch, p->seqlen_q, p->num_heads},
-                             {p->batch, p->seqlen_k, p->num_heads_k},
-                             {p->batch, p->seqlen_k, p->num_heads_k},
+                             {kv_batch, p->seqlen_k, p->num_heads_k},
+                             {kv_batch, p->seqlen_k, p->num_heads_k},
                              {p->batch, p->seqlen_q, p->num_heads}};
     const int64_t strides[4][3] = {
         {p->q_batch_stride, p->q_row_stride, p->q_head_stride},

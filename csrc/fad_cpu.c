@@ -165,6 +165,22 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
  * sequence that points outside the tensors is skipped, see fad_seq.h). */
 fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
+    for (int b = 0; p->cache_seqlens && b < p->batch; b++) {
+        const int kb = p->cache_batch_idx ? p->cache_batch_idx[b] : b;
+        const int start = p->cache_leftpad ? p->cache_leftpad[b] : 0, end = p->cache_seqlens[b];
+        if (kb < 0 || kb >= p->kv_batch)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_batch_idx: sequence %d names cache entry %d of %d", b, kb,
+                            p->kv_batch);
+        if (end < 0 || end > p->seqlen_k)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_seqlens: sequence %d ends at %d, outside the cache's %d rows", b,
+                            end, p->seqlen_k);
+        if (start < 0 || start > end)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_leftpad: sequence %d starts at %d, must be in [0, %d]", b, start,
+                            end);
+    }
     if (!p->cu_seqlens_q)
         return FAD_OK;
     if (p->cu_seqlens_q[0] != 0 || p->cu_seqlens_k[0] != 0)

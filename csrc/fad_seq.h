@@ -7,6 +7,9 @@
  * flat row index lse_index(seq, h, i) = seq.row0 + h * head_stride + i:
  *   padded: row0 = b * H * Sq, head_stride = Sq       -> lse (B, H, Sq)
  *   varlen: row0 = cu_seqlens_q[b], head_stride = total_q -> lse (H, total_q)
+ * A KV cache (cache_seqlens set) keeps the padded layout for q/out and moves
+ * sequence b's keys to cache entry cache_batch_idx[b], rows [leftpad, end):
+ * key positions count from leftpad, so capacity and placement change no bit.
  */
 #ifndef FAD_SEQ_H
 #define FAD_SEQ_H
@@ -38,10 +41,22 @@ FAD_HD fad_seq fad_get_seq(const fad_fwd_params *p, int b)
 {
     fad_seq s;
     if (!p->cu_seqlens_q) {
-        s.q_off = b * p->q_batch_stride, s.k_off = b * p->k_batch_stride;
-        s.v_off = b * p->v_batch_stride, s.o_off = b * p->out_batch_stride;
+        s.q_off = b * p->q_batch_stride, s.o_off = b * p->out_batch_stride;
         s.row0 = (int64_t)b * p->num_heads * p->seqlen_q;
         s.len_q = p->seqlen_q, s.len_k = p->seqlen_k, s.valid = 1;
+        int kb = b, start = 0;
+        if (p->cache_seqlens) { /* a KV cache: entry kb, rows [start, end) */
+            kb = p->cache_batch_idx ? p->cache_batch_idx[b] : b;
+            start = p->cache_leftpad ? p->cache_leftpad[b] : 0;
+            const int end = p->cache_seqlens[b];
+            s.valid = kb >= 0 && kb < p->kv_batch && start >= 0 && start <= end && end <= p->seqlen_k;
+            s.len_k = s.valid ? end - start : 0;
+            s.len_q = s.valid ? p->seqlen_q : 0;
+            if (!s.valid)
+                kb = 0, start = 0;
+        }
+        s.k_off = kb * p->k_batch_stride + (int64_t)start * p->k_row_stride;
+        s.v_off = kb * p->v_batch_stride + (int64_t)start * p->v_row_stride;
         return s;
     }
     const int q0 = p->cu_seqlens_q[b], q1 = p->cu_seqlens_q[b + 1];

@@ -402,6 +402,68 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     return run_fwd(&p, t[1], &o);
 }
 
+PyDoc_STRVAR(fwd_kvcache_doc,
+"fwd_kvcache(q, k_cache, v_cache, out, softmax_lse, cache_seqlens, cache_batch_idx,\n"
+"            cache_leftpad, <the options of fwd>)\n"
+"--\n\n"
+"Attention of q (B, Sq, Hq, D) over a KV cache (Bc, capacity, Hkv, D): sequence b\n"
+"attends cache rows [cache_leftpad[b], cache_seqlens[b]) of entry cache_batch_idx[b]\n"
+"(int32 (B,) each; the last two may be None). out like q, softmax_lse (B, Hq, Sq).");
+
+static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    DLTensor *q, *kc, *vc, *out, *lse, *seqlens, *batch_idx = NULL, *leftpad = NULL;
+    fad_fwd_params p;
+    fwd_opts o;
+    if (nargs != 8 + FWD_NOPTS) {
+        PyErr_Format(PyExc_TypeError, "fwd_kvcache: expected %d arguments, got %zd",
+                     8 + FWD_NOPTS, nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k_cache", &kc) ||
+        get_tensor(args[2], "v_cache", &vc) || get_tensor(args[3], "out", &out) ||
+        get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cache_seqlens", &seqlens) ||
+        (args[6] != Py_None && get_tensor(args[6], "cache_batch_idx", &batch_idx)) ||
+        (args[7] != Py_None && get_tensor(args[7], "cache_leftpad", &leftpad)) ||
+        parse_opts(args + 8, &p, &o) || check_q(q, 4))
+        return NULL;
+    const int code = q->dtype.code;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t kshape[4] = {-1, -1, -1, D};
+    if (check_tensor(kc, q, "k_cache", code, 16, 4, kshape))
+        return NULL;
+    const int64_t Bc = kc->shape[0], cap = kc->shape[1], Hk = kc->shape[2];
+    const int64_t vshape[4] = {Bc, cap, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
+    const int64_t bshape[1] = {B};
+    if (check_tensor(vc, q, "v_cache", code, 16, 4, vshape) ||
+        check_tensor(out, q, "out", code, 16, 4, oshape) ||
+        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
+        check_contiguous(lse, "softmax_lse") ||
+        check_tensor(seqlens, q, "cache_seqlens", kDLInt, 32, 1, bshape) ||
+        (batch_idx && check_tensor(batch_idx, q, "cache_batch_idx", kDLInt, 32, 1, bshape)) ||
+        (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
+        fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
+        fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
+        fits_int(Hk, "k_cache: heads"))
+        return NULL;
+
+    p.q = tensor_data(q), p.k = tensor_data(kc), p.v = tensor_data(vc), p.out = tensor_data(out);
+    p.softmax_lse = (float *)tensor_data(lse);
+    p.cache_seqlens = (const int32_t *)tensor_data(seqlens);
+    p.cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
+    p.cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
+    p.kv_batch = (int)Bc;
+    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
+    p.k_batch_stride = tensor_stride(kc, 0), p.k_row_stride = tensor_stride(kc, 1), p.k_head_stride = tensor_stride(kc, 2);
+    p.v_batch_stride = tensor_stride(vc, 0), p.v_row_stride = tensor_stride(vc, 1), p.v_head_stride = tensor_stride(vc, 2);
+    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
+    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)cap;
+    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
+    return run_fwd(&p, q, &o);
+}
+
 PyDoc_STRVAR(bwd_doc,
 "bwd(dout, dq, dk, dv, <the arguments of fwd>)\n"
 "--\n\n"
@@ -607,6 +669,7 @@ static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
+    {"fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_fwd_kvcache, METH_FASTCALL, fwd_kvcache_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
     {"bwd_varlen", (PyCFunction)(void (*)(void))fad_py_bwd_varlen, METH_FASTCALL, bwd_varlen_doc},
     {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,

@@ -5,7 +5,7 @@
 from ._C import __version__, has_cuda
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
-                        flash_attn_varlen_qkvpacked_func)
+                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .mode import get_deterministic_mode, get_split_size, set_deterministic_mode
 from . import ops  # noqa: F401  (registers torch.ops.flash_attn_det.* for torch.compile)
 
@@ -16,6 +16,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
     "set_deterministic_mode",
     "get_deterministic_mode",
     "get_split_size",

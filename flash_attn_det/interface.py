@@ -252,6 +252,60 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse, None) if return_attn_probs else out
 
 
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention over a KV cache (inference: no autograd), flash_attn's semantics.
+
+    q: (batch, seqlen_q, nheads, headdim); k_cache/v_cache: (batch_cache, capacity,
+    nheads_k, headdim). Sequence b attends cache rows [cache_leftpad[b], cache_seqlens[b])
+    of cache entry cache_batch_idx[b] (defaults: 0, the capacity, b), its queries being
+    the last seqlen_q positions (bottom-right causal alignment). cache_seqlens: int or
+    int32 (batch,). In deterministic mode a row's bits do not depend on the capacity, the
+    entry, leftpad, the other sequences, or whether it comes from a prefill, a chunk or a
+    one-token decode. num_splits is accepted and ignored: the split plan comes from
+    split_size (deterministic mode) or the batch and GPU (fast mode).
+    Not yet: appending k/v in the call, rotary, paged KV (block_table).
+    Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
+    """
+    for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("block_table", block_table)):
+        if x is not None:
+            raise NotImplementedError(
+                f"{name}: not implemented by flash_attn_det's flash_attn_with_kvcache yet (write "
+                "new keys into k_cache/v_cache and pass cache_seqlens; paged KV and rotary to come)")
+    q = _operand(q, "q")
+    k_cache, v_cache = _operand(k_cache, "k_cache"), _operand(v_cache, "v_cache")
+    if q.dim() != 4 or k_cache.dim() != 4:
+        raise ValueError(f"q, k_cache: expected 4 dims, got {q.dim()}, {k_cache.dim()}")
+    B, Sq, H, D = q.shape
+    if cache_seqlens is None:
+        cache_seqlens = k_cache.shape[1]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    opts = _options(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes)
+    # Sequences whose cache rows fall outside k_cache are skipped on the GPU (their
+    # indices are not read back): NaN outputs make that loud.
+    fill = float("nan") if q.is_cuda else 0.0
+    out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
+    lse = torch.full((B, H, Sq), fill, dtype=torch.float32, device=q.device)
+    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    ws, stream = _cuda_call_args(q, det, split_size, schedule, B, Sq, k_cache.shape[1], H,
+                                 k_cache.shape[2], D)
+
+    def cap(t):
+        return None if t is None else to_dlpack(t)
+
+    _C.fwd_kvcache(to_dlpack(q), to_dlpack(k_cache), to_dlpack(v_cache), to_dlpack(out),
+                   to_dlpack(lse), to_dlpack(cache_seqlens), cap(cache_batch_idx),
+                   cap(cache_leftpad), opts[0], ws, *opts[1:], int(det), split_size, schedule,
+                   stream)
+    return (out, lse) if return_softmax_lse else out
+
+
 def _unbind_packed(x, n, dim, name):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")

@@ -1,0 +1,144 @@
+"""flash_attn_with_kvcache (read path: cache_seqlens, cache_batch_idx, cache_leftpad), on the
+CPU path (CI) and the GPU. The contract clauses that matter for serving: a token's bits from a
+one-token decode over a cache equal its row of a causal prefill, whatever the cache capacity,
+the cache entry, the left padding or the other sequences in the batch."""
+import pytest
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det import _C
+from flash_attn_det.testing import attention_ref, force_schedule
+
+from conftest import HAS_CUDA, assert_close, assert_lse_close, make_gen, randn
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
+
+
+def i32(values, device):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def place(gen, seqs_k, seqs_v, capacity, entries, lefts, n_entries, dtype, device):
+    """A random cache (garbage everywhere) with sequence i written at entry entries[i],
+    rows [lefts[i], lefts[i] + len)."""
+    Hk, D = seqs_k[0].shape[-2:]
+    kc = randn(gen, (n_entries, capacity, Hk, D), dtype, device, scale=3.0)
+    vc = randn(gen, (n_entries, capacity, Hk, D), dtype, device, scale=3.0)
+    for k, v, e, l in zip(seqs_k, seqs_v, entries, lefts):
+        kc[e, l:l + k.shape[0]] = k
+        vc[e, l:l + k.shape[0]] = v
+    return kc, vc
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [{"causal": True}, {"causal": True, "window_size": (100, 0)},
+                                {"causal": True, "softcap": 5.0}])
+def test_decode_equals_prefill_rows_any_cache_layout(device, kw):
+    gen = make_gen(41)
+    T, H, Hk, D = 700, 8, 2, 64 if device == "cpu" else 128
+    q, k, v = (randn(gen, (1, T, h, D), torch.bfloat16, device) for h in (H, Hk, Hk))
+    full = fad.flash_attn_func(q, k, v, **kw)
+    for capacity, entry, left in ((T, 0, 0), (2000, 3, 0), (1500, 1, 333)):
+        kc, vc = place(gen, [k[0]], [v[0]], capacity, [entry], [left], 4, torch.bfloat16, device)
+        for t in (0, 1, 127, 128, 511, 512, 699):
+            out = fad.flash_attn_with_kvcache(q[:, t:t + 1], kc, vc,
+                                              cache_seqlens=i32([left + t + 1], device),
+                                              cache_batch_idx=i32([entry], device),
+                                              cache_leftpad=i32([left], device), **kw)
+            assert torch.equal(out[0, 0], full[0, t]), \
+                f"token {t}, capacity {capacity}, entry {entry}, leftpad {left}: bits differ"
+        # A chunk of queries (chunked prefill) over the same cache.
+        out = fad.flash_attn_with_kvcache(q[:, 300:420], kc, vc,
+                                          cache_seqlens=i32([left + 420], device),
+                                          cache_batch_idx=i32([entry], device),
+                                          cache_leftpad=i32([left], device), **kw)
+        assert torch.equal(out[0], full[0, 300:420])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_of_decodes_matches_reference_and_single_calls(device):
+    gen = make_gen(42)
+    lens, H, Hk, D = [1, 40, 700, 129], 4, 1, 64
+    ks = [randn(gen, (n, Hk, D), torch.float16, device) for n in lens]
+    vs = [randn(gen, (n, Hk, D), torch.float16, device) for n in lens]
+    entries, lefts = [2, 0, 3, 1], [5, 0, 100, 7]
+    kc, vc = place(gen, ks, vs, 1000, entries, lefts, 5, torch.float16, device)
+    q = randn(gen, (4, 1, H, D), torch.float16, device)
+    alibi = (torch.rand((4, H), generator=gen) * 0.1).to(device)
+    seqlens = [l + n for l, n in zip(lefts, lens)]
+    out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32(seqlens, device),
+                                           cache_batch_idx=i32(entries, device),
+                                           cache_leftpad=i32(lefts, device), causal=True,
+                                           alibi_slopes=alibi, return_softmax_lse=True)
+    assert lse.shape == (4, H, 1)
+    for b in range(4):
+        kb, vb = ks[b][None], vs[b][None]
+        alone = fad.flash_attn_func(q[b:b + 1], kb, vb, causal=True, alibi_slopes=alibi[b],
+                                    return_attn_probs=True)
+        assert torch.equal(out[b], alone[0][0]) and torch.equal(lse[b], alone[1][0])
+        ref, ref_lse = attention_ref(q[b:b + 1], kb, vb, causal=True, alibi_slopes=alibi[b])
+        assert_close(out[b:b + 1], ref, torch.float16, atol=2 * 2.0 ** -11)
+        assert_lse_close(lse[b:b + 1], ref_lse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_defaults_and_int_seqlens(device):
+    gen = make_gen(43)
+    q = randn(gen, (2, 3, 2, 32), torch.bfloat16, device)
+    kc, vc = (randn(gen, (2, 50, 2, 32), torch.bfloat16, device) for _ in range(2))
+    ref = fad.flash_attn_func(q, kc, vc)
+    assert torch.equal(fad.flash_attn_with_kvcache(q, kc, vc), ref)  # no cache_seqlens: all rows
+    part = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20)
+    assert torch.equal(part, fad.flash_attn_func(q, kc[:, :20], vc[:, :20]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_bad_input(device):
+    gen = make_gen(44)
+    q = randn(gen, (2, 1, 2, 32), torch.bfloat16, device)
+    kc, vc = (randn(gen, (2, 50, 2, 32), torch.bfloat16, device) for _ in range(2))
+    call = fad.flash_attn_with_kvcache
+    for name in ("k", "v", "rotary_cos", "rotary_sin", "block_table"):
+        with pytest.raises(NotImplementedError, match=f"^{name}:"):
+            call(q, kc, vc, cache_seqlens=5, **{name: kc})
+    with pytest.raises(TypeError, match="^cache_seqlens:"):
+        call(q, kc, vc, cache_seqlens=torch.tensor([5, 5], device=device))  # int64
+    with pytest.raises(ValueError, match="^cache_batch_idx:"):
+        call(q, kc, vc, cache_seqlens=5, cache_batch_idx=i32([0], device))  # wrong length
+    with pytest.raises(ValueError, match="^v_cache:"):
+        call(q, kc, vc[:, :40], cache_seqlens=5)
+
+
+def test_kvcache_out_of_range_on_cpu_raises_and_writes_nothing():
+    gen = make_gen(45)
+    q = randn(gen, (2, 1, 2, 32), torch.bfloat16)
+    kc, vc = (randn(gen, (2, 50, 2, 32), torch.bfloat16) for _ in range(2))
+    cases = [(i32([5, 51], "cpu"), None, None, "^cache_seqlens:"),
+             (i32([5, 5], "cpu"), i32([0, 2], "cpu"), None, "^cache_batch_idx:"),
+             (i32([5, 5], "cpu"), None, i32([0, 6], "cpu"), "^cache_leftpad:")]
+    for seqlens, idx, left, match in cases:
+        out = torch.full_like(q, 7.0)
+        lse = torch.full((2, 2, 1), 7.0)
+        dl = torch.utils.dlpack.to_dlpack
+        with pytest.raises(ValueError, match=match):
+            _C.fwd_kvcache(dl(q), dl(kc), dl(vc), dl(out), dl(lse), dl(seqlens),
+                           None if idx is None else dl(idx), None if left is None else dl(left),
+                           None, None, 0.17, 0.0, -1, -1, 0, 1, 512, 0, 0)
+        assert (out == 7).all() and (lse == 7).all(), "a refused call wrote its outputs"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_kvcache_schedules_bit_equal_and_bad_entry_is_nan_gpu():
+    gen = make_gen(46)
+    q = randn(gen, (3, 1, 32, 128), torch.bfloat16, "cuda")
+    kc, vc = (randn(gen, (3, 8192, 8, 128), torch.bfloat16, "cuda") for _ in range(2))
+    seqlens = i32([8192, 5000, 1], "cuda")
+    outs = []
+    for name in ("auto", "one_cta", "cta_per_split"):
+        with force_schedule(name):
+            outs.append(fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    bad = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32([8192, 9000, 1], "cuda"))
+    torch.cuda.synchronize()
+    assert bad[1].isnan().all(), "a sequence past the cache must come back NaN, not garbage"
+    assert torch.equal(bad[0], outs[0][0]) and torch.equal(bad[2], outs[0][2])
