@@ -252,6 +252,78 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse, None) if return_attn_probs else out
 
 
+def _rotary(x, cos, sin, pos, interleaved):
+    """x (B, S, H, D) with its first rotary_dim = 2 * cos.shape[1] dims rotated at positions
+    pos (B, S), in fp32 (flash_attn's rotary: GPT-J pairs (2j, 2j+1) when interleaved, else
+    GPT-NeoX halves (j, j + rotary_dim/2)). A position outside cos/sin gives NaN: never a
+    silently wrong rotation."""
+    half = cos.shape[1]
+    bad = (pos < 0) | (pos >= cos.shape[0])
+    safe = pos.clamp(0, cos.shape[0] - 1)
+    c = cos[safe].float().masked_fill(bad[..., None], float("nan"))[:, :, None]
+    s = sin[safe].float()[:, :, None]
+    xr = x[..., :2 * half].float()
+    x0, x1 = (xr[..., 0::2], xr[..., 1::2]) if interleaved else (xr[..., :half], xr[..., half:])
+    y0, y1 = x0 * c - x1 * s, x0 * s + x1 * c
+    y = torch.stack((y0, y1), dim=-1).flatten(-2) if interleaved else torch.cat((y0, y1), dim=-1)
+    return torch.cat((y.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row):
+    """flash_attn_with_kvcache's steps before attention, in torch ops: rotary on q and the new
+    keys, new keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after).
+    CPU tensors are checked in full first (nothing is written on failure); on the GPU indices
+    are not read back: a row past the cache is clamped into it and its sequence's output
+    comes back NaN (the attention sees cache_seqlens past the capacity)."""
+    B, Sq = q.shape[:2]
+    start = cache_seqlens - (0 if cache_leftpad is None else cache_leftpad)  # positions count from leftpad
+    n_new = 0
+    if k is not None or v is not None:
+        if k is None or v is None:
+            raise ValueError("k, v: give both or neither")
+        k, v = _operand(k, "k"), _operand(v, "v")
+        if k.dim() != 4 or k.shape[0] != B or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape:
+            raise ValueError(f"k, v: expected (batch={B}, seqlen_new, {k_cache.shape[2]}, "
+                             f"{k_cache.shape[3]}) each, got {tuple(k.shape)}, {tuple(v.shape)}")
+        if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+            raise TypeError(f"k, v: expected dtype {k_cache.dtype}, got {k.dtype}, {v.dtype}")
+        n_new = k.shape[1]
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos, rotary_sin: give both or neither")
+    if rotary_cos is not None:
+        if (rotary_cos.dim() != 2 or rotary_sin.shape != rotary_cos.shape
+                or not 0 < 2 * rotary_cos.shape[1] <= q.shape[-1]):
+            raise ValueError("rotary_cos, rotary_sin: expected (seqlen_ro, rotary_dim / 2) with "
+                             f"rotary_dim <= headdim, got {tuple(rotary_cos.shape)}, "
+                             f"{tuple(rotary_sin.shape)}")
+    if not q.is_cuda:  # host tensors: check everything before writing anything
+        capacity = k_cache.shape[1]
+        if int((cache_seqlens + n_new).max()) > capacity or int(cache_seqlens.min()) < 0:
+            raise ValueError(f"cache_seqlens: appending {n_new} rows passes the cache's "
+                             f"{capacity} rows")
+        if rotary_cos is not None:
+            last = int((start + max(n_new, Sq if rotate_q_per_row else 1) - 1).max())
+            if int(start.min()) < 0 or last >= rotary_cos.shape[0]:
+                raise ValueError(f"rotary_cos: positions up to {last} need more than its "
+                                 f"{rotary_cos.shape[0]} rows")
+    pos = start.long()[:, None]
+    if rotary_cos is not None:
+        q_pos = pos + (torch.arange(Sq, device=q.device) if rotate_q_per_row else 0)
+        q = _rotary(q, rotary_cos, rotary_sin, q_pos.expand(B, Sq), rotary_interleaved)
+    if n_new:
+        if rotary_cos is not None:
+            k = _rotary(k, rotary_cos, rotary_sin, pos + torch.arange(n_new, device=q.device),
+                        rotary_interleaved)
+        entry = (torch.arange(B, device=q.device) if cache_batch_idx is None
+                 else cache_batch_idx.long())[:, None]
+        rows = (cache_seqlens.long()[:, None] + torch.arange(n_new, device=q.device))
+        rows = rows.clamp(0, k_cache.shape[1] - 1)
+        k_cache[entry, rows] = k
+        v_cache[entry, rows] = v
+    return q, cache_seqlens + n_new
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
@@ -260,33 +332,43 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """Attention over a KV cache (inference: no autograd), flash_attn's semantics.
 
     q: (batch, seqlen_q, nheads, headdim); k_cache/v_cache: (batch_cache, capacity,
-    nheads_k, headdim). Sequence b attends cache rows [cache_leftpad[b], cache_seqlens[b])
-    of cache entry cache_batch_idx[b] (defaults: 0, the capacity, b), its queries being
-    the last seqlen_q positions (bottom-right causal alignment). cache_seqlens: int or
+    nheads_k, headdim). k, v (batch, seqlen_new, nheads_k, headdim): appended in place at
+    cache rows cache_seqlens[b] + i before attention. rotary_cos/sin (seqlen_ro, rotary_dim/2):
+    rotate the new keys at positions cache_seqlens - leftpad + i, and q at the same positions
+    when causal or local (else all of q at cache_seqlens - leftpad); rotary_interleaved picks
+    GPT-J pairs over GPT-NeoX halves. Sequence b then attends cache rows
+    [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of entry cache_batch_idx[b] (defaults:
+    0, the capacity, b), its queries being the last seqlen_q positions. cache_seqlens: int or
     int32 (batch,). In deterministic mode a row's bits do not depend on the capacity, the
     entry, leftpad, the other sequences, or whether it comes from a prefill, a chunk or a
     one-token decode. num_splits is accepted and ignored: the split plan comes from
-    split_size (deterministic mode) or the batch and GPU (fast mode).
-    Not yet: appending k/v in the call, rotary, paged KV (block_table).
-    Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
+    split_size (deterministic mode) or the batch and GPU (fast mode). Not yet: paged KV
+    (block_table). Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                    ("block_table", block_table)):
-        if x is not None:
-            raise NotImplementedError(
-                f"{name}: not implemented by flash_attn_det's flash_attn_with_kvcache yet (write "
-                "new keys into k_cache/v_cache and pass cache_seqlens; paged KV and rotary to come)")
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
     q = _operand(q, "q")
-    k_cache, v_cache = _operand(k_cache, "k_cache"), _operand(v_cache, "v_cache")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() and t.stride(-1) != 1:
+            raise ValueError(f"{name}: last dim must be contiguous (the cache is written in place)")
     if q.dim() != 4 or k_cache.dim() != 4:
         raise ValueError(f"q, k_cache: expected 4 dims, got {q.dim()}, {k_cache.dim()}")
     B, Sq, H, D = q.shape
     if cache_seqlens is None:
-        cache_seqlens = k_cache.shape[1]
+        cache_seqlens = k_cache.shape[1] if k is None else 0
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    elif not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError("cache_seqlens: expected an int or an int32 tensor")
     opts = _options(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
                     alibi_slopes)
+    if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
+        local = opts[3] >= 0 or opts[4] >= 0  # window_left, window_right (causal: right 0)
+        q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                           cache_seqlens, cache_batch_idx, cache_leftpad,
+                                           rotary_interleaved, local)
     # Sequences whose cache rows fall outside k_cache are skipped on the GPU (their
     # indices are not read back): NaN outputs make that loud.
     fill = float("nan") if q.is_cuda else 0.0

@@ -98,9 +98,8 @@ def test_kvcache_bad_input(device):
     q = randn(gen, (2, 1, 2, 32), torch.bfloat16, device)
     kc, vc = (randn(gen, (2, 50, 2, 32), torch.bfloat16, device) for _ in range(2))
     call = fad.flash_attn_with_kvcache
-    for name in ("k", "v", "rotary_cos", "rotary_sin", "block_table"):
-        with pytest.raises(NotImplementedError, match=f"^{name}:"):
-            call(q, kc, vc, cache_seqlens=5, **{name: kc})
+    with pytest.raises(NotImplementedError, match="^block_table:"):
+        call(q, kc, vc, cache_seqlens=5, block_table=i32([[0]], device))
     with pytest.raises(TypeError, match="^cache_seqlens:"):
         call(q, kc, vc, cache_seqlens=torch.tensor([5, 5], device=device))  # int64
     with pytest.raises(ValueError, match="^cache_batch_idx:"):
@@ -142,3 +141,76 @@ def test_kvcache_schedules_bit_equal_and_bad_entry_is_nan_gpu():
     torch.cuda.synchronize()
     assert bad[1].isnan().all(), "a sequence past the cache must come back NaN, not garbage"
     assert torch.equal(bad[0], outs[0][0]) and torch.equal(bad[2], outs[0][2])
+
+
+# --- appending new keys and rotary --------------------------------------------------
+
+def rotary_ref(x, cos, sin, pos, interleaved):
+    """float64 rotary, written independently of the library."""
+    x = x.double()
+    rd = 2 * cos.shape[1]
+    c, s = cos.double()[pos][:, :, None], sin.double()[pos][:, :, None]
+    out = x.clone()
+    for j in range(rd // 2):
+        i0, i1 = (2 * j, 2 * j + 1) if interleaved else (j, j + rd // 2)
+        out[..., i0] = x[..., i0] * c[..., j] - x[..., i1] * s[..., j]
+        out[..., i1] = x[..., i0] * s[..., j] + x[..., i1] * c[..., j]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_decode_with_append_and_rotary_equals_prefill(device, interleaved):
+    from flash_attn_det.interface import _rotary
+    gen = make_gen(47)
+    T, H, Hk, D, rd = 150, 4, 2, 64, 32
+    q, k, v = (randn(gen, (2, T, h, D), torch.bfloat16, device) for h in (H, Hk, Hk))
+    theta = torch.rand((T + 10, rd // 2), generator=gen, dtype=torch.float64) * 6.28
+    cos, sin = theta.cos().to(torch.bfloat16).to(device), theta.sin().to(torch.bfloat16).to(device)
+    pos = torch.arange(T, device=device)[None].expand(2, T)
+    q_rot, k_rot = _rotary(q, cos, sin, pos, interleaved), _rotary(k, cos, sin, pos, interleaved)
+    ref_rot = rotary_ref(k, cos, sin, pos, interleaved)
+    assert (k_rot.double() - ref_rot).abs().max() < 2 ** -6 * ref_rot.abs().max()
+    full = fad.flash_attn_func(q_rot, k_rot, v, causal=True)
+    kc = torch.zeros(3, 256, Hk, D, dtype=torch.bfloat16, device=device)
+    vc = torch.zeros_like(kc)
+    entries, left = i32([2, 0], device), i32([7, 0], device)
+    step = 1 if device == "cpu" else 3  # on the GPU, chunks of 3 new tokens per call
+    for t in range(0, T, step):
+        n = min(step, T - t)
+        out = fad.flash_attn_with_kvcache(q[:, t:t + n], kc, vc, k=k[:, t:t + n], v=v[:, t:t + n],
+                                          rotary_cos=cos, rotary_sin=sin,
+                                          rotary_interleaved=interleaved,
+                                          cache_seqlens=left + t, cache_batch_idx=entries,
+                                          cache_leftpad=left, causal=True)
+        assert torch.equal(out, full[:, t:t + n]), f"tokens [{t}, {t + n}): bits differ"
+    assert torch.equal(kc[2, 7:7 + T], k_rot[0]) and torch.equal(vc[0, :T], v[1])
+
+
+def test_append_past_capacity_on_cpu_raises_and_writes_nothing():
+    gen = make_gen(48)
+    q = randn(gen, (1, 1, 2, 32), torch.bfloat16)
+    k = randn(gen, (1, 2, 2, 32), torch.bfloat16)
+    kc, vc = torch.zeros(1, 10, 2, 32, dtype=torch.bfloat16), torch.zeros(1, 10, 2, 32,
+                                                                            dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^cache_seqlens:"):
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=k, cache_seqlens=9)
+    assert not kc.any() and not vc.any()
+    cos = torch.ones(5, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^rotary_cos:"):
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=k, rotary_cos=cos, rotary_sin=cos,
+                                    cache_seqlens=4)
+    assert not kc.any()
+    with pytest.raises(ValueError, match="^k, v:"):
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, cache_seqlens=1)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_append_past_capacity_gpu_is_nan():
+    gen = make_gen(49)
+    q = randn(gen, (2, 1, 2, 32), torch.bfloat16, "cuda")
+    k = randn(gen, (2, 2, 2, 32), torch.bfloat16, "cuda")
+    kc, vc = (torch.zeros(2, 10, 2, 32, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    out = fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=k, cache_seqlens=i32([3, 9], "cuda"))
+    torch.cuda.synchronize()
+    assert not out[0].isnan().any() and out[1].isnan().all()
