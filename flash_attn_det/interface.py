@@ -270,7 +270,8 @@ def _rotary(x, cos, sin, pos, interleaved):
 
 
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row):
+                    cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
+                    block_table=None):
     """flash_attn_with_kvcache's steps before attention, in torch ops: rotary on q and the new
     keys, new keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after).
     CPU tensors are checked in full first (nothing is written on failure); on the GPU indices
@@ -298,7 +299,8 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                              f"rotary_dim <= headdim, got {tuple(rotary_cos.shape)}, "
                              f"{tuple(rotary_sin.shape)}")
     if not q.is_cuda:  # host tensors: check everything before writing anything
-        capacity = k_cache.shape[1]
+        capacity = (k_cache.shape[1] if block_table is None
+                    else block_table.shape[1] * k_cache.shape[1])
         if int((cache_seqlens + n_new).max()) > capacity or int(cache_seqlens.min()) < 0:
             raise ValueError(f"cache_seqlens: appending {n_new} rows passes the cache's "
                              f"{capacity} rows")
@@ -315,10 +317,16 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         if rotary_cos is not None:
             k = _rotary(k, rotary_cos, rotary_sin, pos + torch.arange(n_new, device=q.device),
                         rotary_interleaved)
-        entry = (torch.arange(B, device=q.device) if cache_batch_idx is None
-                 else cache_batch_idx.long())[:, None]
-        rows = (cache_seqlens.long()[:, None] + torch.arange(n_new, device=q.device))
-        rows = rows.clamp(0, k_cache.shape[1] - 1)
+        rows = cache_seqlens.long()[:, None] + torch.arange(n_new, device=q.device)
+        if block_table is None:
+            entry = (torch.arange(B, device=q.device) if cache_batch_idx is None
+                     else cache_batch_idx.long())[:, None]
+            rows = rows.clamp(0, k_cache.shape[1] - 1)
+        else:  # paged: row r of sequence b is row r % page of block block_table[b, r // page]
+            page = k_cache.shape[1]
+            slot = (rows // page).clamp(0, block_table.shape[1] - 1)
+            entry = block_table.long().gather(1, slot).clamp(0, k_cache.shape[0] - 1)
+            rows = rows % page
         k_cache[entry, rows] = k
         v_cache[entry, rows] = v
     return q, cache_seqlens + n_new
@@ -342,11 +350,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     int32 (batch,). In deterministic mode a row's bits do not depend on the capacity, the
     entry, leftpad, the other sequences, or whether it comes from a prefill, a chunk or a
     one-token decode. num_splits is accepted and ignored: the split plan comes from
-    split_size (deterministic mode) or the batch and GPU (fast mode). Not yet: paged KV
-    (block_table). Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
+    split_size (deterministic mode) or the batch and GPU (fast mode). block_table (int32
+    (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), any page
+    size; its blocks are gathered into a contiguous copy before attention for now (same bits
+    as a contiguous cache, whatever the page size or block order; costs a copy per call).
+    Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
     q = _operand(q, "q")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -364,11 +373,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise TypeError("cache_seqlens: expected an int or an int32 tensor")
     opts = _options(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
                     alibi_slopes)
+    if block_table is not None:
+        _check_block_table(block_table, q, k_cache, cache_batch_idx, cache_leftpad)
+        n_new = 0 if k is None else k.shape[1]
+        if not q.is_cuda:  # host tensors: every block the call reads or writes must exist
+            bad = _bad_pages(block_table, k_cache.shape[0], k_cache.shape[1],
+                             cache_seqlens + n_new)
+            if bool(bad.any()):
+                raise ValueError(f"block_table: sequence {int(bad.nonzero()[0])} names a block "
+                                 f"outside the cache's {k_cache.shape[0]}")
     if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
         local = opts[3] >= 0 or opts[4] >= 0  # window_left, window_right (causal: right 0)
         q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                            cache_seqlens, cache_batch_idx, cache_leftpad,
-                                           rotary_interleaved, local)
+                                           rotary_interleaved, local, block_table)
+    bad_pages = None
+    if block_table is not None:
+        k_cache, v_cache, bad_pages = _gather_pages(k_cache, v_cache, block_table, cache_seqlens)
     # Sequences whose cache rows fall outside k_cache are skipped on the GPU (their
     # indices are not read back): NaN outputs make that loud.
     fill = float("nan") if q.is_cuda else 0.0
@@ -385,7 +406,45 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    to_dlpack(lse), to_dlpack(cache_seqlens), cap(cache_batch_idx),
                    cap(cache_leftpad), opts[0], ws, *opts[1:], int(det), split_size, schedule,
                    stream)
+    if bad_pages is not None:  # a sequence that names a block outside the cache: NaN, loudly
+        out = out.masked_fill(bad_pages[:, None, None, None], float("nan"))
+        lse = lse.masked_fill(bad_pages[:, None, None], float("nan"))
     return (out, lse) if return_softmax_lse else out
+
+
+def _check_block_table(block_table, q, k_cache, cache_batch_idx, cache_leftpad):
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError("block_table: expected an int32 tensor (batch, max_blocks_per_seq)")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0]:
+        raise ValueError(f"block_table: expected shape (batch={q.shape[0]}, max_blocks_per_seq), "
+                         f"got {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table: must be on {q.device}, got {block_table.device}")
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        raise ValueError("block_table: cannot be combined with cache_batch_idx or cache_leftpad")
+
+
+def _bad_pages(block_table, num_blocks, page, cache_seqlens):
+    """bad[b]: sequence b needs (for its cache_seqlens rows) a block index outside the cache.
+    Slots past what a sequence needs may hold anything."""
+    need = (cache_seqlens.long() + page - 1) // page
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None] < need[:, None]
+    return (used & ((block_table < 0) | (block_table >= num_blocks))).any(dim=1)
+
+
+def _gather_pages(k_cache, v_cache, block_table, cache_seqlens):
+    """The blocks of a paged cache (num_blocks, page, Hkv, D) gathered into a contiguous
+    (batch, max_blocks * page, Hkv, D) cache, row for row, so the attention sees the same
+    key sequence whatever the page size or the block order (and gives the same bits).
+    Returns (k, v, bad): bad[b] when sequence b needs a block index outside the cache; on
+    CPU tensors that raises instead."""
+    nb, page = k_cache.shape[:2]
+    bad = _bad_pages(block_table, nb, page, cache_seqlens)
+    idx = block_table.long().clamp(0, nb - 1)
+    B, M = idx.shape
+    k = k_cache[idx].reshape(B, M * page, *k_cache.shape[2:])
+    v = v_cache[idx].reshape(B, M * page, *v_cache.shape[2:])
+    return k, v, bad
 
 
 def _unbind_packed(x, n, dim, name):

@@ -98,8 +98,8 @@ def test_kvcache_bad_input(device):
     q = randn(gen, (2, 1, 2, 32), torch.bfloat16, device)
     kc, vc = (randn(gen, (2, 50, 2, 32), torch.bfloat16, device) for _ in range(2))
     call = fad.flash_attn_with_kvcache
-    with pytest.raises(NotImplementedError, match="^block_table:"):
-        call(q, kc, vc, cache_seqlens=5, block_table=i32([[0]], device))
+    with pytest.raises(ValueError, match="^block_table:"):
+        call(q, kc, vc, cache_seqlens=5, block_table=i32([[0]], device))  # batch 1 != 2
     with pytest.raises(TypeError, match="^cache_seqlens:"):
         call(q, kc, vc, cache_seqlens=torch.tensor([5, 5], device=device))  # int64
     with pytest.raises(ValueError, match="^cache_batch_idx:"):
@@ -214,3 +214,80 @@ def test_append_past_capacity_gpu_is_nan():
     out = fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=k, cache_seqlens=i32([3, 9], "cuda"))
     torch.cuda.synchronize()
     assert not out[0].isnan().any() and out[1].isnan().all()
+
+
+# --- paged KV ---------------------------------------------------------------------------
+
+def to_pages(gen, k, v, page, num_blocks, device):
+    """k, v (B, S, Hk, D) scattered over a paged cache in a random block order."""
+    B, S = k.shape[:2]
+    per = (S + page - 1) // page
+    order = torch.randperm(num_blocks, generator=gen)[:B * per].reshape(B, per)
+    kc = randn(gen, (num_blocks, page, *k.shape[2:]), k.dtype, device, scale=3.0)
+    vc = randn(gen, (num_blocks, page, *k.shape[2:]), k.dtype, device, scale=3.0)
+    for b in range(B):
+        for j in range(per):
+            n = min(page, S - j * page)
+            kc[order[b, j], :n] = k[b, j * page:j * page + n]
+            vc[order[b, j], :n] = v[b, j * page:j * page + n]
+    return kc, vc, order.to(torch.int32).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_equals_contiguous_any_page_size_and_order(device):
+    gen = make_gen(50)
+    B, S, H, Hk, D = 2, 300, 4, 2, 64
+    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16, device) for h in (H, Hk, Hk))
+    full = fad.flash_attn_func(q, k, v, causal=True)
+    lens = i32([300, 171], device)
+    for page in (16, 64, 256):
+        kc, vc, bt = to_pages(gen, k, v, page, 64, device)
+        for t in (0, 170, 299):
+            out = fad.flash_attn_with_kvcache(q[:, t:t + 1], kc, vc, cache_seqlens=t + 1,
+                                              block_table=bt, causal=True)
+            assert torch.equal(out[:, 0], full[:, t]), f"page {page}, token {t}: bits differ"
+        out = fad.flash_attn_with_kvcache(q[:, 100:110], kc, vc, cache_seqlens=lens,
+                                          block_table=bt, causal=True)
+        assert torch.equal(out[0], fad.flash_attn_func(q[:1, 100:110], k[:1], v[:1], causal=True)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_decode_with_append(device):
+    gen = make_gen(51)
+    T, H, Hk, D, page = 90, 2, 1, 32, 16
+    q, k, v = (randn(gen, (1, T, h, D), torch.float16, device) for h in (H, Hk, Hk))
+    full = fad.flash_attn_func(q, k, v, causal=True)
+    kc = torch.zeros(20, page, Hk, D, dtype=torch.float16, device=device)
+    vc = torch.zeros_like(kc)
+    bt = i32([[7, 3, 19, 0, 12, 5, 11]], device)
+    for t in range(T):
+        out = fad.flash_attn_with_kvcache(q[:, t:t + 1], kc, vc, k=k[:, t:t + 1], v=v[:, t:t + 1],
+                                          cache_seqlens=t, block_table=bt, causal=True)
+        assert torch.equal(out[0, 0], full[0, t])
+
+
+def test_paged_bad_blocks_on_cpu_raise_and_write_nothing():
+    gen = make_gen(52)
+    q = randn(gen, (1, 1, 2, 32), torch.bfloat16)
+    k = randn(gen, (1, 1, 2, 32), torch.bfloat16)
+    kc, vc = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 32,
+                                                                           dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^block_table:"):   # needs slot 1 (row 16), which is 9
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=k, cache_seqlens=16,
+                                    block_table=i32([[0, 9]], "cpu"))
+    assert not kc.any()
+    with pytest.raises(TypeError, match="^block_table:"):
+        fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=1, block_table=torch.zeros(1, 2))
+    out = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=16, block_table=i32([[0, -1]], "cpu"))
+    assert torch.isfinite(out).all()  # unused slots may hold anything
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_paged_bad_block_gpu_is_nan():
+    gen = make_gen(53)
+    q = randn(gen, (2, 1, 2, 32), torch.bfloat16, "cuda")
+    kc, vc = (randn(gen, (4, 16, 2, 32), torch.bfloat16, "cuda") for _ in range(2))
+    out = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32([20, 20], "cuda"),
+                                      block_table=i32([[0, 1], [2, 99]], "cuda"))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out[0]).all() and out[1].isnan().all()
