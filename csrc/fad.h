@@ -29,7 +29,7 @@ extern "C" {
 
 #define FAD_VERSION "0.1.0"
 
-/* Key/value tile width of every kernel: split_size must be a multiple of it. */
+/* split_size must be a multiple of this: a whole number of every kernel's key tiles (32 or 64). */
 #define FAD_SPLIT_QUANTUM 128
 #define FAD_MAX_HEAD_DIM 256
 
