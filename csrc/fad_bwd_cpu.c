@@ -25,6 +25,7 @@ typedef struct bwd_ctx {
     load_fn load;
     fad_seq seq;
     int hk;           /* kv head */
+    const float *kf, *vf; /* (len_k, D) fp32 keys/values of this (sequence, kv head) */
     float *dk, *dv;   /* (len_k, D) fp32 accumulators of this (sequence, kv head) */
 } bwd_ctx;
 
@@ -49,12 +50,10 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
     const fad_fwd_params *p = &c->bp->fwd;
     const int D = p->head_dim;
     const fad_seq *seq = &c->seq;
-    const uint16_t *K = (const uint16_t *)p->k + seq->k_off + c->hk * p->k_head_stride;
-    const uint16_t *V = (const uint16_t *)p->v + seq->v_off + c->hk * p->v_head_stride;
     const int64_t q_at = seq->q_off + i * p->q_row_stride + h * p->q_head_stride;
     const int64_t o_at = seq->o_off + i * p->out_row_stride + h * p->out_head_stride;
     float q[FAD_MAX_HEAD_DIM], dout[FAD_MAX_HEAD_DIM], o[FAD_MAX_HEAD_DIM];
-    float kj[FAD_MAX_HEAD_DIM], vj[FAD_MAX_HEAD_DIM], dq[FAD_MAX_HEAD_DIM];
+    float dq[FAD_MAX_HEAD_DIM];
 
     load_row(c, (const uint16_t *)p->q + q_at, q, D);
     load_row(c, (const uint16_t *)c->bp->dout + o_at, dout, D);
@@ -68,8 +67,7 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
         const float slope_log2 =
             p->alibi_slopes ? p->alibi_slopes[b * p->alibi_batch_stride + h] * FAD_LOG2E : 0.f;
         for (int j = r.lo; j < r.hi; j++) {
-            load_row(c, K + (int64_t)j * p->k_row_stride, kj, D);
-            load_row(c, V + (int64_t)j * p->v_row_stride, vj, D);
+            const float *kj = c->kf + (int64_t)j * D, *vj = c->vf + (int64_t)j * D;
             const float qk = dot(q, kj, D);
             float s2 = FAD_MUL(qk, c->mod->scale_log2);
             if (c->mod->has_mod) {
@@ -128,14 +126,19 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     const fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     float *acc = malloc(sizeof(float) * 2 * (size_t)(p->seqlen_k > 0 ? p->seqlen_k : 1) * D);
-    if (!acc)
+    float *kv = fad_kv_buffer(p);
+    if (!acc || !kv) {
+        free(acc), free(kv);
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: out of host memory for the backward");
+    }
     bwd_ctx c = {.bp = &rp, .mod = &mod,
                  .load = p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float};
     for (int b = 0; b < p->batch; b++) {
         c.seq = fad_get_seq(p, b);
         for (c.hk = 0; c.hk < p->num_heads_k; c.hk++) {
             c.dk = acc, c.dv = acc + (size_t)c.seq.len_k * D;
+            c.kf = kv, c.vf = kv + (size_t)c.seq.len_k * D;
+            fad_load_kv_head(p, &c.seq, c.hk, c.load, kv, kv + (size_t)c.seq.len_k * D);
             memset(acc, 0, sizeof(float) * 2 * (size_t)c.seq.len_k * D);
             for (int h = c.hk * group; h < (c.hk + 1) * group; h++)
                 for (int i = 0; i < c.seq.len_q; i++)
@@ -146,6 +149,6 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
                        c.dv, c.seq.len_k);
         }
     }
-    free(acc);
+    free(acc), free(kv);
     return FAD_OK;
 }

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fad_internal.h"
@@ -83,9 +84,11 @@ typedef struct row_ctx {
 } row_ctx;
 
 /* Runs the plan for query row i of (b, h) and writes out/lse. q holds the row
- * in fp32; kbase/vbase point at key 0 of the row's kv head. */
-static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
-                       const uint16_t *kbase, const uint16_t *vbase, uint16_t *out, float *lse)
+ * in fp32; kf/vf hold the sequence's keys/values of the row's kv head in fp32,
+ * (len_k, D) row-major (converted once per head: conversions are exact, so this
+ * changes no bit, only the time). */
+static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, const float *kf,
+                       const float *vf, uint16_t *out, float *lse)
 {
     const fad_fwd_params *p = c->p;
     const int D = p->head_dim;
@@ -113,10 +116,10 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
             for (int j = t0; j < t1; j++) {
                 float x = -INFINITY;
                 if (j >= r.lo && j < r.hi) {
-                    const uint16_t *kr = kbase + (int64_t)j * p->k_row_stride;
+                    const float *kr = kf + (int64_t)j * D;
                     float dot = 0.f;
                     for (int d = 0; d < D; d++)
-                        dot = FAD_FMA(q[d], c->load(kr[d]), dot);
+                        dot = FAD_FMA(q[d], kr[d], dot);
                     x = dot;
                     if (c->mod->has_mod) {
                         x = fad_logit(c->mod, dot);
@@ -137,9 +140,9 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
                 psum += pj;
                 if (pj == 0.f)
                     continue;
-                const uint16_t *vr = vbase + (int64_t)j * p->v_row_stride;
+                const float *vr = vf + (int64_t)j * D;
                 for (int d = 0; d < D; d++)
-                    os[d] = FAD_FMA(pj, c->load(vr[d]), os[d]);
+                    os[d] = FAD_FMA(pj, vr[d], os[d]);
             }
             ls = FAD_FMA(ls, scale, psum);
             ms = mnew;
@@ -159,6 +162,25 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q,
         out[d] = bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
     }
     *lse = fad_lse(mr, lr);
+}
+
+float *fad_kv_buffer(const fad_fwd_params *p)
+{
+    const size_t rows = p->seqlen_k > 0 ? (size_t)p->seqlen_k : 1;
+    return malloc(sizeof(float) * 2 * rows * p->head_dim);
+}
+
+void fad_load_kv_head(const fad_fwd_params *p, const fad_seq *seq, int hk, load_fn load,
+                      float *kf, float *vf)
+{
+    const int D = p->head_dim;
+    const uint16_t *K = (const uint16_t *)p->k + seq->k_off + hk * p->k_head_stride;
+    const uint16_t *V = (const uint16_t *)p->v + seq->v_off + hk * p->v_head_stride;
+    for (int j = 0; j < seq->len_k; j++)
+        for (int d = 0; d < D; d++) {
+            kf[(int64_t)j * D + d] = load(K[(int64_t)j * p->k_row_stride + d]);
+            vf[(int64_t)j * D + d] = load(V[(int64_t)j * p->v_row_stride + d]);
+        }
 }
 
 /* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
@@ -222,27 +244,30 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
                  plan.split_size, 0, 0};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     const int64_t lse_head_stride = fad_lse_head_stride(p);
-    const uint16_t *Q = (const uint16_t *)p->q, *K = (const uint16_t *)p->k,
-                   *V = (const uint16_t *)p->v;
+    const uint16_t *Q = (const uint16_t *)p->q;
     uint16_t *O = (uint16_t *)p->out;
     float q[FAD_MAX_HEAD_DIM];
+    float *kv = fad_kv_buffer(p);
+    if (!kv)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: out of host memory");
 
     for (int b = 0; b < p->batch; b++) {
         const fad_seq seq = fad_get_seq(p, b);
         c.len_q = seq.len_q, c.len_k = seq.len_k;
-        for (int h = 0; h < p->num_heads; h++) {
-            int hk = h / group;
-            const uint16_t *kbase = K ? K + seq.k_off + hk * p->k_head_stride : NULL;
-            const uint16_t *vbase = V ? V + seq.v_off + hk * p->v_head_stride : NULL;
-            for (int i = 0; i < seq.len_q; i++) {
-                const uint16_t *qr = Q + seq.q_off + i * p->q_row_stride + h * p->q_head_stride;
-                for (int d = 0; d < D; d++)
-                    q[d] = c.load(qr[d]);
-                attend_row(&c, b, h, i, q, kbase, vbase,
-                           O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride,
-                           p->softmax_lse + seq.row0 + h * lse_head_stride + i);
-            }
+        for (int hk = 0; hk < p->num_heads_k; hk++) {
+            float *kf = kv, *vf = kv + (size_t)seq.len_k * D;
+            fad_load_kv_head(p, &seq, hk, c.load, kf, vf);
+            for (int h = hk * group; h < (hk + 1) * group; h++)
+                for (int i = 0; i < seq.len_q; i++) {
+                    const uint16_t *qr = Q + seq.q_off + i * p->q_row_stride + h * p->q_head_stride;
+                    for (int d = 0; d < D; d++)
+                        q[d] = c.load(qr[d]);
+                    attend_row(&c, b, h, i, q, kf, vf,
+                               O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride,
+                               p->softmax_lse + seq.row0 + h * lse_head_stride + i);
+                }
         }
     }
+    free(kv);
     return FAD_OK;
 }

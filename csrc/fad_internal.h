@@ -84,6 +84,12 @@ float fad_fp16_to_float(uint16_t h);
 uint16_t fad_float_to_bf16(float f); /* round to nearest even */
 uint16_t fad_float_to_fp16(float f); /* round to nearest even */
 typedef float (*load_fn)(uint16_t);
+struct fad_seq;
+/* fp32 scratch for one kv head's keys and values, 2 x seqlen_k x D (free() it). */
+float *fad_kv_buffer(const fad_fwd_params *p);
+/* Sequence seq's keys/values of kv head hk, converted to fp32 (len_k, D) row-major. */
+void fad_load_kv_head(const fad_fwd_params *p, const struct fad_seq *seq, int hk, load_fn load,
+                      float *kf, float *vf);
 
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
