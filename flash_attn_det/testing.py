@@ -1,4 +1,5 @@
-"""Test helpers for flash_attn_det: a float64 reference attention and a schedule override.
+"""Test helpers for flash_attn_det: a float64 reference attention, a schedule override and a
+batch-invariance assertion for users' own tests.
 
 ``attention_ref`` is the plain-math definition of what ``flash_attn_func``
 computes (same masking, softcap, ALiBi and GQA rules), evaluated in float64 on
@@ -101,3 +102,33 @@ def force_schedule(name):
         yield
     finally:
         _state["schedule"] = saved
+
+
+def assert_batch_invariant(fn, *batched, splits=None):
+    """Asserts that fn's output for each batch element is bit-identical whether the element
+    runs alone, inside the full batch, or inside smaller batches.
+
+    fn(*tensors) -> tensor (or tuple of tensors), batch on dim 0 of every input and output.
+    splits: batch sizes to cut the batch into (default: each element alone).
+    For a model's attention layer in a pytest:
+
+        assert_batch_invariant(lambda q, k, v: flash_attn_func(q, k, v, causal=True), q, k, v)
+    """
+    def as_tuple(x):
+        return x if isinstance(x, tuple) else (x,)
+
+    full = as_tuple(fn(*batched))
+    B = batched[0].shape[0]
+    sizes = splits or [1] * B
+    if sum(sizes) != B:
+        raise ValueError(f"splits: must add up to the batch size {B}, got {sizes}")
+    start = 0
+    for n in sizes:
+        part = as_tuple(fn(*(t[start:start + n] for t in batched)))
+        for idx, (f, p) in enumerate(zip(full, part)):
+            if not torch.equal(f[start:start + n], p):
+                diff = (f[start:start + n].float() - p.float()).abs().max().item()
+                raise AssertionError(
+                    f"output {idx}: batch elements [{start}, {start + n}) differ between the full "
+                    f"batch and a batch of {n} (max abs diff {diff:.3g})")
+        start += n

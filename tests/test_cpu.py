@@ -780,3 +780,15 @@ def test_reference_chunking_is_exact(monkeypatch):
     monkeypatch.setattr(testing, "_MAX_SCORE_ELEMS", 2 * 4 * 70 * 7)  # 7 rows per chunk
     chunked = attention_ref(q, k, v, **kw)
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
+def test_assert_batch_invariant_helper():
+    from flash_attn_det.testing import assert_batch_invariant
+    gen = torch.Generator().manual_seed(61)
+    q, k, v = (torch.randn(4, 50, 2, 32, generator=gen).to(torch.bfloat16) for _ in range(3))
+    assert_batch_invariant(lambda q, k, v: flash_attn_func(q, k, v, causal=True), q, k, v)
+    assert_batch_invariant(lambda q, k, v: flash_attn_func(q, k, v, return_attn_probs=True)[:2],
+                           q, k, v, splits=[3, 1])
+    # A batch-dependent function is caught.
+    with pytest.raises(AssertionError, match="differ"):
+        assert_batch_invariant(lambda q: q - q.float().mean().to(q.dtype), q)
