@@ -2,7 +2,8 @@
 # Builds the extension once per variant into /tmp/ab/<n> and runs the quick perf probe on each,
 # so tile configurations are compared in one device call. A variant is a comma-separated list of
 # preprocessor defines for both the C and the CUDA compiler:
-#   scripts/ab_variants.sh FAD_WIDE_MAX_D=64 FAD_WIDE_MAX_D=0,FAD_TWO_CTA_MAX_D=64
+#   scripts/ab_variants.sh FAD_D128_WARPS=8 FAD_D128_WARPS=4 FAD_D64_WARPS=4,FAD_D64_MIN_BLOCKS=4
+# (the knobs are in csrc/fad_internal.h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=0
