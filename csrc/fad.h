@@ -148,6 +148,16 @@ typedef struct fad_bwd_params {
 /* Backward on the CPU (host pointers), fp32 accumulation. */
 fad_status fad_bwd_cpu(const fad_bwd_params *p, char *msg, size_t msg_len);
 
+/* Bytes of device workspace fad_bwd_cuda needs: one fp32 per softmax_lse
+ * element (the row sums dout . out). */
+fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *msg,
+                                  size_t msg_len);
+
+/* Backward on the GPU, enqueued on stream; head_dim <= 128. Validates first;
+ * nothing is written on failure. No host sync and no allocation. */
+fad_status fad_bwd_cuda(const fad_bwd_params *p, void *workspace, size_t workspace_bytes,
+                        struct CUstream_st *stream, char *msg, size_t msg_len);
+
 /* 1 when this build contains the CUDA path. */
 int fad_has_cuda(void);
 

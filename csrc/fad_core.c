@@ -265,3 +265,60 @@ fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspa
     const fad_fwd_params resolved = fad_fwd_resolve(p);
     return fad_fwd_cuda_launch(&resolved, &plan, workspace, stream, msg, msg_len);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Backward on the GPU                                                        */
+/* ------------------------------------------------------------------------ */
+
+fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *msg,
+                                  size_t msg_len)
+{
+    if (!p || !bytes)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "params, bytes: NULL");
+    fad_status st = fad_fwd_check(&p->fwd, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    *bytes = (size_t)fad_flat_rows(&p->fwd) * sizeof(float);
+    return FAD_OK;
+}
+
+fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t workspace_bytes,
+                        struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    if (!bp)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "params: NULL");
+    const fad_fwd_params *p = &bp->fwd;
+    fad_status st = fad_fwd_check_run(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    st = check_alignment(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (p->cache_seqlens)
+        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
+                        "cache_seqlens: the backward of a KV-cache call is not supported");
+    if (p->head_dim > FAD_BWD_CUDA_MAX_HEAD_DIM)
+        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
+                        "head_dim: the GPU backward supports head dims up to %d, got %d",
+                        FAD_BWD_CUDA_MAX_HEAD_DIM, p->head_dim);
+    if (fad_fwd_is_empty(p))
+        return FAD_OK;
+    const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;
+    const void *grads[4] = {bp->dout, bp->dq, bp->dk, bp->dv};
+    static const char *names[4] = {"dout", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; t++) {
+        if (!grads[t] && (t < 2 || has_keys))
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len, "%s: NULL pointer", names[t]);
+        if ((uintptr_t)grads[t] % 16)
+            return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
+                            "%s: data pointer must be 16-byte aligned", names[t]);
+    }
+    const size_t need = (size_t)fad_flat_rows(p) * sizeof(float);
+    if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
+        return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,
+                        "workspace: needs %zu bytes, 16-byte aligned, got %zu (ask "
+                        "fad_bwd_workspace_size)", need, workspace ? workspace_bytes : (size_t)0);
+    fad_bwd_params resolved = *bp;
+    resolved.fwd = fad_fwd_resolve(p);
+    return fad_bwd_cuda_launch(&resolved, (float *)workspace, stream, msg, msg_len);
+}

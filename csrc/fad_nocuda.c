@@ -21,6 +21,13 @@ fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, vo
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
 }
 
+fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,
+                               char *msg, size_t msg_len)
+{
+    (void)bp, (void)dsum, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
 int fad_has_cuda(void) { return 0; }
 
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)

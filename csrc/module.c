@@ -299,7 +299,7 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
 }
 
 /* Backward: grads = (dout, dq, dk, dv) capsules, each the shape and strides of
- * (out, q, k, v). CPU only for now. */
+ * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element. */
 static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyObject *const *grads,
                          const fwd_opts *o)
 {
@@ -322,17 +322,27 @@ static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyOb
     }
     if (finish_opts(p, q, o))
         return NULL;
-    if (q->device.device_type != kDLCPU)
-        return raise_status(FAD_ERR_UNSUPPORTED,
-                            "flash_attn_det: the GPU backward pass is not implemented yet "
-                            "(the CPU path has one)");
     bp.fwd = *p;
     bp.dout = tensor_data(g[0]), bp.dq = tensor_data(g[1]);
     bp.dk = tensor_data(g[2]), bp.dv = tensor_data(g[3]);
     fad_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = fad_bwd_cpu(&bp, msg, sizeof msg);
-    Py_END_ALLOW_THREADS
+    if (q->device.device_type == kDLCPU) {
+        Py_BEGIN_ALLOW_THREADS
+        st = fad_bwd_cpu(&bp, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        int prev = 0;
+        st = fad_cuda_set_device(q->device.device_id, &prev, msg, sizeof msg);
+        if (st == FAD_OK) {
+            st = fad_bwd_cuda(&bp, o->ws ? tensor_data(o->ws) : NULL,
+                              o->ws ? (size_t)o->ws->shape[0] : 0,
+                              (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
+            if (prev != q->device.device_id) {
+                char ignored[64];
+                fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
+            }
+        }
+    }
     if (st != FAD_OK)
         return raise_status(st, msg);
     Py_RETURN_NONE;
@@ -466,7 +476,8 @@ PyDoc_STRVAR(bwd_doc,
 "--\n\n"
 "Gradients of the forward fwd computed (out and softmax_lse are its results).\n"
 "dout, dq, dk, dv: capsules shaped and strided like out, q, k, v; dq is written in\n"
-"full, dk/dv on the rows some query sees (pass zeros). CPU tensors only for now.");
+"full, dk/dv on the rows some query sees (pass zeros). CUDA tensors need a uint8\n"
+"workspace of 4 bytes per softmax_lse element.");
 
 static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -574,7 +585,7 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
 PyDoc_STRVAR(bwd_varlen_doc,
 "bwd_varlen(dout, dq, dk, dv, <the arguments of fwd_varlen>)\n"
 "--\n\n"
-"bwd for a variable-length batch. CPU tensors only for now.");
+"bwd for a variable-length batch.");
 
 static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {

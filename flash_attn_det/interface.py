@@ -8,6 +8,7 @@ from .mode import _state
 # flash_attn's rule for operands: last dim contiguous. The kernels also move
 # 16-byte chunks, so rows must start 16-byte aligned; anything else is copied.
 _ALIGN = 16
+_BWD_CUDA_MAX_HEAD_DIM = 128  # FAD_BWD_CUDA_MAX_HEAD_DIM in csrc/fad_internal.h
 
 
 def _operand(x, name):
@@ -43,14 +44,14 @@ def _cuda_call_args(q, det, split_size, schedule, B, Sq, Sk, H, Hk, D, total_q=-
 
 
 def _needs_grad(q, k, v):
-    """True when autograd must record the call; the GPU backward does not exist yet."""
+    """True when autograd must record the call."""
     need = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if need and isinstance(q, torch.Tensor) and q.is_cuda:
+    if need and isinstance(q, torch.Tensor) and q.is_cuda and q.shape[-1] > _BWD_CUDA_MAX_HEAD_DIM:
         raise NotImplementedError(
-            "flash_attn_det: the GPU backward pass is not implemented yet; call the forward under "
-            "torch.no_grad() / torch.inference_mode() or with inputs that do not require grad "
-            "(CPU tensors have a backward)")
+            f"head_dim: the GPU backward supports head dims up to {_BWD_CUDA_MAX_HEAD_DIM}, got "
+            f"{q.shape[-1]}; call the forward under torch.no_grad() or with inputs that do not "
+            "require grad")
     return need
 
 
@@ -124,22 +125,25 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap,
               alibi_slopes, varlen=None):
-    """dq, dk, dv of a forward call (CPU path). varlen: (cu_seqlens_q, cu_seqlens_k,
-    seqused_k, max_seqlen_q, max_seqlen_k) for the variable-length entry."""
-    if q.is_cuda:
-        raise NotImplementedError("flash_attn_det: the GPU backward pass is not implemented yet")
+    """dq, dk, dv of a forward call. varlen: (cu_seqlens_q, cu_seqlens_k, seqused_k,
+    max_seqlen_q, max_seqlen_k) for the variable-length entry."""
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
+    # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     tensors = [to_dlpack(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
-    mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], 0)
+    ws, stream = None, 0
+    if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
+        ws = to_dlpack(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
+        stream = _current_stream(q.device)
+    mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
     if varlen is None:
-        _C.bwd(*tensors, opts[0], None, *opts[1:], *mode)
+        _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode)
     else:
         cu_q, cu_k, used, max_q, max_k = varlen
         _C.bwd_varlen(*tensors, to_dlpack(cu_q), to_dlpack(cu_k),
                       None if used is None else to_dlpack(used), int(max_q), int(max_k),
-                      opts[0], None, *opts[1:], *mode)
+                      opts[0], ws, *opts[1:], *mode)
     return dq, dk, dv
 
 

@@ -24,7 +24,7 @@ _MAX_SCORE_ELEMS = 1 << 25
 
 
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None):
+                  alibi_slopes=None, upcast=True):
     """Float64 attention with flash_attn's semantics.
 
     q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H % Hkv == 0. Causal and window
@@ -36,6 +36,8 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     Returns (out float64 (B, Sq, H, D), lse float64 (B, H, Sq), natural log).
     Rows that see no key get out 0 and lse -inf. Long inputs are processed in
     chunks of query rows so the float64 score block stays bounded.
+    upcast=False does the same math in q's dtype: what plain torch code computes,
+    the peer that error bounds are measured against (results still float64).
     """
     B, Sq, H, D = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -46,11 +48,12 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     if causal:
         right = 0
     dev = q.device
-    kd = k.to(torch.float64).transpose(1, 2).repeat_interleave(H // Hk, dim=1)  # (B, H, Sk, D)
-    vd = v.to(torch.float64).transpose(1, 2).repeat_interleave(H // Hk, dim=1)
+    ct = torch.float64 if upcast else q.dtype  # compute dtype
+    kd = k.to(ct).transpose(1, 2).repeat_interleave(H // Hk, dim=1)  # (B, H, Sk, D)
+    vd = v.to(ct).transpose(1, 2).repeat_interleave(H // Hk, dim=1)
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.to(device=dev, dtype=torch.float64)
+        slopes = alibi_slopes.to(device=dev, dtype=ct)
         slopes = slopes.reshape(1, H) if slopes.dim() == 1 else slopes.reshape(B, H)
         slopes = slopes[:, :, None, None]
     out = torch.zeros((B, H, Sq, D), dtype=torch.float64, device=dev)
@@ -61,13 +64,13 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     chunk = max(1, _MAX_SCORE_ELEMS // max(1, B * H * Sk))
     for r0 in range(0, Sq, chunk):
         r1 = min(Sq, r0 + chunk)
-        qd = q[:, r0:r1].to(torch.float64).transpose(1, 2)  # (B, H, rows, D)
+        qd = q[:, r0:r1].to(ct).transpose(1, 2)  # (B, H, rows, D)
         s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         pos = torch.arange(r0, r1, device=dev)[:, None] + (Sk - Sq)
         if slopes is not None:
-            s = s - slopes * (pos - j).abs().to(torch.float64)
+            s = s - slopes * (pos - j).abs().to(ct)
         mask = torch.zeros((r1 - r0, Sk), dtype=torch.bool, device=dev)
         if left >= 0:
             mask |= j < pos - left

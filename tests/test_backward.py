@@ -1,7 +1,6 @@
-"""The backward pass: the CPU path's gradients against float64 autograd, and the
+"""The backward pass on both paths: gradients against float64 autograd, and the
 training contract (a sequence's dq, dk, dv do not depend on the rest of the batch,
-nor on the run). The GPU backward does not exist yet: CUDA inputs that require grad
-must raise a clear NotImplementedError.
+nor on the run). The GPU tests skip without a GPU.
 """
 import pytest
 import torch
@@ -108,10 +107,112 @@ def test_cpu_packed_grads_equal_unpacked():
     assert torch.equal(qkv_g.grad, torch.stack((dq, dk, dv), dim=2))
 
 
+# ---------------------------------------------------------------------------------------
+# GPU backward
+# ---------------------------------------------------------------------------------------
+
+GPU_CASES = CASES + [
+    dict(B=2, Sq=300, Sk=300, H=4, Hk=1, D=128, causal=True),              # MQA, many tiles
+    dict(B=1, Sq=129, Sk=517, H=4, Hk=2, D=64, window_size=(100, 0)),     # sliding window
+    dict(B=2, Sq=200, Sk=64, H=2, Hk=2, D=96, causal=True),               # rows with no key
+    dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, softcap=5.0, alibi="H"),
+]
+
+
+def _to_cuda(*ts):
+    return tuple(t.cuda() for t in ts)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_gpu_backward_raises_clearly():
-    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="GPU backward"):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_gpu_grads_match_float64(dtype, case):
+    """Within the larger of REL_TOL and twice the error of the same math done in the
+    dtype by torch (P and dS are rounded to the dtype for the tensor cores, as in FA2)."""
+    case = dict(case)
+    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    gen = make_gen(31)
+    q, k, v = (randn(gen, (B, S, h, D), dtype) for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, D), dtype)
+    alibi = case.pop("alibi", None)
+    if alibi:
+        shape = (B, H) if alibi == "BH" else (H,)
+        case["alibi_slopes"] = (torch.rand(shape, generator=gen) * 0.2 + 0.01).cuda()
+    rq, rk, rv = ref_grads(*_to_cuda(q, k, v, dout), **case)
+    qc, kc, vc, dc = _to_cuda(q, k, v, dout)
+    _, dq, dk, dv = grads(fad.flash_attn_func, qc, kc, vc, dc, **case)
+    lp = [t.grad for t in (qc, kc, vc)]
+    qt, kt, vt = (t.detach().clone().requires_grad_(True) for t in (qc, kc, vc))
+    attention_ref(qt, kt, vt, upcast=False, **case)[0].backward(dc)  # the math in the dtype
+    for what, got, ref, peer in (("dq", dq, rq, qt.grad), ("dk", dk, rk, kt.grad),
+                                 ("dv", dv, rv, vt.grad)):
+        den = float(ref.norm()) or 1.0
+        peer_err = float((peer.double() - ref).norm()) / den
+        assert torch.isfinite(got).all(), f"{what}: non-finite"
+        err = float((got.double() - ref).norm()) / den
+        tol = max(REL_TOL[dtype], 2 * peer_err)
+        assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.2e} (torch in dtype: {peer_err:.2e})"
+    if case.get("causal") and Sq > Sk:  # rows that see no key get no gradient
+        assert torch.equal(dq[:, :Sq - Sk], torch.zeros_like(dq[:, :Sq - Sk]))
+
+
+def _gpu_inputs(seed, shapes, dtype=torch.bfloat16):
+    gen = make_gen(seed)
+    return [randn(gen, s, dtype, device="cuda") for s in shapes]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(64, 32)), dict(softcap=4.0)],
+                         ids=["causal", "window", "softcap"])
+def test_gpu_grads_batch_invariant_and_run_to_run(kw):
+    """The seed test for gradients: B=8 against the same sequences as 4 + 4 and alone."""
+    B, S, H, Hk, D = 8, 333, 8, 2, 128
+    q, k, v, dout = _gpu_inputs(41, [(B, S, h, D) for h in (H, Hk, Hk, H)])
+    full = grads(fad.flash_attn_func, q, k, v, dout, **kw)
+    again = grads(fad.flash_attn_func, q, k, v, dout, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(full, again)), "not run-to-run stable"
+    halves = [grads(fad.flash_attn_func, q[s], k[s], v[s], dout[s], **kw)
+              for s in (slice(0, 4), slice(4, 8))]
+    for name, f, a, b in zip(("out", "dq", "dk", "dv"), full, *halves):
+        assert torch.equal(f, torch.cat((a, b))), f"{name}: B=8 differs from 4 + 4"
+    alone = grads(fad.flash_attn_func, q[5:6], k[5:6], v[5:6], dout[5:6], **kw)
+    for name, f, a in zip(("out", "dq", "dk", "dv"), full, alone):
+        assert torch.equal(f[5:6], a), f"{name}: sequence 5 depends on the batch"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_varlen_grads_equal_single_sequences():
+    lens, H, Hk, D = [300, 1, 77, 520], 4, 2, 64
+    T = sum(lens)
+    q, dout = _gpu_inputs(42, [(T, H, D)] * 2)
+    k, v = _gpu_inputs(43, [(T, Hk, D)] * 2)
+    cu = torch.tensor([0, 300, 301, 378, 898], dtype=torch.int32, device="cuda")
+
+    def varlen(q, k, v, **kw):
+        return fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **kw)
+
+    _, dq, dk, dv = grads(varlen, q, k, v, dout, causal=True)
+    bounds = cu.tolist()
+    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+        _, aq, ak, av = grads(fad.flash_attn_func, q[None, s0:s1], k[None, s0:s1],
+                              v[None, s0:s1], dout[None, s0:s1], causal=True)
+        assert torch.equal(dq[s0:s1], aq[0]) and torch.equal(dk[s0:s1], ak[0])
+        assert torch.equal(dv[s0:s1], av[0])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_packed_grads_equal_unpacked():
+    qkv, dout = _gpu_inputs(44, [(2, 150, 3, 4, 64), (2, 150, 4, 64)])
+    qkv_g = qkv.clone().requires_grad_(True)
+    fad.flash_attn_qkvpacked_func(qkv_g, causal=True).backward(dout)
+    _, dq, dk, dv = grads(fad.flash_attn_func, *qkv.unbind(2), dout, causal=True)
+    assert torch.equal(qkv_g.grad, torch.stack((dq, dk, dv), dim=2))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_backward_large_head_dim_raises_clearly():
+    q = torch.randn(1, 8, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="head_dim"):
         fad.flash_attn_func(q, q.detach(), q.detach())
     with torch.no_grad():  # inference on the same tensors is fine
         assert fad.flash_attn_func(q, q, q).shape == q.shape

@@ -1,0 +1,114 @@
+"""Backward benchmark: flash_attn_det's deterministic backward beside torch SDPA's.
+
+Exact command (repository root, after `FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py
+build_ext --inplace`):
+
+    python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
+
+Protocol as bench_fwd.py (benchmarks/NOTES.md, "Method"): fresh random inputs, the same
+for every impl; one forward per impl builds the autograd graph, then --iters backward
+calls (torch.autograd.grad with retain_graph, the same dout) are timed one by one with
+CUDA events; the median is reported. TFLOP/s = 2.5 x the forward's 4*B*H*L^2*D (halved
+for causal), FA2's convention for the backward's 5 matmuls, whatever an impl computes.
+Writes <tag>.jsonl and <tag>.md under --out.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import Config, log  # noqa: E402
+
+IMPLS = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+BWD_FLOP_FACTOR = 2.5
+
+
+def preset_configs(name):
+    if name == "quick":
+        out = []
+        for D, H in ((64, 32), (128, 16)):
+            for L in (2048, 8192, 16384):
+                for causal in (False, True):
+                    out.append(Config("bf16", max(1, 32768 // L), L, L, H, H, D, causal))
+        return out
+    if name == "issue":  # the issue's reference point: B2 L16k H16 D128 causal
+        return [Config("bf16", 2, 16384, 16384, 16, 16, 128, True)]
+    if name == "cpu-smoke":
+        return [Config("bf16", 1, 64, 64, 2, 2, 64, True)]
+    raise ValueError(f"unknown preset {name!r}")
+
+
+def measure_bwd(impl, cfg, device, iters, warmup, seed=0):
+    rec = dict(impl=impl.name, **cfg.fields(), flops=BWD_FLOP_FACTOR * common.attn_flops(cfg))
+    try:
+        q, k, v = (t.requires_grad_(True) for t in common.make_input_sets(cfg, device, n=1,
+                                                                           seed=seed)[0])
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed + 1)
+        dout = torch.randn(q.shape, generator=gen, device=device).to(q.dtype)
+        with impl.context():
+            out = impl.to_bshd(impl.call(q, k, v, cfg.causal))
+            fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+            times = common.time_ms(fn, [()], iters, warmup, device)
+        rec.update(common.summarize_ms(times))
+        rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
+    except Exception as exc:
+        rec["error"] = common.short_error(exc)
+    return rec
+
+
+def markdown(records, env):
+    by_cfg = {}
+    for r in records:
+        by_cfg.setdefault((r["D"], r["L"], r["B"], r["H"], r["causal"]), {})[r["impl"]] = r
+    impls = [i for i in IMPLS if any(i in v for v in by_cfg.values())]
+    headers = ["D", "L", "B", "H", "causal"] + [f"{i} TFLOP/s" for i in impls] + \
+        ["det / sdpa_flash", "det / cudnn", "det vs fast"]
+    rows = []
+    for (D, L, B, H, causal), rs in sorted(by_cfg.items()):
+        tf = {i: rs[i].get("tflops") for i in impls if i in rs}
+        ratio = lambda a, b: (f"{tf[a] / tf[b]:.2f}x" if tf.get(a) and tf.get(b) else "-")  # noqa
+        det_fast = (f"{rs['fad_det']['ms'] / rs['fad_fast']['ms'] - 1:+.1%}"
+                    if tf.get("fad_det") and tf.get("fad_fast") else "-")
+        rows.append([D, L, B, H, causal] + [tf.get(i) if tf.get(i) else
+                                            rs.get(i, {}).get("error", "-")[:40] for i in impls] +
+                    [ratio("fad_det", "sdpa_flash"), ratio("fad_det", "sdpa_cudnn"), det_fast])
+    return (f"# Backward, {env.get('device', '?')}, torch {env.get('torch', '?')}, "
+            f"commit {env.get('git_commit', '?')}\n\n" + common.markdown_table(headers, rows) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="quick", choices=["quick", "issue", "cpu-smoke"])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if args.preset != "cpu-smoke" else "cpu")
+    env = common.env_info(device)
+    tag = args.tag or f"bwd_{args.preset}_{common.timestamp()}"
+    os.makedirs(args.out, exist_ok=True)
+    writer = common.JsonlWriter(os.path.join(args.out, tag + ".jsonl"), {"env": env})
+    impls = common.make_impls(names=IMPLS)
+    records = []
+    configs = preset_configs(args.preset)
+    for n, cfg in enumerate(configs):
+        log(f"[{n + 1}/{len(configs)}] {cfg.label()}")
+        for impl in impls:
+            rec = measure_bwd(impl, cfg, device, args.iters, args.warmup)
+            writer.write(rec)
+            records.append(rec)
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+    writer.close()
+    md = markdown(records, env)
+    with open(os.path.join(args.out, tag + ".md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

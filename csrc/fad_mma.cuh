@@ -1,0 +1,179 @@
+/*
+ * fad_mma.cuh — the CUDA primitives every kernel file shares: the error macro,
+ * dtype traits (fp32 pair packing and the matching mma.sync.m16n8k16), cp.async,
+ * ldmatrix, the XOR-swizzled shared-memory tile layout and its addressing, the
+ * global->shared tile copy, and the fixed-order reductions over a row's 4 lanes.
+ *
+ * Fragment layout of mma.m16n8k16 (PTX ISA, "row.col"): a thread (lane) holds
+ * accumulator elements e = 0..3 at row lane/4 + 8*(e/2), column 2*(lane%4) + e%2.
+ */
+#ifndef FAD_MMA_CUH
+#define FAD_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fad_internal.h"
+#include "fad_math.h"
+
+/* Per-device one-time state (kernel attributes, SM counts) is kept for this many devices. */
+#ifndef FAD_MAX_DEVICES
+#define FAD_MAX_DEVICES 64
+#endif
+
+#define CUDA_TRY(call)                                                                       \
+    do {                                                                                     \
+        cudaError_t err_ = (call);                                                           \
+        if (err_ != cudaSuccess)                                                             \
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "%s failed: %s", #call,              \
+                            cudaGetErrorString(err_));                                       \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* dtype traits: packing fp32 pairs and the matching mma instruction         */
+/* ------------------------------------------------------------------------ */
+
+template <typename T> struct dtype_ops;
+
+template <> struct dtype_ops<__half> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <> struct dtype_ops<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* ------------------------------------------------------------------------ */
+/* shared-memory primitives                                                   */
+/* ------------------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 zero-fills the destination. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* Row-major [rows][kHeadDim] tile whose 16-byte chunks are XOR-swizzled by
+ * row % 8: the 8 rows an ldmatrix phase reads land in 8 different bank groups. */
+template <int kHeadDim> __device__ __forceinline__ int swz(int row, int col)
+{
+    return row * kHeadDim + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
+
+/* A register copy the compiler cannot see through. Re-taken every tile, it
+ * stops loop-invariant code motion from hoisting every (kk, j) ldmatrix
+ * address out of the tile loop (64+ live registers at D=128); inside the
+ * loop the constant parts fold into the instructions' immediate offsets. */
+__device__ __forceinline__ uint32_t opaque(uint32_t x)
+{
+    asm volatile("mov.b32 %0, %0;" : "+r"(x));
+    return x;
+}
+
+/* ldmatrix addressing without per-(row, col) index math in the hot loop. A
+ * thread always reads rows with the same row % 8 (= lane % 8), and chunk
+ * 2 * kk + x of a 16-column block kk. So the swizzled column offset depends
+ * only on kk % 4: four shared-memory addresses per thread and operand; the
+ * rest are compile-time offsets. */
+template <int kHeadDim> struct lds_base {
+    uint32_t addr[4];
+    /* row0: this thread's first row; x: which chunk of the 16-column block */
+    __device__ __forceinline__ lds_base(const void *tile, int row0, int x)
+    {
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((2 * c + x) ^ (row0 % 8)) & 7) * 8) * 2;
+    }
+    /* this base moved by `bytes` (a pipeline stage), re-taken opaquely */
+    __device__ __forceinline__ lds_base reload(uint32_t bytes) const
+    {
+        lds_base r = *this;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            r.addr[c] = opaque(addr[c] + bytes);
+        return r;
+    }
+    /* byte address of (row0 + row_off, 16-column block kk); row_off % 8 == 0 */
+    __device__ __forceinline__ uint32_t at(int row_off, int kk) const
+    {
+        return addr[kk % 4] + (row_off * kHeadDim + (kk / 4) * 64) * 2;
+    }
+};
+
+/* Copies rows [0, rows) x cols [0, D) of a global tile into a swizzled shared
+ * tile of kRows x kHeadDim, zero-filling everything outside. Offsets inside a
+ * tile are 32-bit (the checks bound row_stride * 256 below 2^31), which keeps
+ * per-chunk 64-bit pointers out of the registers. */
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, int rows, int D)
+{
+    constexpr int kChunks = kHeadDim / 8;
+    static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+    for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+        const int c = threadIdx.x + i * kThreads;
+        const int row = c / kChunks, col = (c % kChunks) * 8;
+        const bool ok = row < rows && col < D;
+        cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
+    }
+}
+
+/* Sum over the 4 lanes that hold one row, in a fixed order. */
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x = FAD_ADD(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return FAD_ADD(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+
+#endif /* FAD_MMA_CUH */
