@@ -111,14 +111,15 @@ def cuda_demo_exe(tmp_path_factory):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         objs.append(obj)
+    cuda_objs = [os.path.join(d, src + ".o") for src in ("fad_fwd.cu", "fad_bwd.cu")]
     steps = [
-        [nvcc, "-c", "-O2", "-std=c++17", "-x", "cu", os.path.join(CSRC, "fad_fwd.cu"),
-         "-I" + CSRC, "--expt-relaxed-constexpr", f"-arch=sm_{arch}",
-         "-o", os.path.join(d, "fad_fwd.o")],
+        [nvcc, "-c", "-O2", "-std=c++17", "-x", "cu", os.path.join(CSRC, os.path.basename(o)[:-2]),
+         "-I" + CSRC, "--expt-relaxed-constexpr", f"-arch=sm_{arch}", "-o", o] for o in cuda_objs
+    ] + [
         [nvcc, "-c", "-O2", "-x", "c", "-DFAD_DEMO_CUDA", "-I" + CSRC, DEMO,
          "-o", os.path.join(d, "demo.o"), "-Xcompiler", "-std=c11"],
-        [nvcc, "-o", os.path.join(d, "demo"), os.path.join(d, "demo.o"),
-         os.path.join(d, "fad_fwd.o")] + objs + ["-lm"],
+        [nvcc, "-o", os.path.join(d, "demo"), os.path.join(d, "demo.o")] + cuda_objs + objs +
+        ["-lm"],
     ]
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
