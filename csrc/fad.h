@@ -153,7 +153,7 @@ fad_status fad_bwd_cpu(const fad_bwd_params *p, char *msg, size_t msg_len);
 fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *msg,
                                   size_t msg_len);
 
-/* Backward on the GPU, enqueued on stream; head_dim <= 128. Validates first;
+/* Backward on the GPU, enqueued on stream. Validates first;
  * nothing is written on failure. No host sync and no allocation. */
 fad_status fad_bwd_cuda(const fad_bwd_params *p, void *workspace, size_t workspace_bytes,
                         struct CUstream_st *stream, char *msg, size_t msg_len);

@@ -22,7 +22,8 @@
  * summed by one CTA over key tiles (aligned to key 0) in increasing order. So
  * nothing depends on the batch, the grid or the SM count, and no atomics are
  * needed: the price is that S and dP are computed twice (once per kernel),
- * 7 matmuls per tile pair instead of FA2's 5.
+ * 7 matmuls per tile pair instead of FA2's 5 (above D=128, where dkdv_kernel
+ * splits dK/dV into two column slices, 9).
  *
  * Tensor cores: mma.sync.m16n8k16, operands from XOR-swizzled shared memory
  * via ldmatrix (.trans where the contraction runs over the tile's rows), P and
@@ -42,14 +43,19 @@ struct bwd_args {
 
 template <int kHeadDim> struct bwd_cfg {
     static constexpr int kWarps = 4, kThreads = kWarps * 32;
-    /* dkdv_kernel: 16 keys per warp; kStepM query rows per pipeline step. */
+    /* dkdv_kernel: 16 keys per warp; kStepM query rows per pipeline step.
+     * Above D=128 the dK/dV accumulators of 16 keys x D no longer fit in a
+     * warp's registers: each CTA then keeps a kDCols-column slice of them
+     * (grid x kColSplit) and recomputes S and dP, which need every column. */
     static constexpr int kKeys = kWarps * 16;
     static constexpr int kStepM = kHeadDim <= 64 ? 64 : 32;
+    static constexpr int kColSplit = kHeadDim > 128 ? 2 : 1;
+    static constexpr int kDCols = kHeadDim / kColSplit;
     /* dq_kernel: 16 query rows per warp; kTileN keys per pipeline step. */
     static constexpr int kRows = kWarps * 16;
-    static constexpr int kTileN = 64;
+    static constexpr int kTileN = kHeadDim > 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8;
-    static constexpr int kTile = kHeadDim * 16; /* elements of 16 rows */
+    static constexpr int kMinBlocks = kHeadDim > 128 ? 1 : 2; /* CTAs per SM */
     /* dkdv shared memory: sK, sV, then 2 stages of (sQ, sdO, lse2, dsum). */
     static constexpr int kStepElems = 2 * kStepM * kHeadDim;
     static constexpr size_t kDkdvSmem =
@@ -57,8 +63,9 @@ template <int kHeadDim> struct bwd_cfg {
     /* dq shared memory: sQ, sdO, then 2 stages of (sK, sV). */
     static constexpr int kKvElems = 2 * kTileN * kHeadDim;
     static constexpr size_t kDqSmem = (size_t)2 * kRows * kHeadDim * 2 + (size_t)2 * kKvElems * 2;
-    static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
-    static_assert(kDkdvSmem <= 113 * 1024 && kDqSmem <= 113 * 1024, "two CTAs per SM");
+    static_assert(kHeadDim % 64 == 0 && kDCols % 64 == 0, "swizzle needs 8 chunks per row");
+    static_assert(kDkdvSmem * kMinBlocks <= 227 * 1024 && kDqSmem * kMinBlocks <= 227 * 1024,
+                  "shared memory");
 };
 
 /* Row i's lse in log2 units; +inf for a row that saw no key or does not
@@ -140,14 +147,15 @@ template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pre
 }
 
 template <typename T, int kHeadDim, bool kMod>
-__global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, 2)
+__global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dkdv_kernel(const __grid_constant__ bwd_args a)
 {
     using C = bwd_cfg<kHeadDim>;
     using ops = dtype_ops<T>;
-    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDBlocks, kMB = kM / 8;
+    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDCols / 8, kMB = kM / 8;
     const fad_fwd_params &p = a.p;
-    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks;
+    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks / C::kColSplit;
+    const int col0 = blockIdx.x / a.n_blocks % C::kColSplit * C::kDCols; /* this CTA's dK/dV columns */
     const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
     const int group = p.num_heads / p.num_heads_k;
     const fad_seq seq = fad_get_seq(&p, b);
@@ -229,7 +237,9 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
             p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
         const uint32_t stage_bytes = st * C::kStepElems * 2;
         const lds_base<kHeadDim> q_b = q_b0.reload(stage_bytes), do_b = do_b0.reload(stage_bytes);
-        const lds_base<kHeadDim> q_t = q_t0.reload(stage_bytes), do_t = do_t0.reload(stage_bytes);
+        /* (a whole number of 64-column swizzle groups: the slice just shifts the bases) */
+        const lds_base<kHeadDim> q_t = q_t0.reload(stage_bytes + col0 * 2);
+        const lds_base<kHeadDim> do_t = do_t0.reload(stage_bytes + col0 * 2);
         const float *lse2 = sL + st * 2 * kM, *dsum = lse2 + kM;
 
         /* S^T = K Q^T: this warp's 16 keys x kM rows. */
@@ -278,7 +288,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
             pf[2] = ops::pack(pt[2 * kk + 1][0], pt[2 * kk + 1][1]);
             pf[3] = ops::pack(pt[2 * kk + 1][2], pt[2 * kk + 1][3]);
 #pragma unroll
-            for (int j = 0; j < kHeadDim / 16; j++) {
+            for (int j = 0; j < C::kDCols / 16; j++) {
                 uint32_t bf[4];
                 ldmatrix_x4_trans(bf, do_t.at(kk * 16, j));
                 ops::mma(dv[2 * j], pf, bf[0], bf[1]);
@@ -318,7 +328,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
             sf[2] = ops::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]);
             sf[3] = ops::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3]);
 #pragma unroll
-            for (int j = 0; j < kHeadDim / 16; j++) {
+            for (int j = 0; j < C::kDCols / 16; j++) {
                 uint32_t bf[4];
                 ldmatrix_x4_trans(bf, q_t.at(kk * 16, j));
                 ops::mma(dk[2 * j], sf, bf[0], bf[1]);
@@ -338,7 +348,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
         T *dv_row = (T *)a.dv + seq.v_off + (int64_t)j * p.v_row_stride + hk * p.v_head_stride;
 #pragma unroll
         for (int nb = 0; nb < kDB; nb++) {
-            const int col = nb * 8 + (lane % 4) * 2;
+            const int col = col0 + nb * 8 + (lane % 4) * 2;
             if (col < D) {
                 *reinterpret_cast<uint32_t *>(dk_row + col) = ops::pack(dk[nb][2 * r], dk[nb][2 * r + 1]);
                 *reinterpret_cast<uint32_t *>(dv_row + col) = ops::pack(dv[nb][2 * r], dv[nb][2 * r + 1]);
@@ -352,7 +362,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 /* ------------------------------------------------------------------------ */
 
 template <typename T, int kHeadDim, bool kMod>
-__global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, 2)
+__global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dq_kernel(const __grid_constant__ bwd_args a)
 {
     using C = bwd_cfg<kHeadDim>;
@@ -519,7 +529,7 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     CUDA_TRY(cudaGetLastError());
     a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
     a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
-    const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
+    const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;
     const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
     if (dkdv_ctas > 0) {
         dkdv_kernel<T, kHeadDim, kMod><<<(unsigned)dkdv_ctas, C::kThreads, C::kDkdvSmem, stream>>>(a);
@@ -535,7 +545,9 @@ static fad_status bwd_dispatch_head_dim(bwd_args &a, cudaStream_t s, char *msg, 
 {
     if (a.p.head_dim <= 64)
         return launch_bwd<T, 64, kMod>(a, s, msg, msg_len);
-    return launch_bwd<T, 128, kMod>(a, s, msg, msg_len);
+    if (a.p.head_dim <= 128)
+        return launch_bwd<T, 128, kMod>(a, s, msg, msg_len);
+    return launch_bwd<T, 256, kMod>(a, s, msg, msg_len);
 }
 
 /* The one place the backward picks its compile-time variant: dtype x head

@@ -297,10 +297,6 @@ fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t worksp
     if (p->cache_seqlens)
         return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
                         "cache_seqlens: the backward of a KV-cache call is not supported");
-    if (p->head_dim > FAD_BWD_CUDA_MAX_HEAD_DIM)
-        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
-                        "head_dim: the GPU backward supports head dims up to %d, got %d",
-                        FAD_BWD_CUDA_MAX_HEAD_DIM, p->head_dim);
     if (fad_fwd_is_empty(p))
         return FAD_OK;
     const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;

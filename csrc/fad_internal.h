@@ -101,8 +101,6 @@ fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, vo
 /* The backward's kernels (fad_bwd.cu); bp->fwd resolved, dsum: one fp32 per flat row. */
 fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,
                                char *msg, size_t msg_len);
-/* Largest head dim the GPU backward supports. */
-#define FAD_BWD_CUDA_MAX_HEAD_DIM 128
 
 #ifdef __cplusplus
 }

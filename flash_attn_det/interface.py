@@ -1,4 +1,4 @@
-"""The flash_attn-compatible entry points: forward on CPU and GPU, autograd on the CPU path."""
+"""The flash_attn-compatible entry points: forward and autograd on CPU and GPU."""
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -8,7 +8,6 @@ from .mode import _state
 # flash_attn's rule for operands: last dim contiguous. The kernels also move
 # 16-byte chunks, so rows must start 16-byte aligned; anything else is copied.
 _ALIGN = 16
-_BWD_CUDA_MAX_HEAD_DIM = 128  # FAD_BWD_CUDA_MAX_HEAD_DIM in csrc/fad_internal.h
 
 
 def _operand(x, name):
@@ -47,11 +46,6 @@ def _needs_grad(q, k, v):
     """True when autograd must record the call."""
     need = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if need and isinstance(q, torch.Tensor) and q.is_cuda and q.shape[-1] > _BWD_CUDA_MAX_HEAD_DIM:
-        raise NotImplementedError(
-            f"head_dim: the GPU backward supports head dims up to {_BWD_CUDA_MAX_HEAD_DIM}, got "
-            f"{q.shape[-1]}; call the forward under torch.no_grad() or with inputs that do not "
-            "require grad")
     return need
 
 
