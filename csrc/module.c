@@ -269,10 +269,14 @@ static int finish_opts(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
     return 0;
 }
 
-/* Runs the forward on the CPU or the GPU; everything was checked before. */
+/* Runs the forward on the CPU or the GPU; everything was checked before.
+ * Returns None, or -- when the workspace given is missing or too small, in
+ * which case nothing was written -- the bytes it needs, so that the caller can
+ * remember sizes per shape and skip a separate sizing call. */
 static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
 {
     char msg[512] = "";
+    size_t need = 0;
     if (finish_opts(p, q, o))
         return NULL;
     fad_status st;
@@ -287,6 +291,8 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
             st = fad_fwd_cuda(p, o->ws ? tensor_data(o->ws) : NULL,
                               o->ws ? (size_t)o->ws->shape[0] : 0,
                               (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
+            if (st == FAD_ERR_WORKSPACE)
+                st = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
             if (prev != q->device.device_id) {
                 char ignored[64];
                 fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
@@ -295,6 +301,8 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
     }
     if (st != FAD_OK)
         return raise_status(st, msg);
+    if (need)
+        return PyLong_FromSize_t(need);
     Py_RETURN_NONE;
 }
 
@@ -356,7 +364,8 @@ PyDoc_STRVAR(fwd_doc,
 "k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
 "alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
 "bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
-"Everything is checked before anything is written.");
+"Everything is checked before anything is written. Returns None, or, when the\n"
+"workspace is missing or too small (nothing written), the bytes it needs.");
 
 /* Fills p from fwd's arguments (padded layout); t receives q, k, v, out. */
 static int fill_fwd(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])

@@ -97,6 +97,7 @@ def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, wind
     """Calls _C.fwd directly on caller-owned out/lse (no Python-side checks or copies).
 
     workspace="auto" asks fwd_workspace_size on CUDA; None passes no workspace.
+    Returns what _C.fwd returns: None, or the workspace bytes it needs (nothing written).
     """
     D = q.shape[-1]
     scale = D ** -0.5 if softmax_scale is None else softmax_scale
@@ -112,7 +113,7 @@ def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, wind
         stream = torch.cuda.current_stream(q.device).cuda_stream
     elif isinstance(workspace, str):
         workspace = None
-    _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+    return _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
            None if alibi is None else to_dlpack(alibi), ws, float(scale), float(softcap),
            int(window[0]), int(window[1]), int(causal), int(deterministic), split_size,
            schedule, stream)
