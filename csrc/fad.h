@@ -158,6 +158,48 @@ fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *
 fad_status fad_bwd_cuda(const fad_bwd_params *p, void *workspace, size_t workspace_bytes,
                         struct CUstream_st *stream, char *msg, size_t msg_len);
 
+/* flash_attn_with_kvcache's steps before attention, as one CUDA kernel: rotary
+ * on q (written to q_rot) and on the new keys, then the new keys and values
+ * written into the cache at rows cache_seqlens[b] + i of entry
+ * cache_batch_idx[b] (default b), or through block_table for a paged cache
+ * (row r of sequence b: row r % page_size of page block_table[b][r / page_size]).
+ * Rotary positions count from cache_leftpad: new key i of sequence b sits at
+ * cache_seqlens[b] - leftpad[b] + i; query row i at the same position when
+ * rotate_q_per_row, else all query rows at cache_seqlens[b] - leftpad[b].
+ * Rotary (flash_attn's): pairs (2j, 2j+1) when interleaved, else (j, j + R/2),
+ * R = rotary_dim; y0 = x0 c - x1 s, y1 = x0 s + x1 c in fp32, each product and
+ * sum rounded. No host sync: a row that would land outside the cache (or a
+ * page outside it) is not written; the attention that follows reports that
+ * sequence as NaN. A position outside rotary_cos gives NaN rows. */
+typedef struct fad_append_params {
+    const void *q;        /* (B, Sq, Hq, D) */
+    void *q_rot;          /* (B, Sq, Hq, D) contiguous; written when rotary is on */
+    const void *k, *v;    /* (B, Snew, Hkv, D) new keys/values; NULL when Snew = 0 */
+    void *k_cache, *v_cache; /* (kv_batch, capacity, Hkv, D); paged: (pages, page_size, Hkv, D) */
+    const void *rotary_cos, *rotary_sin; /* NULL, or (seqlen_ro, rotary_dim / 2) contiguous */
+    int rotary_fp32;      /* 1: cos/sin are float32; 0: they have q's dtype */
+    const int32_t *cache_seqlens;   /* (B): where sequence b's new rows go */
+    const int32_t *cache_batch_idx; /* NULL or (B) */
+    const int32_t *cache_leftpad;   /* NULL or (B) */
+    const int32_t *block_table;     /* NULL, or (B, max_blocks) int32 with row stride block_table_stride */
+    int32_t *seqlens_out;           /* NULL, or (B): written cache_seqlens[b] + Snew */
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    int64_t k_batch_stride, k_row_stride, k_head_stride;
+    int64_t v_batch_stride, v_row_stride, v_head_stride;
+    int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
+    int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
+    int block_table_stride, max_blocks;
+    int batch, seqlen_q, seqlen_new, num_heads, num_heads_k, head_dim;
+    int kv_batch;         /* cache entries, or pages when paged */
+    int capacity;         /* rows per entry, or page_size when paged */
+    int seqlen_ro, rotary_dim; /* rotary_dim even, <= head_dim; 0 with no rotary */
+    int rotary_interleaved, rotate_q_per_row;
+    fad_dtype dtype;
+} fad_append_params;
+
+fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *stream, char *msg,
+                           size_t msg_len);
+
 /* 1 when this build contains the CUDA path. */
 int fad_has_cuda(void);
 

@@ -28,6 +28,13 @@ fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUs
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
 }
 
+fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *stream, char *msg,
+                           size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
 int fad_has_cuda(void) { return 0; }
 
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)

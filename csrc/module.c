@@ -269,6 +269,22 @@ static int finish_opts(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
     return 0;
 }
 
+/* A CUDA call runs with its tensors' device current and restores the caller's:
+ * enter_device makes dev current (*prev receives the old one), leave_device
+ * switches back when they differ. */
+static fad_status enter_device(int dev, int *prev, char *msg, size_t msg_len)
+{
+    return fad_cuda_set_device(dev, prev, msg, msg_len);
+}
+
+static void leave_device(int dev, int prev)
+{
+    if (prev != dev) {
+        char ignored[64];
+        fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
+    }
+}
+
 /* Runs the forward on the CPU or the GPU; everything was checked before.
  * Returns None, or -- when the workspace given is missing or too small, in
  * which case nothing was written -- the bytes it needs, so that the caller can
@@ -286,17 +302,14 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
         Py_END_ALLOW_THREADS
     } else {
         int prev = 0;
-        st = fad_cuda_set_device(q->device.device_id, &prev, msg, sizeof msg);
+        st = enter_device(q->device.device_id, &prev, msg, sizeof msg);
         if (st == FAD_OK) {
             st = fad_fwd_cuda(p, o->ws ? tensor_data(o->ws) : NULL,
                               o->ws ? (size_t)o->ws->shape[0] : 0,
                               (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
             if (st == FAD_ERR_WORKSPACE)
                 st = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
-            if (prev != q->device.device_id) {
-                char ignored[64];
-                fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
-            }
+            leave_device(q->device.device_id, prev);
         }
     }
     if (st != FAD_OK)
@@ -340,15 +353,12 @@ static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyOb
         Py_END_ALLOW_THREADS
     } else {
         int prev = 0;
-        st = fad_cuda_set_device(q->device.device_id, &prev, msg, sizeof msg);
+        st = enter_device(q->device.device_id, &prev, msg, sizeof msg);
         if (st == FAD_OK) {
             st = fad_bwd_cuda(&bp, o->ws ? tensor_data(o->ws) : NULL,
                               o->ws ? (size_t)o->ws->shape[0] : 0,
                               (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
-            if (prev != q->device.device_id) {
-                char ignored[64];
-                fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
-            }
+            leave_device(q->device.device_id, prev);
         }
     }
     if (st != FAD_OK)
@@ -658,17 +668,177 @@ static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *ar
             p.total_q = total_q;
         }
     }
-    fad_status st = fad_cuda_set_device(device, &prev, msg, sizeof msg);
+    fad_status st = enter_device(device, &prev, msg, sizeof msg);
     if (st == FAD_OK) {
         st = fad_fwd_workspace_size(&p, &bytes, msg, sizeof msg);
-        if (prev != device) {
-            char ignored[64];
-            fad_cuda_set_device(prev, &prev, ignored, sizeof ignored);
-        }
+        leave_device(device, prev);
     }
     if (st != FAD_OK)
         return raise_status(st, msg);
     return PyLong_FromSize_t(bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* append_kvcache                                                             */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(append_kvcache_doc,
+"append_kvcache(q, q_rot, k, v, k_cache, v_cache, cache_seqlens, seqlens_out,\n"
+"               cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,\n"
+"               rotary_interleaved, rotate_q_per_row, stream)\n"
+"--\n\n"
+"flash_attn_with_kvcache's rotary and append on CUDA tensors, one kernel (fad.h,\n"
+"fad_append_params). q (B, Sq, Hq, D); q_rot like q, contiguous, or None without\n"
+"rotary; k, v (B, Snew, Hkv, D) or None; k_cache, v_cache (entries or pages, rows,\n"
+"Hkv, D); int32 cache_seqlens (B,), seqlens_out (B,) or None (receives\n"
+"cache_seqlens + Snew), cache_batch_idx, cache_leftpad (B,) or None, block_table\n"
+"(B, max_blocks) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2), float32 or\n"
+"q's dtype, contiguous, or None.");
+
+/* An optional int32 vector (B,) or matrix (B, n) on q's device; NULL for None. */
+static int get_index(PyObject *o, const DLTensor *q, const char *name, int ndim, DLTensor **t)
+{
+    const int64_t shape[2] = {q->shape[0], -1};
+    *t = NULL;
+    if (o == Py_None)
+        return 0;
+    return get_tensor(o, name, t) || check_tensor(*t, q, name, kDLInt, 32, ndim, shape);
+}
+
+static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    DLTensor *q, *q_rot = NULL, *k = NULL, *v = NULL, *kc, *vc, *seqlens, *seqlens_out;
+    DLTensor *batch_idx, *leftpad, *table, *cos = NULL, *sin = NULL;
+    int interleaved, per_row;
+    long long stream;
+    char msg[512] = "";
+    if (nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "append_kvcache: expected 16 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (get_tensor(args[0], "q", &q) || check_q(q, 4))
+        return NULL;
+    if (q->device.device_type != kDLCUDA) {
+        PyErr_SetString(PyExc_ValueError, "q: append_kvcache takes CUDA tensors");
+        return NULL;
+    }
+    const int code = q->dtype.code;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t any_d[4] = {-1, -1, -1, D};
+    if (get_tensor(args[4], "k_cache", &kc) || check_tensor(kc, q, "k_cache", code, 16, 4, any_d))
+        return NULL;
+    const int64_t Hk = kc->shape[2], cshape[4] = {kc->shape[0], kc->shape[1], Hk, D};
+    const int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, -1, Hk, D};
+    if (get_tensor(args[5], "v_cache", &vc) || check_tensor(vc, q, "v_cache", code, 16, 4, cshape))
+        return NULL;
+    if (args[1] != Py_None && (get_tensor(args[1], "q_rot", &q_rot) ||
+                               check_tensor(q_rot, q, "q_rot", code, 16, 4, qshape) ||
+                               check_contiguous(q_rot, "q_rot")))
+        return NULL;
+    if ((args[2] == Py_None) != (args[3] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "k, v: give both or neither");
+        return NULL;
+    }
+    if (args[2] != Py_None &&
+        (get_tensor(args[2], "k", &k) || check_tensor(k, q, "k", code, 16, 4, kshape) ||
+         get_tensor(args[3], "v", &v)))
+        return NULL;
+    if (k) {
+        const int64_t vshape[4] = {B, k->shape[1], Hk, D};
+        if (check_tensor(v, q, "v", code, 16, 4, vshape))
+            return NULL;
+    }
+    if (get_index(args[6], q, "cache_seqlens", 1, &seqlens) ||
+        get_index(args[7], q, "seqlens_out", 1, &seqlens_out) ||
+        get_index(args[8], q, "cache_batch_idx", 1, &batch_idx) ||
+        get_index(args[9], q, "cache_leftpad", 1, &leftpad) ||
+        get_index(args[10], q, "block_table", 2, &table))
+        return NULL;
+    if (!seqlens) {
+        PyErr_SetString(PyExc_ValueError, "cache_seqlens: required");
+        return NULL;
+    }
+    if ((args[11] == Py_None) != (args[12] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "rotary_cos, rotary_sin: give both or neither");
+        return NULL;
+    }
+    if (args[11] != Py_None) {
+        const int64_t two[2] = {-1, -1};
+        if (get_tensor(args[11], "rotary_cos", &cos) || get_tensor(args[12], "rotary_sin", &sin))
+            return NULL;
+        const int f32 = is_dtype(cos->dtype, kDLFloat, 32);
+        const int rcode = f32 ? kDLFloat : code, rbits = f32 ? 32 : 16;
+        const int64_t sshape[2] = {cos->ndim == 2 ? cos->shape[0] : -1,
+                                   cos->ndim == 2 ? cos->shape[1] : -1};
+        if (check_tensor(cos, q, "rotary_cos", rcode, rbits, 2, two) ||
+            check_contiguous(cos, "rotary_cos") ||
+            check_tensor(sin, q, "rotary_sin", rcode, rbits, 2, sshape) ||
+            check_contiguous(sin, "rotary_sin"))
+            return NULL;
+        if (!q_rot && Sq > 0) {
+            PyErr_SetString(PyExc_ValueError, "q_rot: required with rotary_cos");
+            return NULL;
+        }
+    }
+    if (as_int(args[13], "rotary_interleaved", &interleaved) ||
+        as_int(args[14], "rotate_q_per_row", &per_row))
+        return NULL;
+    stream = PyLong_AsLongLong(args[15]);
+    if (stream == -1 && PyErr_Occurred())
+        return NULL;
+    if (fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
+        fits_int(kc->shape[0], "k_cache: dim 0") || fits_int(kc->shape[1], "k_cache: dim 1") ||
+        fits_int(Hk, "k_cache: heads") || (k && fits_int(k->shape[1], "k: seqlen")) ||
+        (cos && fits_int(cos->shape[0], "rotary_cos: seqlen")) ||
+        (table && fits_int(table->shape[1], "block_table: dim 1")))
+        return NULL;
+
+    fad_append_params p;
+    memset(&p, 0, sizeof p);
+    p.q = tensor_data(q), p.q_rot = q_rot ? tensor_data(q_rot) : NULL;
+    p.k = k ? tensor_data(k) : NULL, p.v = v ? tensor_data(v) : NULL;
+    p.k_cache = tensor_data(kc), p.v_cache = tensor_data(vc);
+    p.cache_seqlens = (const int32_t *)tensor_data(seqlens);
+    p.seqlens_out = seqlens_out ? (int32_t *)tensor_data(seqlens_out) : NULL;
+    p.cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
+    p.cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
+    p.block_table = table ? (const int32_t *)tensor_data(table) : NULL;
+    p.block_table_stride = table ? (int)tensor_stride(table, 0) : 0;
+    p.max_blocks = table ? (int)table->shape[1] : 0;
+    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1);
+    p.q_head_stride = tensor_stride(q, 2);
+    if (k) {
+        p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1);
+        p.k_head_stride = tensor_stride(k, 2);
+        p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1);
+        p.v_head_stride = tensor_stride(v, 2);
+    }
+    p.kc_batch_stride = tensor_stride(kc, 0), p.kc_row_stride = tensor_stride(kc, 1);
+    p.kc_head_stride = tensor_stride(kc, 2);
+    p.vc_batch_stride = tensor_stride(vc, 0), p.vc_row_stride = tensor_stride(vc, 1);
+    p.vc_head_stride = tensor_stride(vc, 2);
+    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_new = k ? (int)k->shape[1] : 0;
+    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
+    p.kv_batch = (int)kc->shape[0], p.capacity = (int)kc->shape[1];
+    if (cos) {
+        p.rotary_cos = tensor_data(cos), p.rotary_sin = tensor_data(sin);
+        p.rotary_fp32 = is_dtype(cos->dtype, kDLFloat, 32);
+        p.seqlen_ro = (int)cos->shape[0];
+        p.rotary_dim = 2 * (int)cos->shape[1];
+    }
+    p.rotary_interleaved = interleaved, p.rotate_q_per_row = per_row;
+    p.dtype = code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+
+    int prev = 0;
+    fad_status st = enter_device(q->device.device_id, &prev, msg, sizeof msg);
+    if (st == FAD_OK) {
+        st = fad_append_cuda(&p, (struct CUstream_st *)(uintptr_t)stream, msg, sizeof msg);
+        leave_device(q->device.device_id, prev);
+    }
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -688,6 +858,8 @@ static PyMethodDef fad_methods[] = {
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
     {"fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_fwd_kvcache, METH_FASTCALL, fwd_kvcache_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
+    {"append_kvcache", (PyCFunction)(void (*)(void))fad_py_append_kvcache, METH_FASTCALL,
+     append_kvcache_doc},
     {"bwd_varlen", (PyCFunction)(void (*)(void))fad_py_bwd_varlen, METH_FASTCALL, bwd_varlen_doc},
     {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,
      fwd_workspace_size_doc},

@@ -292,7 +292,6 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     are not read back: a row past the cache is clamped into it and its sequence's output
     comes back NaN (the attention sees cache_seqlens past the capacity)."""
     B, Sq = q.shape[:2]
-    start = cache_seqlens - (0 if cache_leftpad is None else cache_leftpad)  # positions count from leftpad
     n_new = 0
     if k is not None or v is not None:
         if k is None or v is None:
@@ -312,6 +311,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             raise ValueError("rotary_cos, rotary_sin: expected (seqlen_ro, rotary_dim / 2) with "
                              f"rotary_dim <= headdim, got {tuple(rotary_cos.shape)}, "
                              f"{tuple(rotary_sin.shape)}")
+    start = None if q.is_cuda else cache_seqlens - (0 if cache_leftpad is None else cache_leftpad)
     if not q.is_cuda:  # host tensors: check everything before writing anything
         capacity = (k_cache.shape[1] if block_table is None
                     else block_table.shape[1] * k_cache.shape[1])
@@ -323,7 +323,11 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             if int(start.min()) < 0 or last >= rotary_cos.shape[0]:
                 raise ValueError(f"rotary_cos: positions up to {last} need more than its "
                                  f"{rotary_cos.shape[0]} rows")
-    pos = start.long()[:, None]
+    if q.is_cuda:  # one kernel (csrc/fad_append.cu) does the steps below, same bits
+        return _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                    cache_seqlens, cache_batch_idx, cache_leftpad,
+                                    rotary_interleaved, rotate_q_per_row, block_table)
+    pos = start.long()[:, None]  # rotary positions count from leftpad
     if rotary_cos is not None:
         q_pos = pos + (torch.arange(Sq, device=q.device) if rotate_q_per_row else 0)
         q = _rotary(q, rotary_cos, rotary_sin, q_pos.expand(B, Sq), rotary_interleaved)
@@ -344,6 +348,28 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         k_cache[entry, rows] = k
         v_cache[entry, rows] = v
     return q, cache_seqlens + n_new
+
+
+def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
+                         block_table):
+    """_kvcache_append on CUDA tensors: one launch instead of a few dozen torch ops."""
+    def cap(t):
+        return None if t is None else to_dlpack(t)
+
+    q_rot, rot = None, (None, None)
+    if rotary_cos is not None:
+        if rotary_cos.dtype not in (torch.float32, q.dtype):  # the kernel reads these two
+            rotary_cos, rotary_sin = rotary_cos.float(), rotary_sin.float()
+        rot = (to_dlpack(rotary_cos.contiguous()), to_dlpack(rotary_sin.contiguous()))
+        q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    seqlens_out = torch.empty_like(cache_seqlens) if k is not None else None
+    _C.append_kvcache(to_dlpack(q), cap(q_rot), cap(k), cap(v), to_dlpack(k_cache),
+                      to_dlpack(v_cache), to_dlpack(cache_seqlens), cap(seqlens_out),
+                      cap(cache_batch_idx), cap(cache_leftpad), cap(block_table), *rot,
+                      int(bool(rotary_interleaved)), int(bool(rotate_q_per_row)),
+                      _current_stream(q.device))
+    return (q if q_rot is None else q_rot), (cache_seqlens if seqlens_out is None else seqlens_out)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
