@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fad_internal.h"
@@ -145,18 +146,50 @@ fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p)
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+/* Which forward kernel runs. The packed kernel (GQA heads packed into M)
+ * gives every row the bits the prefill kernel gives it -- same tiles, same
+ * order, same code (fad_fwd.cu) -- so it may be chosen from the shapes alone.
+ * It runs query blocks of at most FAD_PACKED_MAX_SQ rows (decode, speculative
+ * and short chunks): there it reads a kv head's K/V ceil(Sq*G/16) <= G times
+ * where the prefill kernel reads it G times (once per query head), and its MMAs
+ * cover ceil(Sq*G/16) 16-row tiles per kv head instead of G tiles of
+ * fad_block_m rows. Only shapes enter (seqlen_q, heads): the choice, and with
+ * it the workspace size, never depends on lengths or contents.
+ * FLASH_ATTN_DET_FWD_KERNEL=packed|prefill in the environment (read per call)
+ * pins the kernel, so that tests can compare the two on the same call. */
+static int use_packed_kernel(const fad_fwd_params *p)
+{
+    const long long rows = (long long)p->seqlen_q * (p->num_heads / p->num_heads_k);
+    if (rows > (1LL << 30)) /* the packed kernel indexes rows with int */
+        return 0;
+    const char *force = getenv("FLASH_ATTN_DET_FWD_KERNEL");
+    if (force && !strcmp(force, "packed"))
+        return 1;
+    if (force && !strcmp(force, "prefill"))
+        return 0;
+    return p->seqlen_q <= FAD_PACKED_MAX_SQ;
+}
+
 void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
 {
     memset(plan, 0, sizeof(*plan));
-    const int block_m = fad_block_m(p->head_dim);
-    plan->m_blocks = (p->seqlen_q + block_m - 1) / block_m;
-    long long ctas = (long long)p->batch * p->num_heads * plan->m_blocks;
+    long long ctas;
+    plan->packed = use_packed_kernel(p);
+    if (plan->packed) {
+        const long long rows = (long long)p->seqlen_q * (p->num_heads / p->num_heads_k);
+        plan->m_blocks = (int)((rows + fad_packed_block_m() - 1) / fad_packed_block_m());
+        ctas = (long long)p->batch * p->num_heads_k * plan->m_blocks;
+    } else {
+        const int block_m = fad_block_m(p->head_dim);
+        plan->m_blocks = (p->seqlen_q + block_m - 1) / block_m;
+        ctas = (long long)p->batch * p->num_heads * plan->m_blocks;
+    }
     int len_k = p->seqlen_k > 0 ? p->seqlen_k : 1;
 
     if (p->deterministic) {
         /* The plan is split_size, full stop: nothing about the batch enters it. */
         plan->split_size = p->split_size;
-    } else if (num_sms <= 0 || ctas >= num_sms) {
+    } else if (num_sms <= 0 || ctas <= 0 || ctas >= num_sms) {
         /* Fast mode with a full grid: one split per row, no merges at all. */
         plan->split_size = round_up(len_k, FAD_SPLIT_QUANTUM);
     } else {

@@ -94,6 +94,11 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+/* Waits until at most N of this thread's commit groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, uint32_t addr)
 {
@@ -173,6 +178,53 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
     }
 }
 
+/* load_tile for few threads per tile (the packed kernel). When a thread's
+ * chunks are one column of rows r0, r0 + kStep, ... (kThreads a multiple of
+ * the chunks per row), their swizzled shared offsets repeat every 8 rows, so
+ * only up to 8 are computed and the rest are immediate offsets; the global
+ * offset advances by an opaque step. Otherwise the generic copy, with the
+ * thread index re-taken opaquely so that no per-chunk offset is hoisted out
+ * of the caller's tile loop into registers. */
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile_few(T *smem, const T *g, int row_stride, int rows, int D)
+{
+    constexpr int kChunks = kHeadDim / 8;
+    if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
+        constexpr int kStep = kThreads / kChunks; /* rows apart */
+        constexpr int kIters = kRows / kStep;
+        /* iterations after which row % 8 repeats */
+        constexpr int kPeriod = kStep % 8 == 0 ? 1 : kStep % 4 == 0 ? 2 : kStep % 2 == 0 ? 4 : 8;
+        constexpr int kP = kPeriod < kIters ? kPeriod : kIters;
+        const int tid = (int)opaque(threadIdx.x);
+        const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
+        const bool col_ok = col < D;
+        uint32_t dst[kP];
+#pragma unroll
+        for (int j = 0; j < kP; j++)
+            dst[j] = smem_addr(smem + swz<kHeadDim>(r0 + j * kStep, col));
+        const int step = (int)opaque((uint32_t)(kStep * row_stride));
+        int off = r0 * row_stride + col;
+#pragma unroll
+        for (int i = 0; i < kIters; i++) {
+            const bool ok = col_ok && r0 + i * kStep < rows;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                             dst[i % kP] + (i / kP) * kP * kStep * kHeadDim * (int)sizeof(T)),
+                         "l"(g + (ok ? off : 0)), "r"(ok ? 16 : 0));
+            off += step;
+        }
+    } else {
+        const int tid = (int)opaque(threadIdx.x);
+#pragma unroll
+        for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+            const int c = tid + i * kThreads;
+            const int row = c / kChunks, col = (c % kChunks) * 8;
+            const bool ok = row < rows && col < D;
+            cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0),
+                       ok ? 16 : 0);
+        }
+    }
+}
+
 /* Sum over the 4 lanes that hold one row, in a fixed order. */
 __device__ __forceinline__ float quad_sum(float x)
 {
@@ -186,19 +238,45 @@ __device__ __forceinline__ float quad_max(float x)
 }
 
 /* ------------------------------------------------------------------------ */
-/* scores of one warp's 16 x kBlockN tile                                     */
+/* the per-tile math both forward kernels share                               */
 /* ------------------------------------------------------------------------ */
 
+/* Where a thread's rows come from. A thread holds rows r = 2*mt + e/2 of its
+ * warp's 16*kMT (fragment element (mt, nb, e) belongs to row r). qrow(r): the
+ * row's query index in its sequence (its mask and its ALiBi position);
+ * slope(r): its ALiBi slope times log2(e), 0 for none. The prefill kernel's
+ * rows are consecutive query rows of one head; the packed kernel's are
+ * (query row, head of the kv group) pairs. Nothing else about a row enters
+ * the tile math, and MMA rows are independent: so a row gets the same bits
+ * whichever kernel and whichever position inside M it runs in. */
+struct rows_prefill {
+    int qrow0;        /* query row of r = 0; row r is qrow0 + 8 r */
+    float slope_log2; /* one head per CTA */
+    __device__ __forceinline__ int qrow(int r) const { return qrow0 + 8 * r; }
+    __device__ __forceinline__ float slope(int) const { return slope_log2; }
+};
+
+template <int kRows> struct rows_packed {
+    int qrow_[kRows];
+    float slope_[kRows];
+    __device__ __forceinline__ int qrow(int r) const { return qrow_[r]; }
+    __device__ __forceinline__ float slope(int r) const { return slope_[r]; }
+};
+
+/* ALiBi slope of head h of sequence b in log2 units (0 without ALiBi). */
+__device__ __forceinline__ float alibi_slope_log2(const fad_fwd_params &p, int b, int h)
+{
+    return p.alibi_slopes ? FAD_MUL(p.alibi_slopes[b * p.alibi_batch_stride + h], FAD_LOG2E) : 0.f;
+}
+
 /* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
- * masks them, and updates each row's max. Fragment element (mt, nb, e) is row
- * row0 + 16*mt + 8*(e/2) (row0 = this thread's first row), key
- * t0 + 8*nb + 2*(lane%4) + e%2; per-row arrays are indexed 2*mt + e/2.
+ * masks them, and updates each row's max. Fragment element (mt, nb, e) is the
+ * thread's row r = 2*mt + e/2, key t0 + 8*nb + 2*(lane%4) + e%2.
  * rk: each row's key range (kMask only). */
-template <bool kMask, bool kMod, int kMT, int kNB>
+template <bool kMask, bool kMod, int kMT, int kNB, class Rows>
 __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
-                                           const fad_score_mod &mod, float slope_log2,
-                                           const fad_key_range *rk, int t0, int row0, int len_q,
-                                           int len_k)
+                                           const fad_score_mod &mod, const Rows &rows,
+                                           const fad_key_range *rk, int t0, int len_q, int len_k)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -211,8 +289,9 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
                 float x = s[mt][nb][e];
                 if (kMod) {
                     x = fad_logit(&mod, x);
-                    if (slope_log2 != 0.f)
-                        x = FAD_ADD(x, fad_alibi_log2(slope_log2, row0 + 8 * r, key, len_q, len_k));
+                    const float slope = rows.slope(r);
+                    if (slope != 0.f)
+                        x = FAD_ADD(x, fad_alibi_log2(slope, rows.qrow(r), key, len_q, len_k));
                 }
                 if (kMask && (key < rk[r].lo || key >= rk[r].hi))
                     x = -INFINITY;
@@ -221,8 +300,220 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
             }
 }
 
+/* One kBlockN-key tile for a warp's 16*kMT rows: S = Q K^T (k-chunks in
+ * increasing order), scores and mask, the online-softmax step of the current
+ * split (m_s, l_s per thread, acc = its o), O += P V. The one copy of this
+ * math: fwd_kernel and fwd_packed_kernel both call it with the same kBlockN,
+ * so a row walks the same tiles through the same instruction sequence in
+ * either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
+ * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
+ * (masking an in-range key is a no-op, so the flag only costs time). */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, class Rows>
+__device__ __forceinline__ void
+attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
+            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+{
+    using ops = dtype_ops<T>;
+    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT, kDB = kHeadDim / 8;
+    /* S = Q K^T for this warp's rows x kBlockN keys. */
+    float s[kMT][kNB][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; kk++) {
+        uint32_t af[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++) {
+            if (kQInRegs) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    af[mt][i] = qf[mt][kQInRegs ? kk : 0][i];
+            } else {
+                ldmatrix_x4(af[mt], q_lds.at(mt * 16, kk));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kBlockN / 16; j++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, k_lds.at(j * 16, kk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++) {
+                ops::mma(s[mt][2 * j], af[mt], bf[0], bf[1]);
+                ops::mma(s[mt][2 * j + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+
+    /* Scores -> masked, row max -> online softmax step. */
+    float m_tile[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        m_tile[r] = -INFINITY;
+    if (need_mask) {
+        fad_key_range rk[kRows]; /* recomputed here: registers are scarce in the loop */
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            rk[r] = fad_row_keys(rows.qrow(r), len_q, len_k, window_left, window_right);
+        score_tile<true, kMod>(s, m_tile, mod, rows, rk, t0, len_q, len_k);
+    }
+    else
+        score_tile<false, kMod>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
+    float scale[kRows], base[kRows], psum[kRows];
+    bool all_one = true;
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        float m_new;
+        scale[r] = fad_rescale(m_s[r], FAD_MUL(quad_max(m_tile[r]), mod.exp_scale), &m_new);
+        m_s[r] = m_new;
+        base[r] = fad_exp_base(m_new);
+        psum[r] = 0.f;
+        all_one &= scale[r] == 1.f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + e / 2;
+                s[mt][nb][e] = fad_exp_score(s[mt][nb][e], mod.exp_scale, base[r]);
+                psum[r] = FAD_ADD(psum[r], s[mt][nb][e]);
+            }
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
+    /* Multiplying by 1 is exact, so skipping it changes no bit. */
+    if (!__all_sync(0xffffffffu, all_one))
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], scale[2 * mt + e / 2]);
+
+    /* O += P V: P goes straight from the S accumulators to A fragments. */
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; kk++) {
+        uint32_t pf[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++) {
+            pf[mt][0] = ops::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pf[mt][1] = ops::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pf[mt][2] = ops::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pf[mt][3] = ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 16; j++) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++) {
+                ops::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
+                ops::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+            }
+        }
+    }
+}
+
+/* A fresh online-softmax state for a split that starts. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m_s)[2 * kMT],
+                                            float (&l_s)[2 * kMT])
+{
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++)
+        m_s[r] = -INFINITY, l_s[r] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nb][e] = 0.f;
+}
+
+/* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
+ * fad_merge_* -- into sR (to_smem: thread-private slots, slot-major so a
+ * warp's accesses hit 32 banks), or, for the last split, into acc, ready to
+ * normalise. Before the first fold R is the empty state (o = 0), exactly what
+ * the combine kernel starts from. Every lane must call it (quad_sum). */
+template <int kMT, int kDB, int kThreads>
+__device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
+                                           const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
+                                           float (&lR)[2 * kMT], float *sR, bool &have_R,
+                                           bool to_smem)
+{
+    const int tid = threadIdx.x;
+    fad_merge_w w[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        w[r] = fad_merge_weights(mR[r], m_s[r]);
+        lR[r] = fad_merge_value(lR[r], quad_sum(l_s[r]), w[r]);
+        mR[r] = w[r].m;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float *slot = &sR[((mt * kDB + nb) * 4 + e) * kThreads + tid];
+                const float v = fad_merge_value(have_R ? *slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
+                if (to_smem)
+                    *slot = v;
+                else
+                    acc[mt][nb][e] = v;
+            }
+            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+             * ahead of the FMAs (that many live registers spill the loop). */
+            __syncwarp();
+        }
+    have_R = true;
+}
+
+/* Row r of this thread, merged result (acc, m, l): normalised output to o
+ * (the row's D values) and its lse. */
+template <typename T, int kMT, int kDB>
+__device__ __forceinline__ void store_row(const float (&acc)[kMT][kDB][4], int r, float m, float l,
+                                          T *o, float *lse, int D)
+{
+    using ops = dtype_ops<T>;
+    const int lane = threadIdx.x % 32;
+    const float inv = fad_inv_sum(l);
+#pragma unroll
+    for (int nb = 0; nb < kDB; nb++) {
+        const int col = nb * 8 + (lane % 4) * 2;
+        if (col < D)
+            *reinterpret_cast<uint32_t *>(o + col) =
+                ops::pack(FAD_MUL(acc[r / 2][nb][2 * (r % 2)], inv),
+                          FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
+    }
+    if (lane % 4 == 0)
+        *lse = fad_lse(m, l);
+}
+
+/* Row r of this thread, one split's state: o (unnormalised, D fp32) and
+ * (m, l) into the workspace; l_row is the row's quad-summed l. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void store_partial_row(const float (&acc)[kMT][kDB][4], int r, float m,
+                                                  float l_row, float *o, float *ml, int D)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nb = 0; nb < kDB; nb++) {
+        const int col = nb * 8 + (lane % 4) * 2;
+        if (col < D)
+            *reinterpret_cast<float2 *>(o + col) =
+                make_float2(acc[r / 2][nb][2 * (r % 2)], acc[r / 2][nb][2 * (r % 2) + 1]);
+    }
+    if (lane % 4 == 0)
+        *reinterpret_cast<float2 *>(ml) = make_float2(m, l_row);
+}
+
 /* ------------------------------------------------------------------------ */
-/* the forward kernel                                                         */
+/* the forward kernels                                                        */
 /* ------------------------------------------------------------------------ */
 
 struct fwd_args {
@@ -263,14 +554,14 @@ template <int kHeadDim> struct fwd_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
+/* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
 template <typename T, int kHeadDim, bool kMod>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads, fwd_cfg<kHeadDim>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
     using C = fwd_cfg<kHeadDim>;
-    using ops = dtype_ops<T>;
     constexpr int kMT = C::kMT, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
-    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT; /* S n8 blocks; rows per thread */
+    constexpr int kRows = 2 * kMT; /* rows per thread */
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
 
@@ -320,11 +611,9 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
-    const float slope_log2 =
-        p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
+    const rows_prefill rows = {m0 + row0, alibi_slope_log2(p, b, h)};
 
-    /* Merged result R: (m, l) in registers, o in sR once a second split starts
-     * (slot-major: a warp's accesses hit 32 different banks). */
+    /* Merged result R: (m, l) in registers, o in sR once a second split starts. */
     float mR[kRows], lR[kRows];
     bool have_R = false;
     /* Current split: o in registers, l per thread (quad-summed when the split ends). */
@@ -333,59 +622,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     for (int r = 0; r < kRows; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
-
-    /* Partial schedule: the CTA's one split ends; write its (m, l, o) out. */
-    auto write_partial = [&]() {
-        const size_t row_base = (size_t)cur_split * fad_flat_rows(&p) + lse_row0 + m0;
-#pragma unroll
-        for (int r = 0; r < kRows; r++) {
-            const float l_row = quad_sum(l_s[r]);
-            const int row = row0 + 8 * r;
-            if (m0 + row >= len_q)
-                continue;
-            float *o = a.ws_o + (row_base + row) * D;
-#pragma unroll
-            for (int nb = 0; nb < kDB; nb++) {
-                const int col = nb * 8 + (lane % 4) * 2;
-                if (col < D)
-                    *reinterpret_cast<float2 *>(o + col) =
-                        make_float2(acc[r / 2][nb][2 * (r % 2)], acc[r / 2][nb][2 * (r % 2) + 1]);
-            }
-            if (lane % 4 == 0)
-                *reinterpret_cast<float2 *>(a.ws_ml + (row_base + row) * 2) = make_float2(m_s[r], l_row);
-        }
-    };
-
-    /* A split ends: fold it into R with fad_merge_* -- into sR (to_smem), or,
-     * for the last split, into acc, ready to normalise. Before the first fold R
-     * is the empty state (o = 0), exactly what the combine kernel starts from. */
-    auto fold_split = [&](bool to_smem) {
-        fad_merge_w w[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; r++) {
-            w[r] = fad_merge_weights(mR[r], m_s[r]);
-            lR[r] = fad_merge_value(lR[r], quad_sum(l_s[r]), w[r]);
-            mR[r] = w[r].m;
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kDB; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float *slot = &sR[((mt * kDB + nb) * 4 + e) * C::kThreads + tid];
-                    const float v = fad_merge_value(have_R ? *slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
-                    if (to_smem)
-                        *slot = v;
-                    else
-                        acc[mt][nb][e] = v;
-                }
-                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-                 * ahead of the FMAs (that many live registers spill the loop). */
-                __syncwarp();
-            }
-        have_R = true;
-    };
 
     /* Loads K and V tile t0 into stage st. */
     auto load_kv = [&](int t0, int st) {
@@ -418,19 +654,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         cp_async_commit();
 
         if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
-            if (cur_split >= 0)
-                fold_split(true); /* never in a partial CTA: it walks one split */
+            if (cur_split >= 0) /* never in a partial CTA: it walks one split */
+                fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
             cur_split = t0 / S;
-#pragma unroll
-            for (int r = 0; r < kRows; r++)
-                m_s[r] = -INFINITY, l_s[r] = 0.f;
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-                for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[mt][nb][e] = 0.f;
+            start_split(acc, m_s, l_s);
         }
 
         if (C::kQInRegs && t0 == t_first)
@@ -440,136 +667,261 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
                     ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0], q_lds.at(mt * 16, kk));
 
-        const lds_base<kHeadDim> k_lds = k_lds0.reload(stage * C::kStageElems * 2),
-                                 v_lds = v_lds0.reload(stage * C::kStageElems * 2);
-        /* S = Q K^T for this warp's rows x kBlockN keys. */
-        float s[kMT][kNB][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; kk++) {
-            uint32_t af[kMT][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++) {
-                if (C::kQInRegs) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        af[mt][i] = qf[mt][C::kQInRegs ? kk : 0][i];
-                } else {
-                    ldmatrix_x4(af[mt], q_lds.at(mt * 16, kk));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kBlockN / 16; j++) {
-                uint32_t bf[4];
-                ldmatrix_x4(bf, k_lds.at(j * 16, kk));
-#pragma unroll
-                for (int mt = 0; mt < kMT; mt++) {
-                    ops::mma(s[mt][2 * j], af[mt], bf[0], bf[1]);
-                    ops::mma(s[mt][2 * j + 1], af[mt], bf[2], bf[3]);
-                }
-            }
-        }
-
-        /* Scores -> masked, row max -> online softmax step. */
-        float m_tile[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; r++)
-            m_tile[r] = -INFINITY;
-        if (t0 < unmasked_lo || t0 + kBlockN > unmasked_hi) {
-            fad_key_range rk[kRows]; /* recomputed here: registers are scarce in the loop */
-#pragma unroll
-            for (int r = 0; r < kRows; r++)
-                rk[r] = fad_row_keys(m0 + row0 + 8 * r, len_q, len_k, p.window_left, p.window_right);
-            score_tile<true, kMod>(s, m_tile, mod, slope_log2, rk, t0, m0 + row0, len_q, len_k);
-        }
-        else
-            score_tile<false, kMod>(s, m_tile, mod, slope_log2, nullptr, t0, m0 + row0, len_q, len_k);
-        float scale[kRows], base[kRows], psum[kRows];
-        bool all_one = true;
-#pragma unroll
-        for (int r = 0; r < kRows; r++) {
-            float m_new;
-            scale[r] = fad_rescale(m_s[r], FAD_MUL(quad_max(m_tile[r]), mod.exp_scale), &m_new);
-            m_s[r] = m_new;
-            base[r] = fad_exp_base(m_new);
-            psum[r] = 0.f;
-            all_one &= scale[r] == 1.f;
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kNB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = 2 * mt + e / 2;
-                    s[mt][nb][e] = fad_exp_score(s[mt][nb][e], mod.exp_scale, base[r]);
-                    psum[r] = FAD_ADD(psum[r], s[mt][nb][e]);
-                }
-#pragma unroll
-        for (int r = 0; r < kRows; r++)
-            l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
-        /* Multiplying by 1 is exact, so skipping it changes no bit. */
-        if (!__all_sync(0xffffffffu, all_one))
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-                for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], scale[2 * mt + e / 2]);
-
-        /* O += P V: P goes straight from the S accumulators to A fragments. */
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; kk++) {
-            uint32_t pf[kMT][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++) {
-                pf[mt][0] = ops::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pf[mt][1] = ops::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pf[mt][2] = ops::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pf[mt][3] = ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int j = 0; j < kHeadDim / 16; j++) {
-                uint32_t vf[4];
-                ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
-#pragma unroll
-                for (int mt = 0; mt < kMT; mt++) {
-                    ops::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
-                    ops::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
-                }
-            }
-        }
+        attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
+            acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
+            v_lds0.reload(stage * C::kStageElems * 2),
+            t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
+            p.window_left, p.window_right);
     }
     cp_async_wait_all();
 
-    if (partial) {
-        if (cur_split >= 0)
-            write_partial();
+    if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
+        if (cur_split >= 0) {
+            const size_t row_base = (size_t)cur_split * fad_flat_rows(&p) + lse_row0 + m0;
+#pragma unroll
+            for (int r = 0; r < kRows; r++) {
+                const float l_row = quad_sum(l_s[r]);
+                const int row = row0 + 8 * r;
+                if (m0 + row < len_q)
+                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + (row_base + row) * D,
+                                      a.ws_ml + (row_base + row) * 2, D);
+            }
+        }
         return;
     }
-    if (cur_split >= 0)
-        fold_split(false); /* R is now in acc, mR, lR */
+    if (cur_split >= 0) /* R is now in acc, mR, lR */
+        fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, false);
 
     /* Normalise R and write out and lse. */
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         const int row = m0 + row0 + 8 * r;
-        if (row >= len_q)
-            continue;
-        const float inv = fad_inv_sum(lR[r]);
-        T *o = (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride;
-#pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
-            const int col = nb * 8 + (lane % 4) * 2;
-            if (col < D)
-                *reinterpret_cast<uint32_t *>(o + col) =
-                    ops::pack(FAD_MUL(acc[r / 2][nb][2 * (r % 2)], inv),
-                              FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
-        }
-        if (lane % 4 == 0)
-            p.softmax_lse[lse_row0 + row] = fad_lse(mR[r], lR[r]);
+        if (row < len_q)
+            store_row(acc, r, mR[r], lR[r],
+                      (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
+                      p.softmax_lse + lse_row0 + row, D);
     }
 }
+
+/* The packed kernel, for short query blocks (decode): one CTA per (sequence,
+ * kv head, kBlockM packed rows [, split]). Packed row pr = i * G + g is query
+ * row i of head hk * G + g (G = Hq / Hkv), so a kv head's K/V tiles are read
+ * once for all the query heads of its group: a decode step (Sq = 1) is G rows
+ * of one 16-row warp, where the prefill kernel would run G CTAs of kBlockM
+ * rows with one valid row each. Few warps and a kStages-deep cp.async
+ * pipeline, so each SM keeps enough bytes in flight for a memory-bound walk.
+ *
+ * Bits: a row walks the same kBlockN tiles (fwd_cfg's) in the same order,
+ * split by split, through the same attend_tile / fold_split / store_* code as
+ * in fwd_kernel; only the row's address, its head and its query index (mask,
+ * ALiBi position) are computed differently, and MMA rows are independent. The
+ * tiles a CTA walks beyond a row's own key range are fully masked for that
+ * row, an exact identity (fad_math.h), as they are in the prefill kernel. */
+#ifndef FAD_PACKED_Q_IN_REGS
+#define FAD_PACKED_Q_IN_REGS 0
+#endif
+template <int kHeadDim, bool kMod> struct packed_cfg {
+    static constexpr int kWarps = FAD_PACKED_WARPS;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kBlockM = kWarps * 16;
+    static constexpr int kBlockN = fwd_cfg<kHeadDim>::kBlockN; /* the prefill kernel's walk */
+    static constexpr int kDBlocks = kHeadDim / 8;
+    static constexpr bool kQInRegs = FAD_PACKED_Q_IN_REGS && kHeadDim <= 128;
+    static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
+    /* K/V stages: the knob, fewer where it would not fit in shared memory. */
+    static constexpr int kStagesWant = kMod ? FAD_PACKED_STAGES_MOD : FAD_PACKED_STAGES;
+    static constexpr size_t kStageBytes = (size_t)kStageElems * 2;
+    static constexpr int kStagesFit =
+        (int)((200 * 1024 - (size_t)kBlockM * kHeadDim * (kQInRegs ? 4 : 6)) / kStageBytes);
+    static constexpr int kStages = kStagesWant < kStagesFit ? kStagesWant : kStagesFit;
+    /* sR (fp32 merged o, one-CTA schedule with several splits); sQ (inside sR
+     * when Q is held in registers); kStages x (sK, sV). */
+    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
+    static constexpr size_t kSmemQ = kQInRegs ? 0 : (size_t)kBlockM * kHeadDim * 2;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageElems * 2;
+    static_assert(kStages >= 2, "at least double buffering");
+    static_assert(kBlockM * (kHeadDim / 8) % kThreads == 0, "whole Q chunks per thread");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <typename T, int kHeadDim, bool kMod>
+__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
+fwd_packed_kernel(const __grid_constant__ fwd_args a)
+{
+    using C = packed_cfg<kHeadDim, kMod>;
+    constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
+    constexpr int kDB = C::kDBlocks, kStages = C::kStages;
+    const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size;
+    const int G = p.num_heads / p.num_heads_k;
+
+    const int m_block = blockIdx.x % a.plan.m_blocks;
+    const int bh = blockIdx.x / a.plan.m_blocks;
+    const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
+    const fad_seq seq = fad_get_seq(&p, b);
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    const int n_rows = len_q * G; /* packed rows of (b, hk); the plan bounds seqlen_q * G */
+    const int m0 = m_block * kBlockM;
+    if (m0 >= n_rows)
+        return;
+    const int m_end = min(m0 + kBlockM, n_rows);
+
+    /* Keys any row of this tile may see: its query rows are m0/G .. (m_end-1)/G. */
+    const fad_key_range first_row = fad_row_keys(m0 / G, len_q, len_k, p.window_left, p.window_right);
+    const fad_key_range last_row =
+        fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
+    const fad_key_range tile_keys = {first_row.lo, last_row.hi};
+    int s_begin = fad_first_split(tile_keys, S), s_end = fad_end_split(tile_keys, S);
+    const bool partial = a.plan.cta_per_split;
+    if (partial) {
+        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
+            return; /* this split is masked for every row: the combine skips it too */
+        s_begin = blockIdx.z;
+        s_end = blockIdx.z + 1;
+    }
+    const int t_first = max(s_begin * S, tile_keys.lo / kBlockN * kBlockN);
+    const int t_last = min(min(s_end * S, tile_keys.hi), len_k);
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    float *sR = reinterpret_cast<float *>(smem_raw);
+    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInRegs ? 0 : C::kSmemR));
+    T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
+    T *sV = sK + kBlockN * kHeadDim;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int D = p.head_dim;
+    const int64_t head_stride = fad_lse_head_stride(&p);
+    const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
+    const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+
+    /* This thread's rows: packed row m0 + row0 + 8r, r = 0, 1. A warp with no
+     * valid row only helps with the loads. */
+    const int row0 = warp * 16 + lane / 4;
+    const bool warp_active = m0 + warp * 16 < m_end;
+    rows_packed<kRows> rows;
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        const int pr = m0 + row0 + 8 * r;
+        rows.qrow_[r] = pr / G;
+        rows.slope_[r] = alibi_slope_log2(p, b, hk * G + pr % G);
+    }
+    const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
+
+    float mR[kRows], lR[kRows];
+    bool have_R = false;
+    float acc[kMT][kDB][4] = {}, m_s[kRows], l_s[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
+    int cur_split = -1;
+
+    auto load_kv = [&](int t0, int st) { /* st: element offset of the stage */
+        load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
+                                                     k_g + (int64_t)t0 * p.k_row_stride,
+                                                     (int)p.k_row_stride, len_k - t0, D);
+        load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
+                                                     v_g + (int64_t)t0 * p.v_row_stride,
+                                                     (int)p.v_row_stride, len_k - t0, D);
+    };
+
+    /* Prologue: Q (row by row: each packed row has its own address), then
+     * kStages - 1 K/V tiles, one commit group each (empty groups past the
+     * walk keep the count uniform). */
+    {
+        constexpr int kChunks = kHeadDim / 8;
+#pragma unroll
+        for (int it = 0; it < kBlockM * kChunks / C::kThreads; it++) {
+            const int c = tid + it * C::kThreads;
+            const int row = c / kChunks, col = (c % kChunks) * 8, pr = m0 + row;
+            const bool ok = pr < m_end && col < D;
+            const T *src = (const T *)p.q;
+            if (ok)
+                src += seq.q_off + (int64_t)(pr / G) * p.q_row_stride +
+                       (int64_t)(hk * G + pr % G) * p.q_head_stride + col;
+            cp_async16(sQ + swz<kHeadDim>(row, col), src, ok ? 16 : 0);
+        }
+    }
+#pragma unroll
+    for (int st = 0; st < kStages - 1; st++) {
+        if (t_first + st * kBlockN < t_last)
+            load_kv(t_first + st * kBlockN, st * C::kStageElems);
+        cp_async_commit();
+    }
+
+    uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
+    const lds_base<kHeadDim> q_lds(sQ, warp * 16 + lane % 16, lane / 16);
+    const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+    const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+
+    constexpr int kRing = kStages * C::kStageElems; /* stage offsets in elements */
+    int stage = 0, load_stage = (kStages - 1) * C::kStageElems;
+#pragma unroll 1
+    for (int t0 = t_first; t0 < t_last; t0 += kBlockN) {
+        cp_async_wait<kStages - 2>(); /* Q and K/V(t0) landed (this thread's copies) */
+        __syncthreads(); /* ... everyone's; every warp is done with load_stage's last tile */
+        if (t0 + (kStages - 1) * kBlockN < t_last)
+            load_kv(t0 + (kStages - 1) * kBlockN, load_stage);
+        cp_async_commit();
+        load_stage = load_stage + C::kStageElems == kRing ? 0 : load_stage + C::kStageElems;
+
+        if (warp_active) {
+            if (cur_split < 0) { /* the first split starts */
+                cur_split = t0 / S;
+                start_split(acc, m_s, l_s);
+            }
+            if (C::kQInRegs && t0 == t_first)
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; kk++)
+                    ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
+
+            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
+                acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
+                t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
+                p.window_left, p.window_right);
+            /* the next tile starts a split: fold this one into R (sR), fresh state */
+            if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
+                fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
+                cur_split = (t0 + kBlockN) / S;
+                start_split(acc, m_s, l_s);
+            }
+        }
+        stage = stage + C::kStageElems == kRing ? 0 : stage + C::kStageElems;
+    }
+    cp_async_wait_all();
+    if (!warp_active)
+        return;
+
+    if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
+        if (cur_split >= 0) {
+            const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
+#pragma unroll
+            for (int r = 0; r < kRows; r++) {
+                const float l_row = quad_sum(l_s[r]);
+                const int pr = m0 + row0 + 8 * r;
+                if (pr < m_end) {
+                    const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
+                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + row * D, a.ws_ml + row * 2, D);
+                }
+            }
+        }
+        return;
+    }
+    if (cur_split >= 0)
+        fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, false);
+
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        const int pr = m0 + row0 + 8 * r;
+        if (pr < m_end) {
+            const int i = pr / G, h = hk * G + pr % G;
+            store_row(acc, r, mR[r], lR[r],
+                      (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride,
+                      p.softmax_lse + seq.row0 + h * head_stride + i, D);
+        }
+    }
+}
+
 
 /* ------------------------------------------------------------------------ */
 /* combine: fold split partials left to right, one warp per query row         */
@@ -649,35 +1001,66 @@ extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t 
     return FAD_OK;
 }
 
-template <typename T, int kHeadDim, bool kMod>
-static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+/* Once per device and kernel: allow the dynamic shared memory it needs. */
+template <typename Kernel>
+static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, size_t msg_len)
 {
-    using C = fwd_cfg<kHeadDim>;
-    static int smem_set[FAD_MAX_DEVICES];
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < FAD_MAX_DEVICES && !smem_set[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(fwd_kernel<T, kHeadDim, kMod>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)C::kSmemBytes));
-        smem_set[dev] = 1;
+    if (dev >= 0 && dev < FAD_MAX_DEVICES && !set[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        set[dev] = 1;
     }
-    const fad_plan &plan = a.plan;
-    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
-                        C::kBlockM, fad_block_m(a.p.head_dim));
-    dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
-              plan.cta_per_split ? plan.num_splits : 1);
-    fwd_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
-    CUDA_TRY(cudaGetLastError());
-    if (plan.cta_per_split) {
-        /* one warp per query row, 4 rows per block, for every (batch, head) */
+    return FAD_OK;
+}
+
+/* CTA-per-split schedule: the combine kernel, one warp per query row, 4 rows
+ * per block, for every (batch, head), whichever kernel wrote the partials. */
+template <typename T>
+static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if (a.plan.cta_per_split) {
         const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
         combine_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(a);
         CUDA_TRY(cudaGetLastError());
     }
     return FAD_OK;
 }
+
+template <typename T, int kHeadDim, bool kMod>
+static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    const fad_plan &plan = a.plan;
+    if (plan.packed) {
+        using C = packed_cfg<kHeadDim, kMod>;
+        static int smem_set[FAD_MAX_DEVICES];
+        fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod>, smem_set, C::kSmemBytes,
+                                   msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
+                            C::kBlockM, fad_packed_block_m());
+        dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
+                  plan.cta_per_split ? plan.num_splits : 1);
+        fwd_packed_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    } else {
+        using C = fwd_cfg<kHeadDim>;
+        static int smem_set[FAD_MAX_DEVICES];
+        fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod>, smem_set, C::kSmemBytes, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
+                            C::kBlockM, fad_block_m(a.p.head_dim));
+        dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
+                  plan.cta_per_split ? plan.num_splits : 1);
+        fwd_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    }
+    CUDA_TRY(cudaGetLastError());
+    return launch_combine<T>(a, stream, msg, msg_len);
+}
+
 
 template <typename T, bool kMod>
 static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)

@@ -46,6 +46,28 @@ static inline FAD_HOST_DEVICE int fad_block_m(int head_dim)
     return fad_fwd_warps(head_dim) * 16 * (head_dim <= FAD_WIDE_MAX_D ? 2 : 1);
 }
 
+/* The packed forward kernel (fwd_packed_kernel: GQA heads packed into M, for
+ * decode and other short query blocks). Knobs that never change a bit:
+ * FAD_PACKED_WARPS: warps (16 packed rows each) per CTA; FAD_PACKED_STAGES(_MOD):
+ * depth of its K/V cp.async pipeline (without / with softcap or ALiBi; fewer
+ * where shared memory is short); FAD_PACKED_MAX_SQ: the longest query
+ * block (seqlen_q, max_seqlen_q for varlen) that runs on it. */
+#ifndef FAD_PACKED_WARPS
+#define FAD_PACKED_WARPS 1
+#endif
+#ifndef FAD_PACKED_STAGES
+#define FAD_PACKED_STAGES 3
+#endif
+#ifndef FAD_PACKED_STAGES_MOD /* the softcap/ALiBi variant (3 stages spill 24 B at D128) */
+#define FAD_PACKED_STAGES_MOD 4
+#endif
+#ifndef FAD_PACKED_MAX_SQ
+#define FAD_PACKED_MAX_SQ 16
+#endif
+
+/* Packed rows ((query row, head of the group) pairs) per CTA of the packed kernel. */
+static inline FAD_HOST_DEVICE int fad_packed_block_m(void) { return FAD_PACKED_WARPS * 16; }
+
 /* Keys per tile of the CPU path's walk inside a split (each CUDA variant has
  * its own, also dividing FAD_SPLIT_QUANTUM). */
 #define FAD_BLOCK_N 64
@@ -55,8 +77,9 @@ static inline FAD_HOST_DEVICE int fad_block_m(int head_dim)
 typedef struct fad_plan {
     int split_size;      /* keys per split used by this call */
     int num_splits;      /* splits of the longest sequence */
-    int m_blocks;        /* query tiles per (batch, head) */
+    int m_blocks;        /* query tiles per (batch, head); packed: per (batch, kv head) */
     int cta_per_split;   /* 1: one CTA per split, partials in workspace, combine */
+    int packed;          /* 1: fwd_packed_kernel (GQA heads packed into M), else fwd_kernel */
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
     size_t workspace_bytes;

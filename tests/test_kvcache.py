@@ -333,3 +333,111 @@ def test_decode_step_in_cuda_graph_matches_eager():
         graph.replay()
         assert torch.equal(out_buf, eager[t]), f"step {t}: graph replay differs from eager"
     assert torch.equal(kc_g, kc_e) and torch.equal(vc_g, vc_e)
+
+
+# --- the packed decode kernel (GQA heads packed into M) vs the prefill kernel ----------
+# Query blocks of at most 16 rows run on fwd_packed_kernel (fad_core.c, use_packed_kernel);
+# FLASH_ATTN_DET_FWD_KERNEL=packed|prefill pins the kernel, so the same call can be run on
+# both. Every row must get the same bits from either, and from a causal prefill.
+
+KERNEL_ENV = "FLASH_ATTN_DET_FWD_KERNEL"
+
+
+def _decode_kw(kind, H, device, gen):
+    return {"causal": {"causal": True},
+            "window": {"causal": True, "window_size": (200, 0)},
+            "softcap": {"causal": True, "softcap": 7.0},
+            "alibi": {"causal": True,
+                      "alibi_slopes": (torch.rand((H,), generator=gen) * 0.3 + 0.01).to(device)},
+            }[kind]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("G", [1, 4, 8])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kind", ["causal", "window", "softcap", "alibi"])
+def test_packed_decode_equals_prefill_rows_gpu(monkeypatch, G, D, kind):
+    gen = make_gen(60 + G + D)
+    T, Hk = 1100, 2
+    H = G * Hk
+    q, k, v = (randn(gen, (2, T, h, D), torch.bfloat16, "cuda") for h in (H, Hk, Hk))
+    kw = _decode_kw(kind, H, "cuda", gen)
+    full, full_lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]
+    kc, vc = place(gen, [k[0], k[1]], [v[0], v[1]], 1500, [1, 0], [0, 0], 2, torch.bfloat16, "cuda")
+    for Sq in (1, 2, 3, 8):
+        for t in (Sq - 1, 63, 64, 511, 512, 700, T - 1):
+            a = t + 1 - Sq
+            if a < 0:
+                continue
+            results = []
+            for kernel in ("packed", "prefill"):
+                for sched in ("auto", "one_cta", "cta_per_split"):
+                    monkeypatch.setenv(KERNEL_ENV, kernel)
+                    with force_schedule(sched):
+                        out, lse = fad.flash_attn_with_kvcache(
+                            q[:, a:t + 1], kc, vc, cache_seqlens=i32([t + 1, t + 1], "cuda"),
+                            cache_batch_idx=i32([1, 0], "cuda"), return_softmax_lse=True, **kw)
+                    results.append((kernel, sched, out, lse))
+            monkeypatch.delenv(KERNEL_ENV)
+            for kernel, sched, out, lse in results:
+                what = f"Sq {Sq}, token {t}, {kernel} kernel, {sched}"
+                assert torch.equal(out, full[:, a:t + 1]), f"{what}: out bits differ from prefill"
+                assert torch.equal(lse, full_lse[:, :, a:t + 1]), f"{what}: lse bits differ"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (300, 20)},
+                                {"softcap": 10.0, "causal": True}, {"alibi": True}])
+def test_packed_kernel_equals_prefill_kernel_any_shape_gpu(monkeypatch, D, kw):
+    """The same call (prefill shapes, not causal too) on both kernels and both schedules."""
+    kw = dict(kw)
+    gen = make_gen(70 + D)
+    B, Sq, Sk, H, Hk = 2, 150, 1300, 8, 2
+    q, k, v = (randn(gen, (B, s, h, D), torch.bfloat16, "cuda")
+               for s, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = (torch.rand((B, H), generator=gen) * 0.3 + 0.01).cuda()
+    ref = None
+    for kernel in ("prefill", "packed"):
+        for sched in ("one_cta", "cta_per_split"):
+            monkeypatch.setenv(KERNEL_ENV, kernel)
+            with force_schedule(sched):
+                out, lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]
+            if ref is None:
+                ref = (out, lse)
+                o64, l64 = attention_ref(q, k, v, **kw)
+                assert_close(out, o64, torch.bfloat16, 2.0 ** -7)
+                assert_lse_close(lse, l64)
+            assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), f"{kernel}, {sched}"
+    # The last query row alone (Sq = 1 picks the packed kernel by default): bottom-right
+    # aligned masks put it at the same key position, so it is the same row.
+    monkeypatch.delenv(KERNEL_ENV)
+    o1, l1 = fad.flash_attn_func(q[:, -1:], k, v, return_attn_probs=True, **kw)[:2]
+    assert torch.equal(o1[:, 0], ref[0][:, -1]) and torch.equal(l1[:, :, 0], ref[1][:, :, -1])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("sched", ["auto", "one_cta", "cta_per_split"])
+def test_packed_decode_batch_invariance_gpu(sched):
+    """One sequence decoded alone (B=1) and inside B=16 with other lengths, GQA 32/8, D128."""
+    gen = make_gen(80)
+    H, Hk, D, cap = 32, 8, 128, 4096
+    B = 16
+    lens = [int(x) for x in torch.randint(1, cap + 1, (B,), generator=gen)]
+    pos, L = 5, 3001
+    lens[pos] = L
+    kc, vc = (randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
+    q = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")
+    with force_schedule(sched):
+        out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32(lens, "cuda"),
+                                               causal=True, return_softmax_lse=True)
+        alone, lse1 = fad.flash_attn_with_kvcache(q[pos:pos + 1], kc[pos:pos + 1].clone(),
+                                                  vc[pos:pos + 1].clone(),
+                                                  cache_seqlens=i32([L], "cuda"), causal=True,
+                                                  return_softmax_lse=True)
+    assert torch.equal(out[pos], alone[0]) and torch.equal(lse[pos], lse1[0])
+    full = fad.flash_attn_func(q[pos:pos + 1], kc[pos:pos + 1, :L], vc[pos:pos + 1, :L])
+    assert torch.equal(alone, full)  # one query row, no mask: the whole prefix
+    ref, _ = attention_ref(q[pos:pos + 1], kc[pos:pos + 1, :L], vc[pos:pos + 1, :L])
+    assert_close(alone, ref, torch.bfloat16, 2.0 ** -7)

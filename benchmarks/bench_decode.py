@@ -1,0 +1,284 @@
+"""Decode benchmark: one query token per sequence over a KV cache, flash_attn_det beside torch
+SDPA (flash, cuDNN, efficient) on the same tensors, and the device copy bandwidth measured in
+the same run.
+
+    python3 benchmarks/bench_decode.py            # bf16 Hq32/Hkv8 D128, caches 8k/32k/mix, B 1/8/16/64
+    python3 benchmarks/bench_decode.py --quick    # 8k and 32k, B 1/8/64, fewer iterations
+
+What is timed, per (impl, config):
+- eager: CUDA events around each Python call (warm-up, then `--iters` calls, median). Host
+  launch overhead is inside when it is longer than the kernel (B=1).
+- graph: the same calls captured in one CUDA graph (one call per rotated input set, repeated to
+  at least 16 calls) and replayed; median replay time / calls. Device time without the host.
+Bandwidth: bytes of K+V a call must read (sum over sequences of len * Hkv * D * 2 bytes * 2)
+divided by the graph time, as a fraction of the copy bandwidth (bytes read + written by a
+large device-to-device copy / its time, same run).
+
+flash_attn_det: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., causal=True) in
+deterministic mode (fad_det; fad_fast: fast mode). SDPA: (B, H, 1, D) q and (B, Hkv, L, D)
+transposed views of the same cache, enable_gqa=True (no expanded copies), is_causal=False (one
+query row sees every key). SDPA has no per-sequence lengths: on the "mix" configs it attends the
+whole cache up to the longest sequence (its bandwidth figure still counts only the bytes the
+sequences need, so it is comparable; its output differs on the shorter sequences).
+Caches are rotated among several independent sets when one set fits in 3x the L2 cache.
+"""
+import argparse
+import os
+import statistics
+import sys
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import (JsonlWriter, env_info, fad_mode, gpu_usable, l2_cache_bytes, log,  # noqa: E402
+                    markdown_table, short_error, sync, timestamp)
+
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # torch < 2.3
+    SDPBackend = sdpa_kernel = None
+
+H, HKV, D = 32, 8, 128
+IMPLS = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+
+
+def lengths(kind, B, gen):
+    """Per-sequence cache lengths: a fixed 8k/32k, or 'mix' (uniform in [1k, 32k], seeded)."""
+    if kind == "mix":
+        return [int(x) for x in torch.randint(1024, 32768 + 1, (B,), generator=gen)]
+    return [int(kind)] * B
+
+
+def kv_bytes(lens):
+    return sum(lens) * HKV * D * 2 * 2  # K and V, bf16
+
+
+def make_sets(B, cap, lens, n, device, seed):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return [(randn(B, 1, H, D), randn(B, cap, HKV, D), randn(B, cap, HKV, D), seqlens)
+            for _ in range(n)]
+
+
+def fad_call(q, kc, vc, seqlens):
+    import flash_attn_det as fad
+    return fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True)
+
+
+def sdpa_call(q, kc, vc, seqlens, lmax):
+    qt = q.transpose(1, 2)
+    kt, vt = kc[:, :lmax].transpose(1, 2), vc[:, :lmax].transpose(1, 2)
+    return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True).transpose(1, 2)
+
+
+def impl_table(lmax):
+    def sdpa(backend_attr):
+        def context():
+            backend = getattr(SDPBackend, backend_attr, None) if SDPBackend else None
+            if backend is None:
+                raise RuntimeError(f"SDPBackend.{backend_attr} not in torch {torch.__version__}")
+            return sdpa_kernel(backend)
+        return (lambda q, k, v, s: sdpa_call(q, k, v, s, lmax)), context
+
+    return {"fad_det": (fad_call, lambda: fad_mode(True)),
+            "fad_fast": (fad_call, lambda: fad_mode(False)),
+            "sdpa_flash": sdpa("FLASH_ATTENTION"),
+            "sdpa_cudnn": sdpa("CUDNN_ATTENTION"),
+            "sdpa_efficient": sdpa("EFFICIENT_ATTENTION")}
+
+
+def time_eager(fn, sets, iters, warmup):
+    n = len(sets)
+    for i in range(warmup):
+        fn(*sets[i % n])
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for i, (a, b) in enumerate(ev):
+        a.record()
+        fn(*sets[i % n])
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3  # us
+
+
+def time_graph(fn, sets, replays, min_calls=16):
+    """Median device time per call (us) of a CUDA graph holding >= min_calls calls."""
+    n = len(sets)
+    calls = max(min_calls, n)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(n, 3)):
+            fn(*sets[i])  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*sets[i % n])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth(device, nbytes=2 << 30, iters=20):
+    """Bytes read + written per second by a device-to-device copy of nbytes."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8k/32k, B 1/8/64, fewer iterations")
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--lens", default=None, help="comma list of 8192, 32768, mix")
+    ap.add_argument("--batches", default=None, help="comma list of batch sizes")
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--out", default=os.path.join(common.REPO, "benchmarks", "results"))
+    ap.add_argument("--tag", default=None)
+    args = ap.parse_args()
+
+    ok, why = gpu_usable()
+    if not ok:
+        sys.exit(f"bench_decode: {why}")
+    device = torch.device("cuda")
+    kinds = (args.lens.split(",") if args.lens else
+             ["8192", "32768"] if args.quick else ["8192", "32768", "mix"])
+    batches = ([int(b) for b in args.batches.split(",")] if args.batches else
+               [1, 8, 64] if args.quick else [1, 8, 16, 64])
+    iters = args.iters or (30 if args.quick else 50)
+    replays = 10 if args.quick else 20
+    names = [n for n in args.impls.split(",") if n]
+    unknown = set(names) - set(IMPLS)
+    if unknown:
+        sys.exit(f"unknown impl(s) {sorted(unknown)}; known: {IMPLS}")
+
+    env = env_info(device)
+    stem = f"decode_{args.tag or ('quick' if args.quick else 'full')}_{timestamp()}"
+    os.makedirs(args.out, exist_ok=True)
+    writer = JsonlWriter(os.path.join(args.out, stem + ".jsonl"),
+                         {k: env[k] for k in ("device", "torch", "git_commit", "cudnn") if k in env})
+    bw = copy_bandwidth(device)
+    log(f"{env.get('device')}: device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
+    writer.write({"kind": "copy_bandwidth", "bytes_per_s": bw})
+
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    l2 = l2_cache_bytes(device)
+    rows = []
+    for kind in kinds:
+        for B in batches:
+            lens = lengths(kind, B, gen)
+            cap, lmax = max(lens), max(lens)
+            need = kv_bytes(lens)
+            set_bytes = B * cap * HKV * D * 2 * 2
+            n_sets = 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))
+            label = f"L{kind} B{B}"
+            try:
+                sets = make_sets(B, cap, lens, n_sets, device, seed=B)
+            except torch.cuda.OutOfMemoryError as exc:
+                log(f"{label}: cannot allocate inputs ({short_error(exc)})")
+                continue
+            table = impl_table(lmax)
+            ref, row = None, {"config": label}
+            for name in names:
+                fn, context = table[name]
+                rec = {"kind": "decode", "impl": name, "lens": kind, "B": B, "H": H, "Hkv": HKV,
+                       "D": D, "dtype": "bf16", "kv_bytes": need, "input_sets": n_sets,
+                       "copy_bw": bw}
+                if kind == "mix":
+                    rec["cache_lens"] = lens
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        with context():
+                            out = fn(*sets[0])
+                            sync(device)
+                            if not torch.isfinite(out).all():
+                                rec["warning"] = "non-finite output"
+                            if ref is None:
+                                ref = out
+                            elif kind != "mix":
+                                rec["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+                            rec["us_eager"] = time_eager(fn, sets, iters, args.warmup)
+                            rec["us_graph"] = time_graph(fn, sets, replays)
+                    rec["bw_frac"] = need / (rec["us_graph"] * 1e-6) / bw
+                    row[name] = rec
+                    log(f"{label:14s} {name:15s} eager {rec['us_eager']:9.1f} us  graph "
+                        f"{rec['us_graph']:9.1f} us  {100 * rec['bw_frac']:5.1f}% of copy bw")
+                except Exception as exc:  # a backend that refuses the shape, OOM, ...
+                    rec["error"] = short_error(exc)
+                    log(f"{label:14s} {name:15s} error: {rec['error']}")
+                    torch.cuda.empty_cache()
+                writer.write(rec)
+            rows.append(row)
+            del sets, ref
+            torch.cuda.empty_cache()
+    writer.close()
+
+    headers = ["config"] + [f"{n} us (graph / eager)" for n in names] + \
+              [f"{n} % bw" for n in names]
+    table_rows = []
+    for row in rows:
+        cells = [row["config"]]
+        for n in names:
+            r = row.get(n)
+            cells.append(f"{r['us_graph']:.1f} / {r['us_eager']:.1f}" if r else "error")
+        for n in names:
+            r = row.get(n)
+            cells.append(f"{100 * r['bw_frac']:.0f}%" if r else "-")
+        table_rows.append(cells)
+    md = [f"# Decode, bf16, Hq {H} / Hkv {HKV}, D {D}, one query token",
+          "",
+          f"{env.get('device')}, torch {env.get('torch')}, cuDNN {env.get('cudnn')}, "
+          f"commit {env.get('git_commit')}. Device copy bandwidth in this run: "
+          f"{bw / 1e12:.2f} TB/s (read + write).",
+          "",
+          "Per call: graph = device time in a CUDA graph, eager = CUDA events around each Python "
+          "call (includes host overhead when it exceeds the kernel). % bw = bytes of K+V the "
+          "sequences need / graph time / copy bandwidth. SDPA: enable_gqa=True on transposed "
+          "views of the same cache; on 'mix' it attends the whole cache up to the longest "
+          "sequence (no per-sequence lengths).",
+          "",
+          markdown_table(headers, table_rows, ["l"] + ["r"] * (len(headers) - 1))]
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
+        f.write(text)
+    print(text)
+    log(f"wrote {os.path.join(args.out, stem)}.jsonl / .md")
+
+
+if __name__ == "__main__":
+    main()
