@@ -19,9 +19,7 @@
 #include "fad_math.h"
 
 /* Per-device one-time state (kernel attributes, SM counts) is kept for this many devices. */
-#ifndef FAD_MAX_DEVICES
 #define FAD_MAX_DEVICES 64
-#endif
 
 #define CUDA_TRY(call)                                                                       \
     do {                                                                                     \
@@ -84,6 +82,11 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+/* Waits until at most N of this thread's commit groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, uint32_t addr)
 {
@@ -163,6 +166,53 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
     }
 }
 
+/* load_tile for few threads per tile (the packed kernel). When a thread's
+ * chunks are one column of rows r0, r0 + kStep, ... (kThreads a multiple of
+ * the chunks per row), their swizzled shared offsets repeat every 8 rows, so
+ * only up to 8 are computed and the rest are immediate offsets; the global
+ * offset advances by an opaque step. Otherwise the generic copy, with the
+ * thread index re-taken opaquely so that no per-chunk offset is hoisted out
+ * of the caller's tile loop into registers. */
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile_few(T *smem, const T *g, int row_stride, int rows, int D)
+{
+    constexpr int kChunks = kHeadDim / 8;
+    if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
+        constexpr int kStep = kThreads / kChunks; /* rows apart */
+        constexpr int kIters = kRows / kStep;
+        /* iterations after which row % 8 repeats */
+        constexpr int kPeriod = kStep % 8 == 0 ? 1 : kStep % 4 == 0 ? 2 : kStep % 2 == 0 ? 4 : 8;
+        constexpr int kP = kPeriod < kIters ? kPeriod : kIters;
+        const int tid = (int)opaque(threadIdx.x);
+        const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
+        const bool col_ok = col < D;
+        uint32_t dst[kP];
+#pragma unroll
+        for (int j = 0; j < kP; j++)
+            dst[j] = smem_addr(smem + swz<kHeadDim>(r0 + j * kStep, col));
+        const int step = (int)opaque((uint32_t)(kStep * row_stride));
+        int off = r0 * row_stride + col;
+#pragma unroll
+        for (int i = 0; i < kIters; i++) {
+            const bool ok = col_ok && r0 + i * kStep < rows;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                             dst[i % kP] + (i / kP) * kP * kStep * kHeadDim * (int)sizeof(T)),
+                         "l"(g + (ok ? off : 0)), "r"(ok ? 16 : 0));
+            off += step;
+        }
+    } else {
+        const int tid = (int)opaque(threadIdx.x);
+#pragma unroll
+        for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+            const int c = tid + i * kThreads;
+            const int row = c / kChunks, col = (c % kChunks) * 8;
+            const bool ok = row < rows && col < D;
+            cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0),
+                       ok ? 16 : 0);
+        }
+    }
+}
+
 /* Sum over the 4 lanes that hold one row, in a fixed order. */
 __device__ __forceinline__ float quad_sum(float x)
 {
@@ -174,6 +224,5 @@ __device__ __forceinline__ float quad_max(float x)
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
-
 
 #endif /* FAD_MMA_CUH */
