@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# One device call that does everything the GPU issues ask to be shown: build for sm_90, the
-# whole test suite (CPU + GPU + C API), the verify job, and the forward benchmark. Logs and
-# results go under $OUT (or ./device_out):
-#   scripts/device_all.sh [bench preset: quick|full|seed|none]
+# One device call that does what the GPU issues ask to be shown: build for sm_90, the whole
+# test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
+# the training check and the host-overhead probe. Every log and result goes under $OUT/run
+# (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
+#   scripts/device_all.sh [stage ...]   stages: build test verify fwd bwd decode train overhead
+#                                       (default: all, in that order)
+# FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
-mkdir -p "$out"
-preset=${1:-quick}
+run="$out/run"
+mkdir -p "$run"
+stages=${*:-build test verify fwd bwd decode train overhead}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-# At most 8 files come back from the device: build.log, pytest.log, verify.txt, verify.json,
-# stderr.log and the benchmark's .jsonl, .md and .png.
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/build.log"
-rm -rf build flash_attn_det/_C*.so
-( time FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace ) >> "$out/build.log" 2>&1 \
-    || { tail -30 "$out/build.log"; exit 1; }
-python3 -m pytest -q tests 2>&1 | tee "$out/pytest.log" | tail -3
-python3 -m flash_attn_det.verify --json "$out/verify.json" 2>>"$out/stderr.log" | tee "$out/verify.txt"
-if [ "$preset" != none ]; then
-    python3 benchmarks/bench_fwd.py --preset "$preset" --out "$out" --tag "fwd_$preset" 2>>"$out/stderr.log" | tail -40
-    cat "$out/fwd_$preset.md"
+has() { [[ " $stages " == *" $1 "* ]]; }
+finish() { tar czf "$out/results.tgz" -C "$out" run; }
+trap finish EXIT
+
+if has build; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$run/build.log"
+    rm -rf build flash_attn_det/_C*.so
+    ( time FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace ) >> "$run/build.log" 2>&1 \
+        || { tail -30 "$run/build.log"; exit 1; }
 fi
+has test && { python3 -m pytest -q tests 2>&1 | tee "$run/pytest.log" | tail -3; }
+has verify && python3 -m flash_attn_det.verify --json "$run/verify.json" 2>>"$run/stderr.log" \
+    | tee "$run/verify.txt" | tail -4
+has fwd && { python3 benchmarks/bench_fwd.py --preset quick --out "$run" --tag fwd_quick \
+    2>>"$run/stderr.log" > /dev/null; cat "$run/fwd_quick.md"; }
+has bwd && { python3 benchmarks/bench_bwd.py --preset quick --out "$run" --tag bwd_quick \
+    2>>"$run/stderr.log" | tail -16; }
+has decode && { python3 benchmarks/bench_decode.py --quick --out "$run" 2>>"$run/stderr.log" | tail -12; }
+has train && { python3 scripts/train_check.py --steps 300 --json "$run/train.json" 2>&1 \
+    | grep -E '"(losses_equal|weights_equal|result|tokens_per_s)"'; }
+has overhead && python3 benchmarks/bench_overhead.py 2>&1 | tee "$run/overhead.txt"
+exit 0
