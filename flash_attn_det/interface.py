@@ -363,7 +363,7 @@ def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
             rotary_cos, rotary_sin = rotary_cos.float(), rotary_sin.float()
         rot = (to_dlpack(rotary_cos.contiguous()), to_dlpack(rotary_sin.contiguous()))
         q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    seqlens_out = torch.empty_like(cache_seqlens) if k is not None else None
+    seqlens_out = torch.empty_like(cache_seqlens) if k is not None and k.shape[1] else None
     _C.append_kvcache(to_dlpack(q), cap(q_rot), cap(k), cap(v), to_dlpack(k_cache),
                       to_dlpack(v_cache), to_dlpack(cache_seqlens), cap(seqlens_out),
                       cap(cache_batch_idx), cap(cache_leftpad), cap(block_table), *rot,
