@@ -41,7 +41,16 @@ def main():
     q = torch.randn(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    # a decode step of a serving loop: one token, a small cache, append + rotary in the call
+    kc, vc = (torch.randn(1, 256, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 100, dtype=torch.int32, device="cuda")
+    cos, sin = (torch.rand(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     rows = [("flash_attn_det det", lambda: fad.flash_attn_func(q, k, v)),
+            ("fad kvcache, decode", lambda: fad.flash_attn_with_kvcache(q, kc, vc,
+                                                                       cache_seqlens=lens)),
+            ("fad kvcache, +append+rotary", lambda: fad.flash_attn_with_kvcache(
+                q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                causal=True)),
             ("sdpa (default backend)", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} flash_attn_det {fad.__version__}")
     print(f"{'call':26s} {'eager us/call':>14s} {'graph us/call':>14s} {'host overhead us':>17s}")
