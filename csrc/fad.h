@@ -86,7 +86,17 @@ typedef struct fad_fwd_params {
     const int32_t *cache_seqlens;   /* (B) int32: where sequence b's keys end in the cache */
     const int32_t *cache_batch_idx; /* NULL or (B) int32: cache entry of sequence b (default b) */
     const int32_t *cache_leftpad;   /* NULL or (B) int32: where sequence b's keys start (default 0) */
-    int kv_batch;                   /* entries in the cache (k/v dim 0) */
+    int kv_batch;                   /* entries in the cache (k/v dim 0); pages when paged */
+    /* Paged cache (block_table set): k/v are (kv_batch = pages, page_size, Hkv, D) and
+     * seqlen_k = max_blocks * page_size is the capacity of one sequence. Key position
+     * x (counted from the cache start, x = leftpad + r for the sequence's key r) lives
+     * in row x % page_size of page block_table[b * block_table_stride + x / page_size];
+     * k/v_batch_stride are then the page strides. A page index outside [0, kv_batch)
+     * is never read: on the CPU it is an error, on the GPU the rows that would read
+     * it get NaN. cache_batch_idx must be NULL. */
+    const int32_t *block_table;     /* NULL, or (B, max_blocks) int32 */
+    int block_table_stride;         /* elements between sequences' rows of block_table */
+    int page_size;                  /* rows per page: a positive multiple of 16 (paged only) */
 
     /* --- sizes --- */
     int batch;       /* B */

@@ -99,6 +99,19 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
                         "cache_seqlens: a KV cache takes a padded batch, not cu_seqlens");
     if (p->cache_seqlens && p->kv_batch < 0)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "kv_batch: must be >= 0 (got %d)", p->kv_batch);
+    if (p->block_table && !p->cache_seqlens)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "block_table: needs cache_seqlens (a KV cache)");
+    if (p->block_table && p->cache_batch_idx)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "block_table: cannot be combined with cache_batch_idx");
+    if (p->block_table && (p->page_size <= 0 || p->page_size % 16 || p->seqlen_k % p->page_size))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "page_size: must be a positive multiple of 16 dividing seqlen_k = "
+                        "max_blocks * page_size (got %d, seqlen_k %d)", p->page_size, p->seqlen_k);
+    if (p->block_table && p->batch > 1 && p->block_table_stride < p->seqlen_k / p->page_size)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "block_table_stride: must be >= max_blocks = %d (got %d)",
+                        p->seqlen_k / p->page_size, p->block_table_stride);
     if (p->seqused_k && !p->cu_seqlens_k)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqused_k: needs cu_seqlens_k");
     if (p->cu_seqlens_q && (p->total_q < 0 || p->total_k < 0))
@@ -246,9 +259,10 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
     const void *ptrs[4] = {p->q, p->k, p->v, p->out};
     /* the stride of a dim of size 1 is never used */
     const int kv_batch = p->cache_seqlens ? p->kv_batch : p->batch;
+    const int kv_rows = p->block_table ? p->page_size : p->seqlen_k; /* k/v dim 1 */
     const int sizes[4][3] = {{p->batch, p->seqlen_q, p->num_heads},
-                             {kv_batch, p->seqlen_k, p->num_heads_k},
-                             {kv_batch, p->seqlen_k, p->num_heads_k},
+                             {kv_batch, kv_rows, p->num_heads_k},
+                             {kv_batch, kv_rows, p->num_heads_k},
                              {p->batch, p->seqlen_q, p->num_heads}};
     const int64_t strides[4][3] = {
         {p->q_batch_stride, p->q_row_stride, p->q_head_stride},

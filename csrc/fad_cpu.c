@@ -174,13 +174,16 @@ void fad_load_kv_head(const fad_fwd_params *p, const fad_seq *seq, int hk, load_
                       float *kf, float *vf)
 {
     const int D = p->head_dim;
-    const uint16_t *K = (const uint16_t *)p->k + seq->k_off + hk * p->k_head_stride;
-    const uint16_t *V = (const uint16_t *)p->v + seq->v_off + hk * p->v_head_stride;
-    for (int j = 0; j < seq->len_k; j++)
+    const uint16_t *K = (const uint16_t *)p->k + hk * p->k_head_stride;
+    const uint16_t *V = (const uint16_t *)p->v + hk * p->v_head_stride;
+    for (int j = 0; j < seq->len_k; j++) {
+        int64_t ko, vo; /* pages were checked (fad_check_seqlens_host) */
+        fad_kv_row(p, seq, j, &ko, &vo);
         for (int d = 0; d < D; d++) {
-            kf[(int64_t)j * D + d] = load(K[(int64_t)j * p->k_row_stride + d]);
-            vf[(int64_t)j * D + d] = load(V[(int64_t)j * p->v_row_stride + d]);
+            kf[(int64_t)j * D + d] = load(K[ko + d]);
+            vf[(int64_t)j * D + d] = load(V[vo + d]);
         }
+    }
 }
 
 /* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
@@ -188,9 +191,9 @@ void fad_load_kv_head(const fad_fwd_params *p, const fad_seq *seq, int hk, load_
 fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
     for (int b = 0; p->cache_seqlens && b < p->batch; b++) {
-        const int kb = p->cache_batch_idx ? p->cache_batch_idx[b] : b;
+        const int kb = p->block_table ? 0 : p->cache_batch_idx ? p->cache_batch_idx[b] : b;
         const int start = p->cache_leftpad ? p->cache_leftpad[b] : 0, end = p->cache_seqlens[b];
-        if (kb < 0 || kb >= p->kv_batch)
+        if (!p->block_table && (kb < 0 || kb >= p->kv_batch))
             return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                             "cache_batch_idx: sequence %d names cache entry %d of %d", b, kb,
                             p->kv_batch);
@@ -202,6 +205,15 @@ fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg
             return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                             "cache_leftpad: sequence %d starts at %d, must be in [0, %d]", b, start,
                             end);
+        /* paged: every page holding one of the rows [start, end) must exist */
+        for (int x = start / (p->page_size > 0 ? p->page_size : 1) * p->page_size;
+             p->block_table && x < end; x += p->page_size) {
+            const int pg = p->block_table[(int64_t)b * p->block_table_stride + x / p->page_size];
+            if (pg < 0 || pg >= p->kv_batch)
+                return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                                "block_table: sequence %d names block %d (slot %d), outside the "
+                                "cache's %d", b, pg, x / p->page_size, p->kv_batch);
+        }
     }
     if (!p->cu_seqlens_q)
         return FAD_OK;

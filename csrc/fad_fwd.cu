@@ -98,18 +98,51 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
  * either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
  * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
  * (masking an in-range key is a no-op, so the flag only costs time). */
-template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, class Rows>
-__device__ __forceinline__ void
-attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
-            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
-            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
-            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+/* An lds_base for the V operand of a warp that owns the output columns from
+ * 16-column block blk0 on: addr[c] is block blk0 + c, so at(row, j) (which
+ * adds (j / 4) * 64 columns to addr[j % 4]) addresses block blk0 + j for any
+ * j (4 blocks on is the same swizzle position, 64 columns further). blk0 = 0
+ * is lds_base's own constructor. */
+template <int kHeadDim>
+__device__ __forceinline__ lds_base<kHeadDim> lds_cols(const void *tile, int row0, int x, int blk0)
+{
+    lds_base<kHeadDim> b(tile, row0, x);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int chunk = 2 * (blk0 + c) + x;
+        b.addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((chunk ^ row0) & 7) | (chunk & ~7)) * 8) * 2;
+    }
+    return b;
+}
+
+/* Several warps on the same rows (the packed kernel's column warps) may share
+ * S: part p of kKeyParts computes the S columns of key blocks [p, p+1) *
+ * kBlockN / kKeyParts, writes them (fp32, exact) to xchg, and after a barrier
+ * of the bar_threads threads of the row group every warp reads all of S back
+ * into the same fragment registers. Each S element is the same chain of MMAs
+ * over the head dim whichever warp runs it, so the bits are those of one warp
+ * computing all of S. kKeyParts = 1: no sharing (xchg unused). */
+struct s_share {
+    float *xchg;     /* kMT x kBlockN/8 x 4 x 32 floats of this row group */
+    int part;        /* this warp's key part */
+    int bar_id, bar_threads;
+};
+
+/* bar.sync on a named barrier (id > 0) for n threads, a multiple of 32. */
+__device__ __forceinline__ void named_barrier(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+/* S += Q K^T over the head dim, k-chunks in increasing order, for the key
+ * blocks [j0, j0 + kJ) of the tile (16 keys each) into s[.][0 .. 2 kJ). */
+template <typename T, int kHeadDim, int kMT, int kJ, bool kQInRegs, int kNBs>
+__device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
+                                        const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+                                        const lds_base<kHeadDim> &q_lds,
+                                        const lds_base<kHeadDim> &k_lds, int row_off)
 {
     using ops = dtype_ops<T>;
-    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT, kDB = kHeadDim / 8;
-    /* S = Q K^T for this warp's rows x kBlockN keys. */
-    float s[kMT][kNB][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++) {
         uint32_t af[kMT][4];
@@ -124,15 +157,60 @@ attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l
             }
         }
 #pragma unroll
-        for (int j = 0; j < kBlockN / 16; j++) {
+        for (int j = 0; j < kJ; j++) {
             uint32_t bf[4];
-            ldmatrix_x4(bf, k_lds.at(j * 16, kk));
+            ldmatrix_x4(bf, k_lds.at(row_off + j * 16, kk));
 #pragma unroll
             for (int mt = 0; mt < kMT; mt++) {
                 ops::mma(s[mt][2 * j], af[mt], bf[0], bf[1]);
                 ops::mma(s[mt][2 * j + 1], af[mt], bf[2], bf[3]);
             }
         }
+    }
+}
+
+/* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
+ * holds only those; v_lds already points at the first). Each output column's
+ * O += P V chain is independent of the others, so a warp that owns a column
+ * range gives those columns the bits of a warp that owns all of them. */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod,
+          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, class Rows>
+__device__ __forceinline__ void
+attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
+            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
+            const s_share &share = s_share{})
+{
+    using ops = dtype_ops<T>;
+    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT, kDB = 2 * kColBlocks;
+    static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
+    /* S = Q K^T for this warp's rows x kBlockN keys. */
+    float s[kMT][kNB][4] = {};
+    if constexpr (kKeyParts == 1) {
+        qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
+    } else {
+        constexpr int kJ = kBlockN / 16 / kKeyParts;
+        const int lane = threadIdx.x % 32;
+        float sp[kMT][2 * kJ][4] = {};
+        qk_tile<T, kHeadDim, kMT, kJ, kQInRegs>(sp, qf, q_lds, k_lds, share.part * kJ * 16);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < 2 * kJ; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
+                        sp[mt][nb][e];
+        named_barrier(share.bar_id, share.bar_threads);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
     }
 
     /* Scores -> masked, row max -> online softmax step. */
@@ -195,7 +273,7 @@ attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l
             pf[mt][3] = ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
         }
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 16; j++) {
+        for (int j = 0; j < kColBlocks; j++) {
             uint32_t vf[4];
             ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
 #pragma unroll
@@ -264,42 +342,76 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
 }
 
 /* Row r of this thread, merged result (acc, m, l): normalised output to o
- * (the row's D values) and its lse. */
+ * (the row's D values; acc holds columns col0 ..) and, with_lse, its lse. */
 template <typename T, int kMT, int kDB>
 __device__ __forceinline__ void store_row(const float (&acc)[kMT][kDB][4], int r, float m, float l,
-                                          T *o, float *lse, int D)
+                                          T *o, float *lse, int D, int col0 = 0,
+                                          bool with_lse = true, bool poison = false)
 {
     using ops = dtype_ops<T>;
     const int lane = threadIdx.x % 32;
-    const float inv = fad_inv_sum(l);
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
 #pragma unroll
     for (int nb = 0; nb < kDB; nb++) {
-        const int col = nb * 8 + (lane % 4) * 2;
+        const int col = col0 + nb * 8 + (lane % 4) * 2;
         if (col < D)
             *reinterpret_cast<uint32_t *>(o + col) =
                 ops::pack(FAD_MUL(acc[r / 2][nb][2 * (r % 2)], inv),
                           FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
     }
-    if (lane % 4 == 0)
-        *lse = fad_lse(m, l);
+    if (with_lse && lane % 4 == 0)
+        *lse = poison ? inv : fad_lse(m, l);
 }
 
 /* Row r of this thread, one split's state: o (unnormalised, D fp32) and
  * (m, l) into the workspace; l_row is the row's quad-summed l. */
 template <int kMT, int kDB>
 __device__ __forceinline__ void store_partial_row(const float (&acc)[kMT][kDB][4], int r, float m,
-                                                  float l_row, float *o, float *ml, int D)
+                                                  float l_row, float *o, float *ml, int D,
+                                                  int col0 = 0, bool with_ml = true)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int nb = 0; nb < kDB; nb++) {
-        const int col = nb * 8 + (lane % 4) * 2;
+        const int col = col0 + nb * 8 + (lane % 4) * 2;
         if (col < D)
             *reinterpret_cast<float2 *>(o + col) =
                 make_float2(acc[r / 2][nb][2 * (r % 2)], acc[r / 2][nb][2 * (r % 2) + 1]);
     }
-    if (lane % 4 == 0)
+    if (with_ml && lane % 4 == 0)
         *reinterpret_cast<float2 *>(ml) = make_float2(m, l_row);
+}
+
+/* K and V rows [0, rows) of the tile at key t0 of a paged sequence into the
+ * swizzled stages sK, sV (rows past `rows` zero-filled): one block-table look-up
+ * per row (fad_kv_row, the CPU path's helper), shared by K and V, so a tile may
+ * span pages of any multiple-of-16 size. k_h/v_h: k/v at this kv head. Returns
+ * true when some row's page lies outside the cache: that row is zero-filled,
+ * never read, and the caller poisons the rows it computes (NaN). */
+template <typename T, int kHeadDim, int kBlockN, int kThreads>
+__device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params &p,
+                                              const fad_seq &seq, const T *k_h, const T *v_h,
+                                              int t0, int rows, int D)
+{
+    constexpr int kChunks = kHeadDim / 8;
+    static_assert(kBlockN * kChunks % kThreads == 0, "whole chunks per thread");
+    const int tid = (int)opaque(threadIdx.x);
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < kBlockN * kChunks / kThreads; i++) {
+        const int c = tid + i * kThreads;
+        const int row = c / kChunks, col = (c % kChunks) * 8;
+        int64_t ko = 0, vo = 0;
+        bool ok = false;
+        if (row < rows) {
+            const bool page_ok = fad_kv_row(&p, &seq, t0 + row, &ko, &vo);
+            bad |= !page_ok;
+            ok = page_ok && col < D;
+        }
+        cp_async16(sK + swz<kHeadDim>(row, col), k_h + (ok ? ko + col : 0), ok ? 16 : 0);
+        cp_async16(sV + swz<kHeadDim>(row, col), v_h + (ok ? vo + col : 0), ok ? 16 : 0);
+    }
+    return bad;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -345,7 +457,7 @@ template <int kHeadDim> struct fwd_cfg {
 };
 
 /* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
-template <typename T, int kHeadDim, bool kMod>
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads, fwd_cfg<kHeadDim>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
@@ -414,13 +526,21 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     int cur_split = -1;
 
     /* Loads K and V tile t0 into stage st. */
+    bool bad_page = false; /* paged: this thread met a page outside the cache */
     auto load_kv = [&](int t0, int st) {
-        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK + st * C::kStageElems,
-                                                     k_g + (int64_t)t0 * p.k_row_stride,
-                                                     (int)p.k_row_stride, len_k - t0, D);
-        load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV + st * C::kStageElems,
-                                                     v_g + (int64_t)t0 * p.v_row_stride,
-                                                     (int)p.v_row_stride, len_k - t0, D);
+        if constexpr (kPaged) {
+            bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
+                sK + st * C::kStageElems, sV + st * C::kStageElems, p, seq,
+                (const T *)p.k + hk * p.k_head_stride, (const T *)p.v + hk * p.v_head_stride, t0,
+                len_k - t0, D);
+        } else {
+            load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK + st * C::kStageElems,
+                                                         k_g + (int64_t)t0 * p.k_row_stride,
+                                                         (int)p.k_row_stride, len_k - t0, D);
+            load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV + st * C::kStageElems,
+                                                         v_g + (int64_t)t0 * p.v_row_stride,
+                                                         (int)p.v_row_stride, len_k - t0, D);
+        }
     };
 
     /* Prologue: Q and the first K/V tiles in flight. */
@@ -464,16 +584,20 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             p.window_left, p.window_right);
     }
     cp_async_wait_all();
+    /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
+    const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (cur_split >= 0) {
             const size_t row_base = (size_t)cur_split * fad_flat_rows(&p) + lse_row0 + m0;
 #pragma unroll
             for (int r = 0; r < kRows; r++) {
-                const float l_row = quad_sum(l_s[r]);
+                const float nan = __int_as_float(0x7fffffff);
+                const float l_row = poison ? nan : quad_sum(l_s[r]);
                 const int row = row0 + 8 * r;
                 if (m0 + row < len_q)
-                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + (row_base + row) * D,
+                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row,
+                                      a.ws_o + (row_base + row) * D,
                                       a.ws_ml + (row_base + row) * 2, D);
             }
         }
@@ -489,7 +613,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if (row < len_q)
             store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + lse_row0 + row, D);
+                      p.softmax_lse + lse_row0 + row, D, 0, true, poison);
     }
 }
 
@@ -510,37 +634,68 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 #ifndef FAD_PACKED_Q_IN_REGS
 #define FAD_PACKED_Q_IN_REGS 0
 #endif
+/* Knobs that never change a bit (scripts/ab_decode.sh compares them):
+ * FAD_PACKED_COL_WARPS: warps per 16-row group, splitting the output columns
+ * of O += P V (1, 2, 4; fewer where the head dim has too few 16-column blocks).
+ * FAD_PACKED_SHARE_S: 1 = those warps also split S = Q K^T by key blocks and
+ * exchange S through shared memory; 0 = each warp computes all of S. */
+#ifndef FAD_PACKED_COL_WARPS
+#define FAD_PACKED_COL_WARPS 4
+#endif
+#ifndef FAD_PACKED_SHARE_S
+#define FAD_PACKED_SHARE_S 1
+#endif
+/* Column warps for head dim d: the knob, halved until each warp owns whole
+ * 16-column blocks of the output. */
+constexpr int packed_col_warps(int d, int want)
+{
+    return want <= 1 ? 1 : (d / 16) % want == 0 ? want : packed_col_warps(d, want / 2);
+}
+
 template <int kHeadDim, bool kMod> struct packed_cfg {
-    static constexpr int kWarps = FAD_PACKED_WARPS;
+    /* kRowWarps groups of 16 packed rows (FAD_PACKED_WARPS); each group is run
+     * by kColWarps warps (FAD_PACKED_COL_WARPS) that split the output columns
+     * and, with FAD_PACKED_SHARE_S, the S = Q K^T key blocks of a tile. */
+    static constexpr int kRowWarps = FAD_PACKED_WARPS;
+    static constexpr int kColWarps = packed_col_warps(kHeadDim, FAD_PACKED_COL_WARPS);
+    static constexpr int kWarps = kRowWarps * kColWarps;
     static constexpr int kThreads = kWarps * 32;
-    static constexpr int kBlockM = kWarps * 16;
+    static constexpr int kBlockM = kRowWarps * 16;
     static constexpr int kBlockN = fwd_cfg<kHeadDim>::kBlockN; /* the prefill kernel's walk */
-    static constexpr int kDBlocks = kHeadDim / 8;
+    static constexpr int kColBlocks = kHeadDim / 16 / kColWarps; /* per warp */
+    static constexpr int kDBlocks = 2 * kColBlocks;              /* n8 blocks per warp */
+    static constexpr int kKeyParts =
+        FAD_PACKED_SHARE_S && kColWarps > 1 && (kBlockN / 16) % kColWarps == 0 ? kColWarps : 1;
     static constexpr bool kQInRegs = FAD_PACKED_Q_IN_REGS && kHeadDim <= 128;
+    /* sQ may live inside sR only with one warp (sR is written by a warp
+     * that ends a split while another may still be reading Q). */
+    static constexpr bool kQInR = kQInRegs && kWarps == 1;
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
+    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
+    static constexpr size_t kSmemQ = kQInR ? 0 : (size_t)kBlockM * kHeadDim * 2;
+    /* the S exchange: fp32 fragments of kBlockN keys per row group */
+    static constexpr size_t kSmemX = kKeyParts > 1 ? (size_t)kRowWarps * kBlockN / 8 * 4 * 32 * 4 : 0;
     /* K/V stages: the knob, fewer where it would not fit in shared memory. */
     static constexpr int kStagesWant = kMod ? FAD_PACKED_STAGES_MOD : FAD_PACKED_STAGES;
     static constexpr size_t kStageBytes = (size_t)kStageElems * 2;
-    static constexpr int kStagesFit =
-        (int)((200 * 1024 - (size_t)kBlockM * kHeadDim * (kQInRegs ? 4 : 6)) / kStageBytes);
+    static constexpr int kStagesFit = (int)((200 * 1024 - kSmemR - kSmemQ - kSmemX) / kStageBytes);
     static constexpr int kStages = kStagesWant < kStagesFit ? kStagesWant : kStagesFit;
     /* sR (fp32 merged o, one-CTA schedule with several splits); sQ (inside sR
-     * when Q is held in registers); kStages x (sK, sV). */
-    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
-    static constexpr size_t kSmemQ = kQInRegs ? 0 : (size_t)kBlockM * kHeadDim * 2;
-    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageElems * 2;
+     * when Q is held in registers by a lone warp); kStages x (sK, sV); S exchange. */
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageBytes + kSmemX;
     static_assert(kStages >= 2, "at least double buffering");
+    static_assert(kRowWarps < 16, "named barriers 1 .. kRowWarps");
     static_assert(kBlockM * (kHeadDim / 8) % kThreads == 0, "whole Q chunks per thread");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kMod>
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
 __global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
 fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
-    constexpr int kDB = C::kDBlocks, kStages = C::kStages;
+    constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
     const int G = p.num_heads / p.num_heads_k;
@@ -574,11 +729,15 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
-    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInRegs ? 0 : C::kSmemR));
+    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInR ? 0 : C::kSmemR));
     T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
     T *sV = sK + kBlockN * kHeadDim;
+    float *sX = reinterpret_cast<float *>(smem_raw + C::kSmemR + C::kSmemQ + kStages * C::kStageBytes);
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    /* row group rw (16 packed rows), column part cw (output columns
+     * [cw, cw + 1) * kColBlocks * 16, and key part cw of S when shared) */
+    const int rw = warp % C::kRowWarps, cw = warp / C::kRowWarps;
     const int D = p.head_dim;
     const int64_t head_stride = fad_lse_head_stride(&p);
     const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
@@ -586,8 +745,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 
     /* This thread's rows: packed row m0 + row0 + 8r, r = 0, 1. A warp with no
      * valid row only helps with the loads. */
-    const int row0 = warp * 16 + lane / 4;
-    const bool warp_active = m0 + warp * 16 < m_end;
+    const int row0 = rw * 16 + lane / 4;
+    const bool warp_active = m0 + rw * 16 < m_end;
+    const s_share share = {sX + rw * (kBlockN / 8 * 4 * 32), cw, 1 + rw, 32 * C::kColWarps};
     rows_packed<kRows> rows;
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
@@ -606,13 +766,20 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
 
+    bool bad_page = false; /* paged: this thread met a page outside the cache */
     auto load_kv = [&](int t0, int st) { /* st: element offset of the stage */
-        load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
-                                                     k_g + (int64_t)t0 * p.k_row_stride,
-                                                     (int)p.k_row_stride, len_k - t0, D);
-        load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
-                                                     v_g + (int64_t)t0 * p.v_row_stride,
-                                                     (int)p.v_row_stride, len_k - t0, D);
+        if constexpr (kPaged) {
+            bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
+                sK + st, sV + st, p, seq, (const T *)p.k + hk * p.k_head_stride,
+                (const T *)p.v + hk * p.v_head_stride, t0, len_k - t0, D);
+        } else {
+            load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
+                                                         k_g + (int64_t)t0 * p.k_row_stride,
+                                                         (int)p.k_row_stride, len_k - t0, D);
+            load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
+                                                         v_g + (int64_t)t0 * p.v_row_stride,
+                                                         (int)p.v_row_stride, len_k - t0, D);
+        }
     };
 
     /* Prologue: Q (row by row: each packed row has its own address), then
@@ -640,9 +807,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     }
 
     uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
-    const lds_base<kHeadDim> q_lds(sQ, warp * 16 + lane % 16, lane / 16);
+    const lds_base<kHeadDim> q_lds(sQ, rw * 16 + lane % 16, lane / 16);
     const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
-    const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+    const lds_base<kHeadDim> v_lds0 =
+        lds_cols<kHeadDim>(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16, cw * kColBlocks);
 
     constexpr int kRing = kStages * C::kStageElems; /* stage offsets in elements */
     int stage = 0, load_stage = (kStages - 1) * C::kStageElems;
@@ -665,10 +833,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
                     ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
 
-            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
+            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts>(
                 acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
                 t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right);
+                p.window_left, p.window_right, share);
             /* the next tile starts a split: fold this one into R (sR), fresh state */
             if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
                 fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
@@ -679,6 +847,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         stage = stage + C::kStageElems == kRing ? 0 : stage + C::kStageElems;
     }
     cp_async_wait_all();
+    /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
+    const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
     if (!warp_active)
         return;
 
@@ -687,11 +857,14 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
 #pragma unroll
             for (int r = 0; r < kRows; r++) {
-                const float l_row = quad_sum(l_s[r]);
+                const float nan = __int_as_float(0x7fffffff);
+                const float l_row = poison ? nan : quad_sum(l_s[r]);
                 const int pr = m0 + row0 + 8 * r;
                 if (pr < m_end) {
                     const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
-                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + row * D, a.ws_ml + row * 2, D);
+                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + row * D,
+                                      a.ws_ml + row * 2, D,
+                                      cw * kColBlocks * 16, cw == 0);
                 }
             }
         }
@@ -707,7 +880,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             const int i = pr / G, h = hk * G + pr % G;
             store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + seq.row0 + h * head_stride + i, D);
+                      p.softmax_lse + seq.row0 + h * head_stride + i, D, cw * kColBlocks * 16,
+                      cw == 0, poison);
         }
     }
 }
@@ -738,9 +912,11 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
     for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
         o[c] = 0.f;
     const int s_end = fad_end_split(r, S);
+    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
     for (int s = fad_first_split(r, S); s < s_end; s++) {
         const size_t idx = s * split_stride + row;
         const float2 ml = *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2);
+        poison |= ml.y != ml.y;
         fad_merge_w w = fad_merge_weights(m, ml.x);
         const float *os = a.ws_o + idx * D;
 #pragma unroll
@@ -750,7 +926,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
         l = fad_merge_value(l, ml.y, w);
         m = w.m;
     }
-    const float inv = fad_inv_sum(l);
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
     for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
@@ -759,7 +935,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
             out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
         }
     if (lane == 0)
-        p.softmax_lse[row] = fad_lse(m, l);
+        p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -816,14 +992,14 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     return FAD_OK;
 }
 
-template <typename T, int kHeadDim, bool kMod>
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     const fad_plan &plan = a.plan;
     if (plan.packed) {
         using C = packed_cfg<kHeadDim, kMod>;
         static int smem_set[FAD_MAX_DEVICES];
-        fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod>, smem_set, C::kSmemBytes,
+        fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, smem_set, C::kSmemBytes,
                                    msg, msg_len);
         if (st != FAD_OK)
             return st;
@@ -832,11 +1008,11 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                             C::kBlockM, fad_packed_block_m());
         dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
                   plan.cta_per_split ? plan.num_splits : 1);
-        fwd_packed_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+        fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     } else {
         using C = fwd_cfg<kHeadDim>;
         static int smem_set[FAD_MAX_DEVICES];
-        fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod>, smem_set, C::kSmemBytes, msg, msg_len);
+        fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod, kPaged>, smem_set, C::kSmemBytes, msg, msg_len);
         if (st != FAD_OK)
             return st;
         if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
@@ -844,31 +1020,41 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                             C::kBlockM, fad_block_m(a.p.head_dim));
         dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
                   plan.cta_per_split ? plan.num_splits : 1);
-        fwd_kernel<T, kHeadDim, kMod><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+        fwd_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     }
     CUDA_TRY(cudaGetLastError());
     return launch_combine<T>(a, stream, msg, msg_len);
 }
 
 
-template <typename T, bool kMod>
+template <typename T, bool kMod, bool kPaged>
 static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
 {
     const int D = a.p.head_dim;
-    if (D <= 64) return launch<T, 64, kMod>(a, s, msg, msg_len);
-    if (D <= 128) return launch<T, 128, kMod>(a, s, msg, msg_len);
-    if (D <= 192) return launch<T, 192, kMod>(a, s, msg, msg_len);
-    return launch<T, 256, kMod>(a, s, msg, msg_len);
+    if (D <= 64) return launch<T, 64, kMod, kPaged>(a, s, msg, msg_len);
+    if (D <= 128) return launch<T, 128, kMod, kPaged>(a, s, msg, msg_len);
+    if (D <= 192) return launch<T, 192, kMod, kPaged>(a, s, msg, msg_len);
+    return launch<T, 256, kMod, kPaged>(a, s, msg, msg_len);
+}
+
+/* Paged KV (block_table) is its own compile-time variant: the block-table
+ * look-ups stay out of the contiguous kernels' registers. */
+template <typename T, bool kMod>
+static fad_status dispatch_paged(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    if (a.p.block_table)
+        return dispatch_head_dim<T, kMod, true>(a, s, msg, msg_len);
+    return dispatch_head_dim<T, kMod, false>(a, s, msg, msg_len);
 }
 
 /* The one place a call picks its compile-time variant: dtype x head dim x
- * whether scores need a mod (softcap/ALiBi) before the softmax. */
+ * whether scores need a mod (softcap/ALiBi) before the softmax x paged KV. */
 template <typename T>
 static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
 {
     if (a.p.softcap > 0.f || a.p.alibi_slopes)
-        return dispatch_head_dim<T, true>(a, s, msg, msg_len);
-    return dispatch_head_dim<T, false>(a, s, msg, msg_len);
+        return dispatch_paged<T, true>(a, s, msg, msg_len);
+    return dispatch_paged<T, false>(a, s, msg, msg_len);
 }
 
 extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan,

@@ -24,7 +24,29 @@ typedef struct fad_seq {
     int64_t row0;                       /* flat row of (h = 0, i = 0) in lse / partials */
     int len_q, len_k;
     int valid; /* 0: its cu_seqlens point outside q or k (varlen on the GPU only) */
+    /* paged cache: this sequence's block_table row and the cache position of its key 0
+     * (leftpad); k_off/v_off are 0 then, and fad_kv_row gives a key row's offset */
+    const int32_t *pages;
+    int k_start;
 } fad_seq;
+
+/* Element offsets (into k and v) of key row r of sequence s, r in [0, len_k).
+ * Contiguous: k_off + r * row_stride. Paged: through the block table; returns 0
+ * (and offsets 0) when the page index lies outside [0, kv_batch). */
+FAD_HD int fad_kv_row(const fad_fwd_params *p, const fad_seq *s, int r, int64_t *k_off,
+                      int64_t *v_off)
+{
+    if (!s->pages) {
+        *k_off = s->k_off + (int64_t)r * p->k_row_stride;
+        *v_off = s->v_off + (int64_t)r * p->v_row_stride;
+        return 1;
+    }
+    const int x = s->k_start + r, pg = s->pages[x / p->page_size], row = x % p->page_size;
+    const int ok = pg >= 0 && pg < p->kv_batch;
+    *k_off = ok ? pg * p->k_batch_stride + (int64_t)row * p->k_row_stride : 0;
+    *v_off = ok ? pg * p->v_batch_stride + (int64_t)row * p->v_row_stride : 0;
+    return ok;
+}
 
 /* Rows per head in the flat row space, and rows in all. */
 FAD_HD int64_t fad_lse_head_stride(const fad_fwd_params *p)
@@ -44,16 +66,25 @@ FAD_HD fad_seq fad_get_seq(const fad_fwd_params *p, int b)
         s.q_off = b * p->q_batch_stride, s.o_off = b * p->out_batch_stride;
         s.row0 = (int64_t)b * p->num_heads * p->seqlen_q;
         s.len_q = p->seqlen_q, s.len_k = p->seqlen_k, s.valid = 1;
+        s.pages = NULL, s.k_start = 0;
         int kb = b, start = 0;
         if (p->cache_seqlens) { /* a KV cache: entry kb, rows [start, end) */
-            kb = p->cache_batch_idx ? p->cache_batch_idx[b] : b;
+            kb = p->block_table ? 0 : p->cache_batch_idx ? p->cache_batch_idx[b] : b;
             start = p->cache_leftpad ? p->cache_leftpad[b] : 0;
             const int end = p->cache_seqlens[b];
-            s.valid = kb >= 0 && kb < p->kv_batch && start >= 0 && start <= end && end <= p->seqlen_k;
+            /* paged: end <= seqlen_k = max_blocks * page_size keeps every slot in the table */
+            s.valid = (p->block_table || (kb >= 0 && kb < p->kv_batch)) && start >= 0 &&
+                      start <= end && end <= p->seqlen_k;
             s.len_k = s.valid ? end - start : 0;
             s.len_q = s.valid ? p->seqlen_q : 0;
             if (!s.valid)
                 kb = 0, start = 0;
+            if (p->block_table) {
+                s.pages = p->block_table + (int64_t)b * p->block_table_stride;
+                s.k_start = start;
+                s.k_off = s.v_off = 0;
+                return s;
+            }
         }
         s.k_off = kb * p->k_batch_stride + (int64_t)start * p->k_row_stride;
         s.v_off = kb * p->v_batch_stride + (int64_t)start * p->v_row_stride;
@@ -71,6 +102,7 @@ FAD_HD fad_seq fad_get_seq(const fad_fwd_params *p, int b)
     s.q_off = (int64_t)q0 * p->q_row_stride, s.o_off = (int64_t)q0 * p->out_row_stride;
     s.k_off = (int64_t)k0 * p->k_row_stride, s.v_off = (int64_t)k0 * p->v_row_stride;
     s.row0 = q0;
+    s.pages = NULL, s.k_start = 0;
     s.len_q = s.valid ? q1 - q0 : 0;
     s.len_k = s.valid ? len_k : 0;
     return s;

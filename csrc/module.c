@@ -430,21 +430,24 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 PyDoc_STRVAR(fwd_kvcache_doc,
 "fwd_kvcache(q, k_cache, v_cache, out, softmax_lse, cache_seqlens, cache_batch_idx,\n"
-"            cache_leftpad, <the options of fwd>)\n"
+"            cache_leftpad, block_table, <the options of fwd>)\n"
 "--\n\n"
 "Attention of q (B, Sq, Hq, D) over a KV cache (Bc, capacity, Hkv, D): sequence b\n"
 "attends cache rows [cache_leftpad[b], cache_seqlens[b]) of entry cache_batch_idx[b]\n"
-"(int32 (B,) each; the last two may be None). out like q, softmax_lse (B, Hq, Sq).");
+"(int32 (B,) each; the last two may be None). block_table (None, or int32 (B,\n"
+"max_blocks)): a paged cache (pages, page_size, Hkv, D), page_size a multiple of 16;\n"
+"position x of sequence b is row x % page_size of page block_table[b, x // page_size]\n"
+"(not with cache_batch_idx). out like q, softmax_lse (B, Hq, Sq).");
 
 static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    DLTensor *q, *kc, *vc, *out, *lse, *seqlens, *batch_idx = NULL, *leftpad = NULL;
+    DLTensor *q, *kc, *vc, *out, *lse, *seqlens, *batch_idx = NULL, *leftpad = NULL, *bt = NULL;
     fad_fwd_params p;
     fwd_opts o;
-    if (nargs != 8 + FWD_NOPTS) {
+    if (nargs != 9 + FWD_NOPTS) {
         PyErr_Format(PyExc_TypeError, "fwd_kvcache: expected %d arguments, got %zd",
-                     8 + FWD_NOPTS, nargs);
+                     9 + FWD_NOPTS, nargs);
         return NULL;
     }
     fad_fwd_params_init(&p);
@@ -453,7 +456,8 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
         get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cache_seqlens", &seqlens) ||
         (args[6] != Py_None && get_tensor(args[6], "cache_batch_idx", &batch_idx)) ||
         (args[7] != Py_None && get_tensor(args[7], "cache_leftpad", &leftpad)) ||
-        parse_opts(args + 8, &p, &o) || check_q(q, 4))
+        (args[8] != Py_None && get_tensor(args[8], "block_table", &bt)) ||
+        parse_opts(args + 9, &p, &o) || check_q(q, 4))
         return NULL;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -474,6 +478,18 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
         fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
         fits_int(Hk, "k_cache: heads"))
         return NULL;
+    int64_t seqlen_k = cap; /* paged: max_blocks * page_size */
+    if (bt) {
+        const int64_t btshape[2] = {B, -1};
+        if (check_tensor(bt, q, "block_table", kDLInt, 32, 2, btshape) ||
+            fits_int(bt->shape[1] * cap, "block_table: max_blocks * page_size") ||
+            fits_int(tensor_stride(bt, 0), "block_table: row stride"))
+            return NULL;
+        seqlen_k = bt->shape[1] * cap;
+        p.block_table = (const int32_t *)tensor_data(bt);
+        p.block_table_stride = (int)tensor_stride(bt, 0);
+        p.page_size = (int)cap;
+    }
 
     p.q = tensor_data(q), p.k = tensor_data(kc), p.v = tensor_data(vc), p.out = tensor_data(out);
     p.softmax_lse = (float *)tensor_data(lse);
@@ -485,7 +501,7 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
     p.k_batch_stride = tensor_stride(kc, 0), p.k_row_stride = tensor_stride(kc, 1), p.k_head_stride = tensor_stride(kc, 2);
     p.v_batch_stride = tensor_stride(vc, 0), p.v_row_stride = tensor_stride(vc, 1), p.v_head_stride = tensor_stride(vc, 2);
     p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
-    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)cap;
+    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)seqlen_k;
     p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
     return run_fwd(&p, q, &o);
 }

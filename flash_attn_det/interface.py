@@ -391,9 +391,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     entry, leftpad, the other sequences, or whether it comes from a prefill, a chunk or a
     one-token decode. num_splits is accepted and ignored: the split plan comes from
     split_size (deterministic mode) or the batch and GPU (fast mode). block_table (int32
-    (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), any page
-    size; its blocks are gathered into a contiguous copy before attention for now (same bits
-    as a contiguous cache, whatever the page size or block order; costs a copy per call).
+    (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), page_size
+    a multiple of 16; the kernels read the pages in place through the table (same bits as a
+    contiguous cache, whatever the page size or block order). A block index outside the
+    cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
     q = _operand(q, "q")
@@ -427,9 +428,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                            cache_seqlens, cache_batch_idx, cache_leftpad,
                                            rotary_interleaved, local, block_table)
-    bad_pages = None
-    if block_table is not None:
-        k_cache, v_cache, bad_pages = _gather_pages(k_cache, v_cache, block_table, cache_seqlens)
     # Sequences whose cache rows fall outside k_cache are skipped on the GPU (their
     # indices are not read back): NaN outputs make that loud.
     fill = float("nan") if q.is_cuda else 0.0
@@ -443,11 +441,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _launch(_C.fwd_kvcache,
             (to_dlpack(q), to_dlpack(k_cache), to_dlpack(v_cache), to_dlpack(out),
              to_dlpack(lse), to_dlpack(cache_seqlens), cap(cache_batch_idx), cap(cache_leftpad),
-             opts[0]), (*opts[1:], int(det), split_size, schedule), q,
-            (2, q.shape, k_cache.shape, det, split_size, schedule, q.device))
-    if bad_pages is not None:  # a sequence that names a block outside the cache: NaN, loudly
-        out = out.masked_fill(bad_pages[:, None, None, None], float("nan"))
-        lse = lse.masked_fill(bad_pages[:, None, None], float("nan"))
+             cap(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
+            (2, q.shape, k_cache.shape,
+             None if block_table is None else block_table.shape[1], det, split_size, schedule,
+             q.device))
     return (out, lse) if return_softmax_lse else out
 
 
@@ -469,21 +466,6 @@ def _bad_pages(block_table, num_blocks, page, cache_seqlens):
     need = (cache_seqlens.long() + page - 1) // page
     used = torch.arange(block_table.shape[1], device=block_table.device)[None] < need[:, None]
     return (used & ((block_table < 0) | (block_table >= num_blocks))).any(dim=1)
-
-
-def _gather_pages(k_cache, v_cache, block_table, cache_seqlens):
-    """The blocks of a paged cache (num_blocks, page, Hkv, D) gathered into a contiguous
-    (batch, max_blocks * page, Hkv, D) cache, row for row, so the attention sees the same
-    key sequence whatever the page size or the block order (and gives the same bits).
-    Returns (k, v, bad): bad[b] when sequence b needs a block index outside the cache; on
-    CPU tensors that raises instead."""
-    nb, page = k_cache.shape[:2]
-    bad = _bad_pages(block_table, nb, page, cache_seqlens)
-    idx = block_table.long().clamp(0, nb - 1)
-    B, M = idx.shape
-    k = k_cache[idx].reshape(B, M * page, *k_cache.shape[2:])
-    v = v_cache[idx].reshape(B, M * page, *v_cache.shape[2:])
-    return k, v, bad
 
 
 def _unbind_packed(x, n, dim, name):

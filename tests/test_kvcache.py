@@ -122,7 +122,7 @@ def test_kvcache_out_of_range_on_cpu_raises_and_writes_nothing():
         with pytest.raises(ValueError, match=match):
             _C.fwd_kvcache(dl(q), dl(kc), dl(vc), dl(out), dl(lse), dl(seqlens),
                            None if idx is None else dl(idx), None if left is None else dl(left),
-                           None, None, 0.17, 0.0, -1, -1, 0, 1, 512, 0, 0)
+                           None, None, None, 0.17, 0.0, -1, -1, 0, 1, 512, 0, 0)
         assert (out == 7).all() and (lse == 7).all(), "a refused call wrote its outputs"
 
 
@@ -240,7 +240,7 @@ def test_paged_equals_contiguous_any_page_size_and_order(device):
     q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16, device) for h in (H, Hk, Hk))
     full = fad.flash_attn_func(q, k, v, causal=True)
     lens = i32([300, 171], device)
-    for page in (16, 64, 256):
+    for page in (16, 48, 64, 256):
         kc, vc, bt = to_pages(gen, k, v, page, 64, device)
         for t in (0, 170, 299):
             out = fad.flash_attn_with_kvcache(q[:, t:t + 1], kc, vc, cache_seqlens=t + 1,
@@ -282,15 +282,59 @@ def test_paged_bad_blocks_on_cpu_raise_and_write_nothing():
     assert torch.isfinite(out).all()  # unused slots may hold anything
 
 
+def test_paged_c_entry_checks_pages_on_cpu():
+    """The C entry itself (no Python pre-check) refuses a block outside the cache and a page
+    size that is not a multiple of 16, and writes nothing."""
+    gen = make_gen(56)
+    q = randn(gen, (1, 1, 2, 32), torch.bfloat16)
+    dl = torch.utils.dlpack.to_dlpack
+    for page, table, match in ((16, [[0, 9]], "^block_table:"), (8, [[0, 1]], "^page_size:")):
+        kc, vc = (randn(gen, (4, page, 2, 32), torch.bfloat16) for _ in range(2))
+        out, lse = torch.full_like(q, 7.0), torch.full((1, 2, 1), 7.0)
+        with pytest.raises(ValueError, match=match):
+            _C.fwd_kvcache(dl(q), dl(kc), dl(vc), dl(out), dl(lse), dl(i32([page + 4], "cpu")),
+                           None, None, dl(i32(table, "cpu")), None, None, 0.17, 0.0, -1, -1, 0, 1,
+                           512, 0, 0)
+        assert (out == 7).all() and (lse == 7).all(), "a refused call wrote its outputs"
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_paged_bad_block_gpu_is_nan():
+@pytest.mark.parametrize("page", [16, 48])
+@pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
+def test_paged_in_kernel_equals_contiguous_gpu(page, sched):
+    """Pages read in place by both kernels (shuffled blocks, tiles spanning pages) give the
+    contiguous cache's bits: decode (packed kernel) and a 40-row chunk (prefill kernel)."""
+    gen = make_gen(57 + page)
+    B, S, H, Hk, D = 3, 1500, 8, 2, 128
+    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16, "cuda") for h in (H, Hk, Hk))
+    kc, vc, bt = to_pages(gen, k, v, page, B * ((S + page - 1) // page) + 5, "cuda")
+    lens = i32([1500, 777, 1025], "cuda")
+    for Sq in (1, 4, 40):
+        for kw in ({"causal": True}, {"causal": True, "window_size": (300, 0)},
+                   {"causal": True, "softcap": 6.0}):
+            with force_schedule(sched):
+                paged, lse_p = fad.flash_attn_with_kvcache(
+                    q[:, :Sq], kc, vc, cache_seqlens=lens, block_table=bt,
+                    return_softmax_lse=True, **kw)
+                contig, lse_c = fad.flash_attn_with_kvcache(
+                    q[:, :Sq], k, v, cache_seqlens=lens, return_softmax_lse=True, **kw)
+            assert torch.equal(paged, contig) and torch.equal(lse_p, lse_c), f"Sq {Sq}, {kw}"
+            assert torch.isfinite(paged).all()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
+def test_paged_bad_block_gpu_is_nan(sched):
     gen = make_gen(53)
     q = randn(gen, (2, 1, 2, 32), torch.bfloat16, "cuda")
     kc, vc = (randn(gen, (4, 16, 2, 32), torch.bfloat16, "cuda") for _ in range(2))
-    out = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32([20, 20], "cuda"),
-                                      block_table=i32([[0, 1], [2, 99]], "cuda"))
+    with force_schedule(sched):
+        out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32([20, 20], "cuda"),
+                                               block_table=i32([[0, 1], [2, 99]], "cuda"),
+                                               return_softmax_lse=True)
     torch.cuda.synchronize()
     assert torch.isfinite(out[0]).all() and out[1].isnan().all()
+    assert torch.isfinite(lse[0]).all() and lse[1].isnan().all()
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
