@@ -916,7 +916,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
     for (int s = fad_first_split(r, S); s < s_end; s++) {
         const size_t idx = s * split_stride + row;
         const float2 ml = *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2);
-        poison |= ml.y != ml.y;
+        poison |= p.block_table && ml.y != ml.y; /* paged only: NaN inputs stay as before */
         fad_merge_w w = fad_merge_weights(m, ml.x);
         const float *os = a.ws_o + idx * D;
 #pragma unroll
