@@ -16,7 +16,7 @@ if [ $# -eq 0 ]; then
         FAD_PACKED_COL_WARPS=4
 fi
 root=/tmp/ab_decode
-commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)+ab"
+commit="${FLASH_ATTN_DET_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}+ab"
 rm -rf "$root" && mkdir -p "$root"
 n=0
 for v in "$@"; do
