@@ -4,7 +4,7 @@ No torch at build time and none at link time: the module talks to torch through
 DLPack only, and links the CUDA runtime statically, so it survives torch upgrades.
 
 Environment:
-  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;90" (default "80;86;89;90", plus PTX of the newest)
+  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest)
   FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
   CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH)
 """
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc")
 C_SOURCES = ["module.c", "fad_core.c", "fad_cpu.c", "fad_bwd_cpu.c"]
 CUDA_SOURCES = ["fad_fwd.cu", "fad_bwd.cu", "fad_append.cu"]
-DEFAULT_ARCHS = "80;86;89;90"
+DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89
 
 
 def find_nvcc():

@@ -892,7 +892,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 /* ------------------------------------------------------------------------ */
 
 template <typename T>
-__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fwd_args a)
+__global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
     using ops = dtype_ops<T>;
     const fad_fwd_params &p = a.p;
@@ -913,18 +913,36 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ fw
         o[c] = 0.f;
     const int s_end = fad_end_split(r, S);
     bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
-    for (int s = fad_first_split(r, S); s < s_end; s++) {
-        const size_t idx = s * split_stride + row;
-        const float2 ml = *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2);
-        poison |= p.block_table && ml.y != ml.y; /* paged only: NaN inputs stay as before */
-        fad_merge_w w = fad_merge_weights(m, ml.x);
-        const float *os = a.ws_o + idx * D;
+    /* The fold is a chain, its loads are not: each batch of kBatch splits is
+     * fetched at once (one memory round trip per batch rather than per split;
+     * with few rows, as at decode, this kernel is latency-bound), then merged
+     * in split order exactly as before. */
+    constexpr int kBatch = 8, kC = FAD_MAX_HEAD_DIM / 32;
+    for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
+        float2 ml[kBatch];
+        float ov[kBatch][kC];
 #pragma unroll
-        for (int c = 0; c < FAD_MAX_HEAD_DIM / 32; c++)
-            if (lane + 32 * c < D)
-                o[c] = fad_merge_value(o[c], os[lane + 32 * c], w);
-        l = fad_merge_value(l, ml.y, w);
-        m = w.m;
+        for (int u = 0; u < kBatch; u++) {
+            const size_t idx = (size_t)(s0 + u) * split_stride + row;
+            const bool live = s0 + u < s_end;
+            ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                ov[u][c] = live && lane + 32 * c < D ? a.ws_o[idx * D + lane + 32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            if (s0 + u >= s_end)
+                break;
+            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
+            fad_merge_w w = fad_merge_weights(m, ml[u].x);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                if (lane + 32 * c < D)
+                    o[c] = fad_merge_value(o[c], ov[u][c], w);
+            l = fad_merge_value(l, ml[u].y, w);
+            m = w.m;
+        }
     }
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;

@@ -397,6 +397,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
+    if cache_seqlens is None:
+        cache_seqlens = k_cache.shape[1] if k is None else 0
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table)
+    if torch.compiler.is_compiling():
+        left, right = _window(window_size, causal)
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        out, lse = torch.ops.flash_attn_det.fwd_kvcache(*args, scale, bool(causal), left, right,
+                                                        float(softcap), bool(rotary_interleaved),
+                                                        alibi_slopes)
+    else:
+        out, lse = _fwd_kvcache(*args, softmax_scale, causal, window_size, softcap,
+                                rotary_interleaved, alibi_slopes)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                 cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                 rotary_interleaved, alibi_slopes):
+    """flash_attn_with_kvcache's work once cache_seqlens is a tensor; returns (out, lse)."""
     q = _operand(q, "q")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -406,11 +428,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if q.dim() != 4 or k_cache.dim() != 4:
         raise ValueError(f"q, k_cache: expected 4 dims, got {q.dim()}, {k_cache.dim()}")
     B, Sq, H, D = q.shape
-    if cache_seqlens is None:
-        cache_seqlens = k_cache.shape[1] if k is None else 0
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
-    elif not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError("cache_seqlens: expected an int or an int32 tensor")
     opts = _options(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
                     alibi_slopes)
@@ -445,7 +463,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             (2, q.shape, k_cache.shape,
              None if block_table is None else block_table.shape[1], det, split_size, schedule,
              q.device))
-    return (out, lse) if return_softmax_lse else out
+    return out, lse
 
 
 def _check_block_table(block_table, q, k_cache, cache_batch_idx, cache_leftpad):

@@ -65,6 +65,27 @@ def bwd_varlen(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                                 max_seqlen_k))
 
 
+@torch.library.custom_op(f"{_LIB}::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                cache_seqlens: Tensor, cache_batch_idx: Optional[Tensor],
+                cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+                softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                softcap: float, rotary_interleaved: bool,
+                alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    # k/v (new rows) are written into k_cache/v_cache in place: the mutation torch must know of
+    return _I._fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                           (window_left, window_right), softcap, rotary_interleaved, alibi_slopes)
+
+
+@fwd_kvcache.register_fake
+def _(q, k_cache, v_cache, *rest):
+    B, Sq, H, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
 def _grads_like(q, k, v):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
