@@ -3,7 +3,7 @@
 # test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
-#   scripts/device_all.sh [stage ...]   stages: build test verify fwd bwd decode train overhead
+#   scripts/device_all.sh [stage ...]   stages: build test decode fwd bwd train verify overhead
 #                                       (default: all, in that order)
 # FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
 set -uo pipefail
@@ -11,11 +11,12 @@ cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
 run="$out/run"
 mkdir -p "$run"
-stages=${*:-build test verify fwd bwd decode train overhead}
+stages=${*:-build test decode fwd bwd train verify overhead}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 has() { [[ " $stages " == *" $1 "* ]]; }
 finish() { tar czf "$out/results.tgz" -C "$out" run; }
 trap finish EXIT
+trap "exit 124" TERM INT
 
 if has build; then
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$run/build.log"
