@@ -425,6 +425,24 @@ struct fwd_args {
     float *ws_ml; /* partial (m, l) */
 };
 
+/* A KV-cache sequence whose rows fall outside the cache (fad_seq.valid == 0:
+ * its indices are not read back on the host) gets NaN in every element of
+ * query row i of head h (out and lse): loud, and the caller needs no NaN
+ * pre-fill. Varlen batches cannot say which rows an invalid sequence owns;
+ * their callers pre-fill. */
+__device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_seq &seq, int h,
+                                           int i, int lane, int lanes)
+{
+    const float nan = __int_as_float(0x7fffffff);
+    if (i >= p.seqlen_q)
+        return;
+    uint16_t *o = (uint16_t *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+    for (int c = lane; c < p.head_dim; c += lanes)
+        o[c] = 0x7fff; /* a quiet NaN in fp16 and bf16 alike */
+    if (lane == 0)
+        p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
+}
+
 template <int kHeadDim> struct fwd_cfg {
     /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
@@ -474,6 +492,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int m0 = m_block * kBlockM;
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int i = m0 + (int)threadIdx.x / 32; i < m0 + kBlockM; i += C::kThreads / 32)
+            poison_row(p, seq, h, i, threadIdx.x % 32, 32);
+        return;
+    }
     if (m0 >= len_q)
         return;
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
@@ -707,6 +730,12 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int n_rows = len_q * G; /* packed rows of (b, hk); the plan bounds seqlen_q * G */
     const int m0 = m_block * kBlockM;
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int pr = m0 + (int)threadIdx.x / 32; pr < m0 + kBlockM && pr < p.seqlen_q * G;
+             pr += C::kThreads / 32)
+            poison_row(p, seq, hk * G + pr % G, pr / G, threadIdx.x % 32, 32);
+        return;
+    }
     if (m0 >= n_rows)
         return;
     const int m_end = min(m0 + kBlockM, n_rows);
@@ -901,6 +930,10 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
     const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32; /* query row of sequence b */
     const fad_seq seq = fad_get_seq(&p, b);
+    if (!seq.valid && p.cache_seqlens) {
+        poison_row(p, seq, h, i, lane, 32);
+        return;
+    }
     if (i >= seq.len_q)
         return;
     const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */

@@ -446,11 +446,10 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
         q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                            cache_seqlens, cache_batch_idx, cache_leftpad,
                                            rotary_interleaved, local, block_table)
-    # Sequences whose cache rows fall outside k_cache are skipped on the GPU (their
-    # indices are not read back): NaN outputs make that loud.
-    fill = float("nan") if q.is_cuda else 0.0
-    out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
-    lse = torch.full((B, H, Sq), fill, dtype=torch.float32, device=q.device)
+    # A sequence whose cache rows fall outside k_cache (indices are not read back on the
+    # GPU) gets NaN rows from the kernels; on the CPU the call raises first.
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
 
     def cap(t):

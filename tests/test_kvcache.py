@@ -143,6 +143,31 @@ def test_kvcache_schedules_bit_equal_and_bad_entry_is_nan_gpu():
     assert torch.equal(bad[0], outs[0][0]) and torch.equal(bad[2], outs[0][2])
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("Sq", [1, 3, 40])  # the packed kernel (Sq <= 16) and the prefill kernel
+@pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
+def test_bad_sequence_rows_are_nan_without_prefill_gpu(Sq, sched):
+    """The outputs are allocated uninitialised: every row of a sequence past its cache, or of
+    a cache entry that does not exist, is written NaN by the kernels (out and lse), under
+    either schedule, and the other sequences keep their bits."""
+    gen = make_gen(50)
+    q = randn(gen, (4, Sq, 8, 64), torch.bfloat16, "cuda")
+    kc, vc = (randn(gen, (3, 700, 2, 64), torch.bfloat16, "cuda") for _ in range(2))
+    good = dict(cache_seqlens=i32([700, 300, 64, 500], "cuda"), cache_batch_idx=i32([0, 1, 2, 1], "cuda"))
+    bad = dict(cache_seqlens=i32([700, 800, 64, 500], "cuda"), cache_batch_idx=i32([0, 1, 2, 5], "cuda"))
+    with force_schedule(sched):
+        ref, ref_lse = fad.flash_attn_with_kvcache(q, kc, vc, causal=True, return_softmax_lse=True,
+                                                   **good)
+        for _ in range(3):  # reuse of the allocator's blocks: stale values must not survive
+            out, lse = fad.flash_attn_with_kvcache(q, kc, vc, causal=True,
+                                                   return_softmax_lse=True, **bad)
+    torch.cuda.synchronize()
+    for b in (1, 3):
+        assert out[b].isnan().all() and lse[b].isnan().all(), f"sequence {b}: not all NaN"
+    for b in (0, 2):
+        assert torch.equal(out[b], ref[b]) and torch.equal(lse[b], ref_lse[b])
+
+
 # --- appending new keys and rotary --------------------------------------------------
 
 def rotary_ref(x, cos, sin, pos, interleaved):
