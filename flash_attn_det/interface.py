@@ -286,11 +286,12 @@ def _rotary(x, cos, sin, pos, interleaved):
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
                     block_table=None):
-    """flash_attn_with_kvcache's steps before attention, in torch ops: rotary on q and the new
-    keys, new keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after).
-    CPU tensors are checked in full first (nothing is written on failure); on the GPU indices
-    are not read back: a row past the cache is clamped into it and its sequence's output
-    comes back NaN (the attention sees cache_seqlens past the capacity)."""
+    """flash_attn_with_kvcache's steps before attention: rotary on q and the new keys, new
+    keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after). CPU
+    tensors are checked in full first (nothing is written on failure), then run as torch ops
+    (the reference the CUDA kernel's bits are tested against); CUDA tensors go to the kernel
+    (_kvcache_append_cuda), which does not read indices back: a row that would land outside
+    the cache is not written, and the attention reports that sequence as NaN."""
     B, Sq = q.shape[:2]
     n_new = 0
     if k is not None or v is not None:
@@ -397,9 +398,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    if cache_seqlens is None:
+    if cache_seqlens is None and isinstance(k_cache, torch.Tensor) and k_cache.dim():
         cache_seqlens = k_cache.shape[1] if k is None else 0
-    if isinstance(cache_seqlens, int):
+    if isinstance(cache_seqlens, int) and isinstance(q, torch.Tensor) and q.dim():
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table)
