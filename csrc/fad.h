@@ -93,7 +93,9 @@ typedef struct fad_fwd_params {
      * in row x % page_size of page block_table[b * block_table_stride + x / page_size];
      * k/v_batch_stride are then the page strides. A page index outside [0, kv_batch)
      * is never read: on the CPU it is an error, on the GPU the rows that would read
-     * it get NaN. cache_batch_idx must be NULL. */
+     * it get NaN. cache_batch_idx must be NULL. A varlen batch (cu_seqlens_k set) may be
+     * paged too: cu_seqlens_k (and seqused_k) then give only the lengths, leftpad is 0,
+     * kv_batch is the number of pages and seqlen_k the table's capacity. */
     const int32_t *block_table;     /* NULL, or (B, max_blocks) int32 */
     int block_table_stride;         /* elements between sequences' rows of block_table */
     int page_size;                  /* rows per page: a positive multiple of 16 (paged only) */

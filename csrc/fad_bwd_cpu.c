@@ -110,6 +110,10 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     fad_status st = fad_fwd_check_run(&bp->fwd, msg, msg_len);
     if (st != FAD_OK)
         return st;
+    if (bp->fwd.cache_seqlens || bp->fwd.block_table)
+        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
+                        "cache_seqlens, block_table: the backward of a KV-cache or paged call is "
+                        "not supported");
     if (fad_fwd_is_empty(&bp->fwd))
         return FAD_OK;
     if (!bp->dout || !bp->dq || ((bp->fwd.cu_seqlens_k ? bp->fwd.total_k : bp->fwd.seqlen_k) > 0 &&

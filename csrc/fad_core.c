@@ -99,8 +99,9 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
                         "cache_seqlens: a KV cache takes a padded batch, not cu_seqlens");
     if (p->cache_seqlens && p->kv_batch < 0)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "kv_batch: must be >= 0 (got %d)", p->kv_batch);
-    if (p->block_table && !p->cache_seqlens)
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "block_table: needs cache_seqlens (a KV cache)");
+    if (p->block_table && !p->cache_seqlens && !p->cu_seqlens_k)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "block_table: needs cache_seqlens (a KV cache) or cu_seqlens_k (varlen)");
     if (p->block_table && p->cache_batch_idx)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "block_table: cannot be combined with cache_batch_idx");
@@ -258,7 +259,7 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
 {
     const void *ptrs[4] = {p->q, p->k, p->v, p->out};
     /* the stride of a dim of size 1 is never used */
-    const int kv_batch = p->cache_seqlens ? p->kv_batch : p->batch;
+    const int kv_batch = p->cache_seqlens || p->block_table ? p->kv_batch : p->batch;
     const int kv_rows = p->block_table ? p->page_size : p->seqlen_k; /* k/v dim 1 */
     const int sizes[4][3] = {{p->batch, p->seqlen_q, p->num_heads},
                              {kv_batch, kv_rows, p->num_heads_k},
@@ -341,9 +342,10 @@ fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t worksp
     st = check_alignment(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (p->cache_seqlens)
+    if (p->cache_seqlens || p->block_table)
         return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
-                        "cache_seqlens: the backward of a KV-cache call is not supported");
+                        "cache_seqlens, block_table: the backward of a KV-cache or paged call is "
+                        "not supported");
     if (fad_fwd_is_empty(p))
         return FAD_OK;
     const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;

@@ -186,6 +186,20 @@ void fad_load_kv_head(const fad_fwd_params *p, const fad_seq *seq, int hk, load_
     }
 }
 
+/* Paged: every page holding one of sequence b's cache rows [start, end) must exist. */
+static fad_status check_pages(const fad_fwd_params *p, int b, int start, int end, char *msg,
+                              size_t msg_len)
+{
+    for (int x = start / p->page_size * p->page_size; x < end; x += p->page_size) {
+        const int pg = p->block_table[(int64_t)b * p->block_table_stride + x / p->page_size];
+        if (pg < 0 || pg >= p->kv_batch)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "block_table: sequence %d names block %d (slot %d), outside the "
+                            "cache's %d", b, pg, x / p->page_size, p->kv_batch);
+    }
+    return FAD_OK;
+}
+
 /* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
  * sequence that points outside the tensors is skipped, see fad_seq.h). */
 fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
@@ -205,15 +219,8 @@ fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg
             return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                             "cache_leftpad: sequence %d starts at %d, must be in [0, %d]", b, start,
                             end);
-        /* paged: every page holding one of the rows [start, end) must exist */
-        for (int x = start / (p->page_size > 0 ? p->page_size : 1) * p->page_size;
-             p->block_table && x < end; x += p->page_size) {
-            const int pg = p->block_table[(int64_t)b * p->block_table_stride + x / p->page_size];
-            if (pg < 0 || pg >= p->kv_batch)
-                return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                                "block_table: sequence %d names block %d (slot %d), outside the "
-                                "cache's %d", b, pg, x / p->page_size, p->kv_batch);
-        }
+        if (p->block_table && check_pages(p, b, start, end, msg, msg_len) != FAD_OK)
+            return FAD_ERR_VALUE;
     }
     if (!p->cu_seqlens_q)
         return FAD_OK;
@@ -226,15 +233,20 @@ fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg
                             "cu_seqlens_q: sequence %d has rows [%d, %d): must be increasing, within "
                             "q's %d rows and at most max_seqlen_q=%d long",
                             b, cq[0], cq[1], p->total_q, p->seqlen_q);
-        if (ck[1] < ck[0] || ck[1] > p->total_k || ck[1] - ck[0] > p->seqlen_k)
+        if (ck[1] < ck[0] || (!p->block_table && ck[1] > p->total_k) ||
+            ck[1] - ck[0] > p->seqlen_k)
             return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                             "cu_seqlens_k: sequence %d has rows [%d, %d): must be increasing, within "
-                            "k's %d rows and at most max_seqlen_k=%d long",
-                            b, ck[0], ck[1], p->total_k, p->seqlen_k);
+                            "k's %d rows and at most %s=%d long", b, ck[0], ck[1], p->total_k,
+                            p->block_table ? "the block table's capacity" : "max_seqlen_k",
+                            p->seqlen_k);
         if (p->seqused_k && (p->seqused_k[b] < 0 || p->seqused_k[b] > ck[1] - ck[0]))
             return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                             "seqused_k: sequence %d uses %d keys, must be in [0, %d]", b,
                             p->seqused_k[b], ck[1] - ck[0]);
+        const int used = p->seqused_k ? p->seqused_k[b] : ck[1] - ck[0];
+        if (p->block_table && check_pages(p, b, 0, used, msg, msg_len) != FAD_OK)
+            return FAD_ERR_VALUE;
     }
     return FAD_OK;
 }

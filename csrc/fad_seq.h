@@ -97,12 +97,19 @@ FAD_HD fad_seq fad_get_seq(const fad_fwd_params *p, int b)
         len_k = p->seqused_k[b];
     /* Lengths beyond the max_seqlen the grid was sized for, or rows outside
      * the tensors, make the sequence invalid: it is never read or computed. */
+    /* paged (block_table): cu_seqlens_k only gives lengths; key j of sequence b is
+     * found through its table row, and seqlen_k is the table's capacity */
     s.valid = q0 >= 0 && q1 >= q0 && q1 <= p->total_q && q1 - q0 <= p->seqlen_q && k0 >= 0 &&
-              k1 >= k0 && k1 <= p->total_k && len_k >= 0 && len_k <= p->seqlen_k;
+              k1 >= k0 && (p->block_table || k1 <= p->total_k) && len_k >= 0 &&
+              len_k <= p->seqlen_k;
     s.q_off = (int64_t)q0 * p->q_row_stride, s.o_off = (int64_t)q0 * p->out_row_stride;
     s.k_off = (int64_t)k0 * p->k_row_stride, s.v_off = (int64_t)k0 * p->v_row_stride;
     s.row0 = q0;
     s.pages = NULL, s.k_start = 0;
+    if (p->block_table) {
+        s.pages = p->block_table + (int64_t)b * p->block_table_stride;
+        s.k_off = s.v_off = 0;
+    }
     s.len_q = s.valid ? q1 - q0 : 0;
     s.len_k = s.valid ? len_k : 0;
     return s;

@@ -532,17 +532,21 @@ static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 PyDoc_STRVAR(fwd_varlen_doc,
 "fwd_varlen(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,\n"
-"           max_seqlen_q, max_seqlen_k, alibi_slopes, workspace, softmax_scale, softcap,\n"
-"           window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
+"           block_table, max_seqlen_q, max_seqlen_k, alibi_slopes, workspace,\n"
+"           softmax_scale, softcap, window_left, window_right, causal, deterministic,\n"
+"           split_size, schedule, stream)\n"
 "--\n\n"
 "Attention forward over a variable-length batch. q (total_q, Hq, D), k/v (total_k,\n"
 "Hkv, D), out like q, softmax_lse (Hq, total_q) float32 contiguous; cu_seqlens_q/k\n"
-"int32 (B+1,), seqused_k int32 (B,) or None. Other arguments as fwd.");
+"int32 (B+1,), seqused_k int32 (B,) or None. block_table int32 (B, max_blocks) or\n"
+"None: k/v are then pages (num_pages, page_size, Hkv, D) and sequence b's key j is\n"
+"row j % page_size of page block_table[b][j / page_size] (cu_seqlens_k gives the\n"
+"lengths; max_seqlen_k is the table's capacity). Other arguments as fwd.");
 
 /* Fills p from fwd_varlen's arguments; t receives q, k, v, out. */
 static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])
 {
-    DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL;
+    DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL, *table = NULL;
     int max_q, max_k;
 
     fad_fwd_params_init(p);
@@ -551,18 +555,23 @@ static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o
         get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cu_seqlens_q", &cu_q) ||
         get_tensor(args[6], "cu_seqlens_k", &cu_k) ||
         (args[7] != Py_None && get_tensor(args[7], "seqused_k", &used_k)) ||
-        as_int(args[8], "max_seqlen_q", &max_q) || as_int(args[9], "max_seqlen_k", &max_k) ||
-        parse_opts(args + 10, p, o) || check_q(q, 3))
+        (args[8] != Py_None && get_tensor(args[8], "block_table", &table)) ||
+        as_int(args[9], "max_seqlen_q", &max_q) || as_int(args[10], "max_seqlen_k", &max_k) ||
+        parse_opts(args + 11, p, o) || check_q(q, 3))
         return -1;
     const int code = q->dtype.code;
     const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
-    const int64_t kshape[3] = {-1, -1, D};
-    if (check_tensor(k, q, "k", code, 16, 3, kshape))
+    /* paged: k/v (num_pages, page_size, Hkv, D), one more leading dim */
+    const int kd = table ? 4 : 3;
+    const int64_t kshape3[3] = {-1, -1, D}, kshape4[4] = {-1, -1, -1, D};
+    if (check_tensor(k, q, "k", code, 16, kd, table ? kshape4 : kshape3))
         return -1;
-    const int64_t Tk = k->shape[0], Hk = k->shape[1];
-    const int64_t vshape[3] = {Tk, Hk, D}, oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
+    const int64_t Tk = k->shape[0], Hk = k->shape[kd - 2];
+    const int64_t vshape3[3] = {Tk, Hk, D}, vshape4[4] = {Tk, table ? k->shape[1] : 0, Hk, D};
+    const int64_t *vshape = table ? vshape4 : vshape3;
+    const int64_t oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
     const int64_t cushape[1] = {-1};
-    if (check_tensor(v, q, "v", code, 16, 3, vshape) ||
+    if (check_tensor(v, q, "v", code, 16, kd, vshape) ||
         check_tensor(out, q, "out", code, 16, 3, oshape) ||
         check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 2, lshape) ||
         check_contiguous(lse, "softmax_lse") ||
@@ -574,8 +583,10 @@ static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o
         PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needs at least one entry (batch + 1)");
         return -1;
     }
+    const int64_t tshape[2] = {B, -1};
     if (check_tensor(cu_k, q, "cu_seqlens_k", kDLInt, 32, 1, cukshape) ||
         (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
+        (table && check_tensor(table, q, "block_table", kDLInt, 32, 2, tshape)) ||
         fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
         fits_int(Hk, "k: heads"))
         return -1;
@@ -591,11 +602,23 @@ static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o
     p->cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
     p->seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
     p->q_row_stride = tensor_stride(q, 0), p->q_head_stride = tensor_stride(q, 1);
-    p->k_row_stride = tensor_stride(k, 0), p->k_head_stride = tensor_stride(k, 1);
-    p->v_row_stride = tensor_stride(v, 0), p->v_head_stride = tensor_stride(v, 1);
+    p->k_row_stride = tensor_stride(k, kd - 3), p->k_head_stride = tensor_stride(k, kd - 2);
+    p->v_row_stride = tensor_stride(v, kd - 3), p->v_head_stride = tensor_stride(v, kd - 2);
     p->out_row_stride = tensor_stride(out, 0), p->out_head_stride = tensor_stride(out, 1);
     p->batch = (int)B, p->seqlen_q = max_q, p->seqlen_k = max_k;
     p->total_q = (int)Tq, p->total_k = (int)Tk;
+    if (table) { /* the pages: sequence lengths from cu_seqlens_k, capacity from the table */
+        if (fits_int(k->shape[1], "k: page_size") || fits_int(table->shape[1], "block_table: dim 1") ||
+            fits_int(table->shape[1] * k->shape[1], "block_table: capacity"))
+            return -1;
+        p->block_table = (const int32_t *)tensor_data(table);
+        p->block_table_stride = (int)tensor_stride(table, 0);
+        p->page_size = (int)k->shape[1];
+        p->kv_batch = (int)Tk;
+        p->k_batch_stride = tensor_stride(k, 0), p->v_batch_stride = tensor_stride(v, 0);
+        p->seqlen_k = (int)(table->shape[1] * k->shape[1]);
+        p->total_k = p->seqlen_k; /* keys are found through the table, not cu_seqlens_k's offsets */
+    }
     p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
     t[0] = out, t[1] = q, t[2] = k, t[3] = v;
     return 0;
@@ -607,9 +630,9 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 10 + FWD_NOPTS) {
+    if (nargs != 11 + FWD_NOPTS) {
         PyErr_Format(PyExc_TypeError, "fwd_varlen: expected %d arguments, got %zd",
-                     10 + FWD_NOPTS, nargs);
+                     11 + FWD_NOPTS, nargs);
         return NULL;
     }
     if (fill_fwd_varlen(args, &p, &o, t))
@@ -628,9 +651,9 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 4 + 10 + FWD_NOPTS) {
+    if (nargs != 4 + 11 + FWD_NOPTS) {
         PyErr_Format(PyExc_TypeError, "bwd_varlen: expected %d arguments, got %zd",
-                     4 + 10 + FWD_NOPTS, nargs);
+                     4 + 11 + FWD_NOPTS, nargs);
         return NULL;
     }
     if (fill_fwd_varlen(args + 4, &p, &o, t))

@@ -102,7 +102,7 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
 
 
 def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                causal, window_size, softcap, alibi_slopes, seqused_k):
+                causal, window_size, softcap, alibi_slopes, seqused_k, block_table=None):
     """Runs the forward kernel on a variable-length batch; returns (out, softmax_lse)."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 3:
@@ -114,8 +114,7 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         raise ValueError(f"max_seqlen_q, max_seqlen_k: must be >= 0, got {max_seqlen_q}, "
                          f"{max_seqlen_k}")
     opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    Tq, H, D = q.shape
-    Hk = k.shape[1] if k.dim() == 3 else 1
+    Tq, H, _ = q.shape
     B = max(cu_seqlens_q.shape[0] - 1, 0) if cu_seqlens_q.dim() == 1 else 0
     # On the GPU cu_seqlens are not read back (no sync): a sequence whose bounds fall
     # outside q/k is skipped by the kernel, and NaN-filled outputs make that loud.
@@ -126,10 +125,12 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     _launch(_C.fwd_varlen,
             (to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
              to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
-             None if seqused_k is None else to_dlpack(seqused_k), int(max_seqlen_q),
+             None if seqused_k is None else to_dlpack(seqused_k),
+             None if block_table is None else to_dlpack(block_table), int(max_seqlen_q),
              int(max_seqlen_k), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
-            (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k), det, split_size,
-             schedule, q.device))
+            (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k),
+             None if block_table is None else block_table.shape, det, split_size, schedule,
+             q.device))
     return out, lse
 
 
@@ -152,7 +153,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     else:
         cu_q, cu_k, used, max_q, max_k = varlen
         _C.bwd_varlen(*tensors, to_dlpack(cu_q), to_dlpack(cu_k),
-                      None if used is None else to_dlpack(used), int(max_q), int(max_k),
+                      None if used is None else to_dlpack(used), None, int(max_q), int(max_k),
                       opts[0], ws, *opts[1:], *mode)
     return dq, dk, dv
 
@@ -246,23 +247,27 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ALiBi ((nheads,) or (batch, nheads)) as flash_attn_func, per sequence. A sequence's
     bits equal those of flash_attn_func on that sequence alone (deterministic mode).
     Returns out (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None).
-    block_table (paged KV) is not implemented yet.
+    block_table (int32 (batch, max_blocks), inference only): k/v are pages (num_pages,
+    page_size, nheads_k, headdim), page_size a multiple of 16; sequence b's key j is row
+    j % page_size of page block_table[b][j // page_size], cu_seqlens_k (and seqused_k) give
+    the lengths; the same bits as the keys laid out contiguously.
     """
     _no_dropout(dropout_p)
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV is not implemented by flash_attn_det yet")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
+    if block_table is not None and _needs_grad(q, k, v):
+        raise NotImplementedError("block_table: paged KV has no backward (as in flash_attn); call "
+                                  "it under torch.no_grad() / torch.inference_mode()")
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         out, lse = torch.ops.flash_attn_det.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
-            bool(causal), left, right, float(softcap), alibi_slopes, seqused_k)
+            bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table)
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnVarlenFunc.apply(*args)
     else:
-        out, lse = _fwd_varlen(*args)
+        out, lse = _fwd_varlen(*args, block_table)
     return (out, lse, None) if return_attn_probs else out
 
 

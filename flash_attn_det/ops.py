@@ -31,15 +31,16 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_
 def fwd_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor], seqused_k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+               alibi_slopes: Optional[Tensor], seqused_k: Optional[Tensor],
+               block_table: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _I._fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale, causal, (window_left, window_right), softcap,
-                          alibi_slopes, seqused_k)
+                          alibi_slopes, seqused_k, block_table)
 
 
 @fwd_varlen.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, alibi_slopes, seqused_k):
+      window_left, window_right, softcap, alibi_slopes, seqused_k, block_table=None):
     Tq, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         q.new_empty((H, Tq), dtype=torch.float32)
@@ -112,10 +113,12 @@ def _fwd_backward(ctx, dout, _dlse):
 
 def _fwd_varlen_backward(ctx, dout, _dlse):
     (cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap, alibi,
-     used) = ctx.inputs[3:]
+     used, table) = ctx.inputs[3:]
+    if table is not None:
+        raise NotImplementedError("block_table: paged KV has no backward (as in flash_attn)")
     dq, dk, dv = bwd_varlen(dout, *ctx.saved_tensors, cu_q, cu_k, max_q, max_k, scale, causal,
                             left, right, softcap, alibi, used)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_setup)

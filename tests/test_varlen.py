@@ -156,8 +156,9 @@ def test_varlen_bad_input(device):
         call(q[None], k, v, cu_q, cu_k, 20, 20)
     with pytest.raises(ValueError, match="^max_seqlen_q"):
         call(q, k, v, cu_q, cu_k, -1, 20)
-    with pytest.raises(NotImplementedError, match="^block_table:"):
-        call(q, k, v, cu_q, cu_k, 20, 20, block_table=torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="^k: expected 4 dims"):  # paged: k/v are pages
+        call(q, k, v, cu_q, cu_k, 20, 20,
+             block_table=torch.zeros(2, 1, dtype=torch.int32, device=q.device))
     with pytest.raises(NotImplementedError, match="^dropout_p:"):
         call(q, k, v, cu_q, cu_k, 20, 20, dropout_p=0.1)
     with pytest.raises(ValueError, match="^seqused_k:"):
@@ -180,7 +181,7 @@ def test_varlen_bad_cu_seqlens_on_cpu_raise_and_write_nothing():
         lse = torch.full((2, 30), 7.0)
         with pytest.raises(ValueError, match=match):
             _C.fwd_varlen(*(torch.utils.dlpack.to_dlpack(t) for t in (q, k, v, out, lse, cq, ck)),
-                          None, mq, mk, None, None, 0.125, 0.0, -1, -1, 0, 1, 512, 0, 0)
+                          None, None, mq, mk, None, None, 0.125, 0.0, -1, -1, 0, 1, 512, 0, 0)
         assert (out == 7).all() and (lse == 7).all(), "a refused call wrote its outputs"
 
 
@@ -212,3 +213,63 @@ def test_varlen_out_of_range_cu_seqlens_gpu_are_skipped_loudly():
     good = fad.flash_attn_func(q[None, :10], k[None, :10], v[None, :10])
     assert torch.equal(out[:10], good[0])
     assert out[10:].isnan().all() and lse[:, 10:].isnan().all()
+
+
+# --- paged KV (block_table) ----------------------------------------------------------
+
+def to_pages(k, cu_k, page, gen, spare=3):
+    """k (total_k, Hk, D) of a varlen batch scattered into shuffled pages of `page` rows:
+    returns (pages (num_pages, page, Hk, D), block_table (B, max_blocks) int32). Unused
+    table slots hold -1 (never read), spare pages hold noise."""
+    cks = cu_k.tolist()
+    lens = [b - a for a, b in zip(cks[:-1], cks[1:])]
+    need = [(n + page - 1) // page for n in lens]
+    total = sum(need) + spare
+    perm = torch.randperm(total, generator=gen).tolist()
+    pages = torch.randn((total, page) + tuple(k.shape[1:]), generator=gen).to(k.dtype).to(k.device)
+    table = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, (a, n) in enumerate(zip(cks[:-1], lens)):
+        for s in range(need[b]):
+            pg = perm[used]
+            used += 1
+            rows = k[a + s * page: min(a + n, a + (s + 1) * page)]
+            pages[pg, :rows.shape[0]] = rows
+            table[b, s] = pg
+    return pages, table.to(k.device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page", [16, 48])
+def test_varlen_paged_equals_contiguous(device, page):
+    """Shuffled pages of any multiple-of-16 size give the bits of the contiguous varlen call,
+    for the packed (short query) and the prefill kernel, causal and not."""
+    for lens_q in ([70, 1, 5], [3, 1, 5]):  # max_seqlen_q 70: prefill kernel; 5: packed kernel
+        gen = make_gen(91 + page)
+        lens_k = [70, 1, 130]
+        q, k, v, cu_q, cu_k = make_varlen(gen, lens_q, lens_k, 4, 2, 64, torch.bfloat16, device)
+        kp, table = to_pages(k, cu_k, page, torch.Generator().manual_seed(page))
+        vp, table_v = to_pages(v, cu_k, page, torch.Generator().manual_seed(page))
+        assert torch.equal(table, table_v)
+        for kw in ({}, {"causal": True}):
+            args = (cu_q, cu_k, max(lens_q), 130)
+            ref, ref_lse, _ = fad.flash_attn_varlen_func(q, k, v, *args, return_attn_probs=True,
+                                                         **kw)
+            out, lse, _ = fad.flash_attn_varlen_func(q, kp, vp, *args, block_table=table,
+                                                     return_attn_probs=True, **kw)
+            assert torch.equal(out, ref) and torch.equal(lse, ref_lse), f"{lens_q} {kw}: bits"
+
+
+def test_varlen_paged_bad_page_raises_on_cpu_and_has_no_backward():
+    gen = make_gen(93)
+    q, k, v, cu_q, cu_k = make_varlen(gen, [20, 20], [40, 20], 2, 2, 32, torch.float16, "cpu")
+    kp, table = to_pages(k, cu_k, 16, torch.Generator().manual_seed(0))
+    vp = kp.clone()
+    bad = table.clone()
+    bad[0, 1] = kp.shape[0]  # a page index past the cache
+    with pytest.raises(ValueError, match="^block_table:"):
+        fad.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, 20, 40, block_table=bad)
+    with pytest.raises(NotImplementedError, match="^block_table:"):
+        fad.flash_attn_varlen_func(q.requires_grad_(True), kp, vp, cu_q, cu_k, 20, 40,
+                                   block_table=table)
+
