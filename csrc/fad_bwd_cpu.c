@@ -105,20 +105,9 @@ static void store_rows(const fad_fwd_params *p, uint16_t *dst, int64_t row_strid
 
 fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
 {
-    if (!bp)
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "params: NULL");
-    fad_status st = fad_fwd_check_run(&bp->fwd, msg, msg_len);
-    if (st != FAD_OK)
+    fad_status st = fad_bwd_check_run(bp, msg, msg_len);
+    if (st != FAD_OK || fad_fwd_is_empty(&bp->fwd))
         return st;
-    if (bp->fwd.cache_seqlens || bp->fwd.block_table)
-        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
-                        "cache_seqlens, block_table: the backward of a KV-cache or paged call is "
-                        "not supported");
-    if (fad_fwd_is_empty(&bp->fwd))
-        return FAD_OK;
-    if (!bp->dout || !bp->dq || ((bp->fwd.cu_seqlens_k ? bp->fwd.total_k : bp->fwd.seqlen_k) > 0 &&
-                                 (!bp->dk || !bp->dv)))
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "dout, dq, dk, dv: NULL pointer");
     fad_fwd_params fwd = fad_fwd_resolve(&bp->fwd);
     st = fad_check_seqlens_host(&fwd, msg, msg_len);
     if (st != FAD_OK)

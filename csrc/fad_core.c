@@ -330,16 +330,14 @@ fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *
     return FAD_OK;
 }
 
-fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t workspace_bytes,
-                        struct CUstream_st *stream, char *msg, size_t msg_len)
+/* The backward's checks on both paths: the forward's, what the backward does
+ * not support, then the gradients' pointers (a call with no query row needs none). */
+fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len)
 {
     if (!bp)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "params: NULL");
     const fad_fwd_params *p = &bp->fwd;
     fad_status st = fad_fwd_check_run(p, msg, msg_len);
-    if (st != FAD_OK)
-        return st;
-    st = check_alignment(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (p->cache_seqlens || p->block_table)
@@ -351,13 +349,30 @@ fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t worksp
     const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;
     const void *grads[4] = {bp->dout, bp->dq, bp->dk, bp->dv};
     static const char *names[4] = {"dout", "dq", "dk", "dv"};
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 4; t++)
         if (!grads[t] && (t < 2 || has_keys))
             return fad_fail(FAD_ERR_VALUE, msg, msg_len, "%s: NULL pointer", names[t]);
+    return FAD_OK;
+}
+
+fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t workspace_bytes,
+                        struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    fad_status st = fad_bwd_check_run(bp, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    const fad_fwd_params *p = &bp->fwd;
+    st = check_alignment(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (fad_fwd_is_empty(p))
+        return FAD_OK;
+    const void *grads[4] = {bp->dout, bp->dq, bp->dk, bp->dv};
+    static const char *names[4] = {"dout", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; t++) /* they share the strides of out, q, k, v */
         if ((uintptr_t)grads[t] % 16)
             return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
                             "%s: data pointer must be 16-byte aligned", names[t]);
-    }
     const size_t need = (size_t)fad_flat_rows(p) * sizeof(float);
     if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
         return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,

@@ -443,6 +443,30 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
         p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
 }
 
+/* The key tiles a CTA walks, the same rule for both forward kernels (the walk
+ * decides bits): the kBlockN-aligned tiles of splits [s_begin, s_end) that
+ * intersect keys [first.lo, last.hi) of its rows (first/last: the key ranges of
+ * its first and last query row, which only grow with the row index). On the
+ * CTA-per-split schedule the CTA walks split blockIdx.z only; returns false
+ * when that split is masked for every row (the combine skips it too). */
+template <int kBlockN>
+__device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range first,
+                                          fad_key_range last, int len_k, int *t_first, int *t_last)
+{
+    const int S = plan.split_size;
+    const fad_key_range keys = {first.lo, last.hi};
+    int s_begin = fad_first_split(keys, S), s_end = fad_end_split(keys, S);
+    if (plan.cta_per_split) {
+        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
+            return false;
+        s_begin = blockIdx.z;
+        s_end = blockIdx.z + 1;
+    }
+    *t_first = max(s_begin * S, keys.lo / kBlockN * kBlockN);
+    *t_last = min(min(s_end * S, keys.hi), len_k);
+    return true;
+}
+
 template <int kHeadDim> struct fwd_cfg {
     /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
@@ -505,19 +529,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     /* Keys any row of this tile may see: lo and hi grow with the row index. */
     const fad_key_range first_row = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
     const fad_key_range last_row = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
-    const fad_key_range tile_keys = {first_row.lo, last_row.hi};
-    int s_begin = fad_first_split(tile_keys, S), s_end = fad_end_split(tile_keys, S);
     const bool partial = a.plan.cta_per_split;
-    if (partial) {
-        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
-            return; /* this split is masked for every row: the combine skips it too */
-        s_begin = blockIdx.z;
-        s_end = blockIdx.z + 1;
-    }
-    /* Flat walk over the kBlockN-aligned tiles of splits [s_begin, s_end)
-     * that intersect the tile's key range. */
-    const int t_first = max(s_begin * S, tile_keys.lo / kBlockN * kBlockN);
-    const int t_last = min(min(s_end * S, tile_keys.hi), len_k);
+    int t_first, t_last;
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+        return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
@@ -744,17 +759,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const fad_key_range first_row = fad_row_keys(m0 / G, len_q, len_k, p.window_left, p.window_right);
     const fad_key_range last_row =
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
-    const fad_key_range tile_keys = {first_row.lo, last_row.hi};
-    int s_begin = fad_first_split(tile_keys, S), s_end = fad_end_split(tile_keys, S);
     const bool partial = a.plan.cta_per_split;
-    if (partial) {
-        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
-            return; /* this split is masked for every row: the combine skips it too */
-        s_begin = blockIdx.z;
-        s_end = blockIdx.z + 1;
-    }
-    const int t_first = max(s_begin * S, tile_keys.lo / kBlockN * kBlockN);
-    const int t_last = min(min(s_end * S, tile_keys.hi), len_k);
+    int t_first, t_last;
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+        return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);

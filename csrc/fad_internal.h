@@ -91,6 +91,10 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan);
 /* fad_fwd_check plus the pointer checks a run needs. */
 fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len);
 
+/* fad_fwd_check_run for a backward, plus its own rules (no KV cache, no pages)
+ * and the gradients' pointers. */
+fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len);
+
 /* 1 when the call has no query row: nothing to compute or write. */
 int fad_fwd_is_empty(const fad_fwd_params *p);
 
