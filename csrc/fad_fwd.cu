@@ -503,6 +503,7 @@ template <typename T, int kHeadDim, bool kMod, bool kPaged>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads, fwd_cfg<kHeadDim>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
+    pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
     using C = fwd_cfg<kHeadDim>;
     constexpr int kMT = C::kMT, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
     constexpr int kRows = 2 * kMT; /* rows per thread */
@@ -731,6 +732,7 @@ template <typename T, int kHeadDim, bool kMod, bool kPaged>
 __global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
 fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
+    pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
     constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
@@ -928,6 +930,12 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 /* combine: fold split partials left to right, one warp per query row         */
 /* ------------------------------------------------------------------------ */
 
+/* Knob that never changes a bit: 1 = launch the combine as a programmatic
+ * dependent of the attention kernel where the GPU has it (sm_90 on). */
+#ifndef FAD_COMBINE_PDL
+#define FAD_COMBINE_PDL 1
+#endif
+
 template <typename T>
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
@@ -946,6 +954,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         return;
     const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
     const size_t split_stride = (size_t)fad_flat_rows(&p);
+    pdl_wait_primary(); /* launched early (FAD_COMBINE_PDL): the partials are complete from here */
 
     fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
     float m = -INFINITY, l = 0.f, o[FAD_MAX_HEAD_DIM / 32];
@@ -1038,16 +1047,55 @@ static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, s
     return FAD_OK;
 }
 
+/* 1 when the current device runs programmatic dependent launch (sm_90 on). */
+static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
+{
+    static int major[FAD_MAX_DEVICES]; /* 0: not asked yet */
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= FAD_MAX_DEVICES)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
+    if (!major[dev])
+        CUDA_TRY(cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev));
+    *has = major[dev] >= 9;
+    return FAD_OK;
+}
+
 /* CTA-per-split schedule: the combine kernel, one warp per query row, 4 rows
- * per block, for every (batch, head), whichever kernel wrote the partials. */
+ * per block, for every (batch, head), whichever kernel wrote the partials.
+ * On sm_90 it is launched as a programmatic dependent of the attention kernel
+ * (FAD_COMBINE_PDL): its CTAs launch while the last split CTAs still run and
+ * wait in griddepcontrol.wait, so the gap between the two kernels (a few us
+ * at decode, where the attention kernel itself takes ~15) is hidden. Bits:
+ * the same kernel reads the same complete partials. */
 template <typename T>
 static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    if (a.plan.cta_per_split) {
-        const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
+    if (!a.plan.cta_per_split)
+        return FAD_OK;
+    const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
+    int pdl = 0;
+    if (FAD_COMBINE_PDL) {
+        fad_status st = device_has_pdl(&pdl, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+    }
+    if (!pdl) {
         combine_kernel<T><<<(unsigned)blocks, 128, 0, stream>>>(a);
         CUDA_TRY(cudaGetLastError());
+        return FAD_OK;
     }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, combine_kernel<T>, a));
     return FAD_OK;
 }
 

@@ -82,6 +82,22 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+/* Programmatic dependent launch (sm_90; no-ops before): a kernel lets the
+ * next one in the stream start launching (its CTAs are then scheduled as SMs
+ * free up and wait in dependent_wait until this grid has finished and its
+ * writes are visible). Saves the launch gap between two kernels of one call. */
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 /* Waits until at most N of this thread's commit groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
