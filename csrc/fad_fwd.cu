@@ -967,7 +967,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
      * fetched at once (one memory round trip per batch rather than per split;
      * with few rows, as at decode, this kernel is latency-bound), then merged
      * in split order exactly as before. */
-    constexpr int kBatch = 8, kC = FAD_MAX_HEAD_DIM / 32;
+    constexpr int kBatch = 16, kC = FAD_MAX_HEAD_DIM / 32;
     for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
         float2 ml[kBatch];
         float ov[kBatch][kC];
