@@ -230,13 +230,9 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     if (plan->cta_per_split) {
-        /* partials, then the counters by which the last split CTA of a row
-         * block finds itself (fad_fwd.cu, last_to_arrive) */
-        plan->row_blocks = (int)ctas;
         plan->ws_o_offset = 0;
         plan->ws_ml_offset = (o_bytes + 255) / 256 * 256;
-        plan->ws_cnt_offset = (plan->ws_ml_offset + ml_bytes + 255) / 256 * 256;
-        plan->workspace_bytes = plan->ws_cnt_offset + (size_t)plan->row_blocks * sizeof(int);
+        plan->workspace_bytes = plan->ws_ml_offset + ml_bytes;
     }
 }
 

@@ -423,7 +423,6 @@ struct fwd_args {
     fad_plan plan;
     float *ws_o;  /* partial o, CTA-per-split schedule only */
     float *ws_ml; /* partial (m, l) */
-    int *ws_cnt;  /* arrival counter per row block (grid.x), zeroed before the launch */
 };
 
 /* A KV-cache sequence whose rows fall outside the cache (fad_seq.valid == 0:
@@ -442,127 +441,6 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
         o[c] = 0x7fff; /* a quiet NaN in fp16 and bf16 alike */
     if (lane == 0)
         p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
-}
-
-/* Query row i of head h of sequence seq, CTA-per-split schedule: folds the
- * row's split partials left to right with fad_merge_* (the fold the one-CTA
- * schedule does in fold_split, so both give the same bits), normalises, and
- * writes out and lse. One warp, lanes over the head dim. The one copy of the
- * combine: the last split CTA of a row block calls it for each of the block's
- * rows (FAD_FUSED_COMBINE), combine_kernel otherwise. */
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void combine_row(const fwd_args &a, const fad_seq &seq, int h, int i,
-                                            int lane)
-{
-    using ops = dtype_ops<T>;
-    const fad_fwd_params &p = a.p;
-    const int S = a.plan.split_size, D = p.head_dim;
-    if (!seq.valid && p.cache_seqlens) {
-        poison_row(p, seq, h, i, lane, 32);
-        return;
-    }
-    if (i >= seq.len_q)
-        return;
-    const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
-    const size_t split_stride = (size_t)fad_flat_rows(&p);
-
-    fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
-    constexpr int kC = kHeadDim / 32; /* columns per lane; kHeadDim: the variant's bound on D */
-    float m = -INFINITY, l = 0.f, o[kC];
-#pragma unroll
-    for (int c = 0; c < kC; c++)
-        o[c] = 0.f;
-    const int s_end = fad_end_split(r, S);
-    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
-    /* The fold is a chain, its loads are not: each batch of kBatch splits is
-     * fetched at once (one memory round trip per batch rather than per split;
-     * with few rows, as at decode, the combine is latency-bound), then merged
-     * in split order. __ldcg: the partials were written by other CTAs of this
-     * grid (fused combine), so they are read from L2, never from L1. */
-    constexpr int kBatch = kHeadDim <= 128 ? 16 : 8; /* ov: kBatch x kC registers */
-    for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
-        float2 ml[kBatch];
-        float ov[kBatch][kC];
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            const size_t idx = (size_t)(s0 + u) * split_stride + row;
-            const bool live = s0 + u < s_end;
-            ml[u] = live ? __ldcg(reinterpret_cast<const float2 *>(a.ws_ml + idx * 2))
-                         : make_float2(0.f, 0.f);
-#pragma unroll
-            for (int c = 0; c < kC; c++)
-                ov[u][c] = live && lane + 32 * c < D ? __ldcg(a.ws_o + idx * D + lane + 32 * c) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            if (s0 + u >= s_end)
-                break;
-            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
-            fad_merge_w w = fad_merge_weights(m, ml[u].x);
-#pragma unroll
-            for (int c = 0; c < kC; c++)
-                if (lane + 32 * c < D)
-                    o[c] = fad_merge_value(o[c], ov[u][c], w);
-            l = fad_merge_value(l, ml[u].y, w);
-            m = w.m;
-        }
-    }
-    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
-    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
-#pragma unroll
-    for (int c = 0; c < kC; c++)
-        if (lane + 32 * c < D) {
-            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
-            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
-        }
-    if (lane == 0)
-        p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
-}
-
-/* Knob that never changes a bit: 1 = the last split CTA of each row block
- * folds the block's partials (one launch per call); 0 = a separate combine
- * kernel does (launched as a programmatic dependent on sm_90). */
-#ifndef FAD_FUSED_COMBINE
-#define FAD_FUSED_COMBINE 1
-#endif
-/* Knob that never changes a bit: 1 = launch the separate combine kernel as a
- * programmatic dependent of the attention kernel where the GPU has it (sm_90 on). */
-#ifndef FAD_COMBINE_PDL
-#define FAD_COMBINE_PDL 1
-#endif
-
-/* CTA-per-split schedule, fused combine: every split CTA of row block
- * blockIdx.x arrives here once, after writing its partials (or none: a split
- * masked for every row), and the last to arrive gets true and folds the
- * block's rows. The arrival order only picks which CTA folds, never the
- * fold's order, so the bits are those of combine_kernel. The usual last-block
- * pattern: each thread fences its own partial writes, the CTA barrier orders
- * them before thread 0's count, and the folding CTA fences again before it
- * reads. Every thread of the CTA calls it. */
-__device__ __forceinline__ bool last_to_arrive(const fwd_args &a)
-{
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(&a.ws_cnt[blockIdx.x], 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (last)
-        __threadfence();
-    return last;
-}
-
-/* The folding CTA: rows [r0, r1) of its block, one warp per row;
- * head_row(x, &h, &i) names the (head, query row) of block row x. */
-template <typename T, int kHeadDim, class HeadRow>
-__device__ __forceinline__ void combine_block(const fwd_args &a, const fad_seq &seq, int r0, int r1,
-                                              HeadRow head_row)
-{
-    for (int x = r0 + (int)threadIdx.x / 32; x < r1; x += (int)blockDim.x / 32) {
-        int h, i;
-        head_row(x, &h, &i);
-        combine_row<T, kHeadDim>(a, seq, h, i, threadIdx.x % 32);
-    }
 }
 
 /* The key tiles a CTA walks, the same rule for both forward kernels (the walk
@@ -639,14 +517,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int m0 = m_block * kBlockM;
-    const bool partial = a.plan.cta_per_split;
-    if (!seq.valid && p.cache_seqlens) { /* NaN rows: split 0's CTA, or the separate combine */
-        if (blockIdx.z == 0 && (!partial || FAD_FUSED_COMBINE))
-            for (int i = m0 + (int)threadIdx.x / 32; i < m0 + kBlockM; i += C::kThreads / 32)
-                poison_row(p, seq, h, i, threadIdx.x % 32, 32);
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int i = m0 + (int)threadIdx.x / 32; i < m0 + kBlockM; i += C::kThreads / 32)
+            poison_row(p, seq, h, i, threadIdx.x % 32, 32);
         return;
     }
-    if (m0 >= len_q) /* (so for every split of the block: nothing to fold) */
+    if (m0 >= len_q)
         return;
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
     const int m_end = min(m0 + kBlockM, len_q);
@@ -654,14 +530,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     /* Keys any row of this tile may see: lo and hi grow with the row index. */
     const fad_key_range first_row = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
     const fad_key_range last_row = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
-    auto head_row = [h](int x, int *hh, int *i) { *hh = h, *i = x; };
+    const bool partial = a.plan.cta_per_split;
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last)) {
-        /* this split is masked for every row: no partials (the fold skips it) */
-        if (partial && FAD_FUSED_COMBINE && last_to_arrive(a))
-            combine_block<T, kHeadDim>(a, seq, m0, m_end, head_row);
-        return;
-    }
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+        return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
@@ -768,8 +640,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                                       a.ws_ml + (row_base + row) * 2, D);
             }
         }
-        if (FAD_FUSED_COMBINE && last_to_arrive(a))
-            combine_block<T, kHeadDim>(a, seq, m0, m_end, head_row);
         return;
     }
     if (cur_split >= 0) /* R is now in acc, mR, lR */
@@ -877,15 +747,13 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int n_rows = len_q * G; /* packed rows of (b, hk); the plan bounds seqlen_q * G */
     const int m0 = m_block * kBlockM;
-    const bool partial = a.plan.cta_per_split;
-    if (!seq.valid && p.cache_seqlens) { /* NaN rows: split 0's CTA, or the separate combine */
-        if (blockIdx.z == 0 && (!partial || FAD_FUSED_COMBINE))
-            for (int pr = m0 + (int)threadIdx.x / 32; pr < m0 + kBlockM && pr < p.seqlen_q * G;
-                 pr += C::kThreads / 32)
-                poison_row(p, seq, hk * G + pr % G, pr / G, threadIdx.x % 32, 32);
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int pr = m0 + (int)threadIdx.x / 32; pr < m0 + kBlockM && pr < p.seqlen_q * G;
+             pr += C::kThreads / 32)
+            poison_row(p, seq, hk * G + pr % G, pr / G, threadIdx.x % 32, 32);
         return;
     }
-    if (m0 >= n_rows) /* (so for every split of the block: nothing to fold) */
+    if (m0 >= n_rows)
         return;
     const int m_end = min(m0 + kBlockM, n_rows);
 
@@ -893,14 +761,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const fad_key_range first_row = fad_row_keys(m0 / G, len_q, len_k, p.window_left, p.window_right);
     const fad_key_range last_row =
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
-    auto head_row = [hk, G](int pr, int *h, int *i) { *h = hk * G + pr % G, *i = pr / G; };
+    const bool partial = a.plan.cta_per_split;
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last)) {
-        /* this split is masked for every row: no partials (the fold skips it) */
-        if (partial && FAD_FUSED_COMBINE && last_to_arrive(a))
-            combine_block<T, kHeadDim>(a, seq, m0, m_end, head_row);
-        return;
-    }
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+        return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
@@ -1024,9 +888,11 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
+    if (!warp_active)
+        return;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
-        if (warp_active && cur_split >= 0) {
+        if (cur_split >= 0) {
             const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
 #pragma unroll
             for (int r = 0; r < kRows; r++) {
@@ -1041,12 +907,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 }
             }
         }
-        if (FAD_FUSED_COMBINE && last_to_arrive(a))
-            combine_block<T, kHeadDim>(a, seq, m0, m_end, head_row);
         return;
     }
-    if (!warp_active)
-        return;
     if (cur_split >= 0)
         fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, false);
 
@@ -1065,20 +927,84 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 
 
 /* ------------------------------------------------------------------------ */
-/* combine: fold split partials left to right                                 */
+/* combine: fold split partials left to right, one warp per query row         */
 /* ------------------------------------------------------------------------ */
 
-/* The separate combine kernel (FAD_FUSED_COMBINE=0): one warp per query row,
- * 4 rows per block, for every (batch, head). */
-template <typename T, int kHeadDim>
+/* Knob that never changes a bit: 1 = launch the combine as a programmatic
+ * dependent of the attention kernel where the GPU has it (sm_90 on). */
+#ifndef FAD_COMBINE_PDL
+#define FAD_COMBINE_PDL 1
+#endif
+
+template <typename T, int kHeadDim> /* kHeadDim: the variant's bound on D */
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
+    using ops = dtype_ops<T>;
     const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
     const int q_blocks = (p.seqlen_q + 3) / 4; /* blocks of 4 rows per (batch, head) */
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
     const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32; /* query row of sequence b */
+    const fad_seq seq = fad_get_seq(&p, b);
+    if (!seq.valid && p.cache_seqlens) {
+        poison_row(p, seq, h, i, lane, 32);
+        return;
+    }
+    if (i >= seq.len_q)
+        return;
+    const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
+    const size_t split_stride = (size_t)fad_flat_rows(&p);
     pdl_wait_primary(); /* launched early (FAD_COMBINE_PDL): the partials are complete from here */
-    combine_row<T, kHeadDim>(a, fad_get_seq(&p, b), h, i, threadIdx.x % 32);
+
+    fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
+    constexpr int kC = kHeadDim / 32; /* columns per lane */
+    float m = -INFINITY, l = 0.f, o[kC];
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        o[c] = 0.f;
+    const int s_end = fad_end_split(r, S);
+    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
+    /* The fold is a chain, its loads are not: each batch of kBatch splits is
+     * fetched at once (one memory round trip per batch rather than per split;
+     * with few rows, as at decode, this kernel is latency-bound), then merged
+     * in split order exactly as before. */
+    constexpr int kBatch = kHeadDim <= 128 ? 16 : 8; /* ov: kBatch x kC registers */
+    for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
+        float2 ml[kBatch];
+        float ov[kBatch][kC];
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const size_t idx = (size_t)(s0 + u) * split_stride + row;
+            const bool live = s0 + u < s_end;
+            ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                ov[u][c] = live && lane + 32 * c < D ? a.ws_o[idx * D + lane + 32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            if (s0 + u >= s_end)
+                break;
+            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
+            fad_merge_w w = fad_merge_weights(m, ml[u].x);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                if (lane + 32 * c < D)
+                    o[c] = fad_merge_value(o[c], ov[u][c], w);
+            l = fad_merge_value(l, ml[u].y, w);
+            m = w.m;
+        }
+    }
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        if (lane + 32 * c < D) {
+            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
+            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
+        }
+    if (lane == 0)
+        p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1146,7 +1072,7 @@ static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
 template <typename T, int kHeadDim>
 static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    if (!a.plan.cta_per_split || FAD_FUSED_COMBINE)
+    if (!a.plan.cta_per_split)
         return FAD_OK;
     const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
     int pdl = 0;
@@ -1248,9 +1174,6 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.plan = *plan;
     a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
     a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
-    a.ws_cnt = (int *)((char *)workspace + plan->ws_cnt_offset);
-    if (plan->cta_per_split && FAD_FUSED_COMBINE) /* last_to_arrive counts from 0 */
-        CUDA_TRY(cudaMemsetAsync(a.ws_cnt, 0, (size_t)plan->row_blocks * sizeof(int), stream));
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

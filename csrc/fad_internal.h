@@ -82,8 +82,6 @@ typedef struct fad_plan {
     int packed;          /* 1: fwd_packed_kernel (GQA heads packed into M), else fwd_kernel */
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
-    size_t ws_cnt_offset; /* bytes: int32 arrival counters, one per row block (CUDA grid.x) */
-    int row_blocks;      /* m_blocks x batch x (packed ? kv heads : query heads) */
     size_t workspace_bytes;
 } fad_plan;
 
