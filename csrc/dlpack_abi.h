@@ -54,4 +54,25 @@ typedef struct DLManagedTensorVersioned {
     DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
+/* The C exchange API (DLPack >= 1.2; torch >= 2.11 exposes it as the capsule
+ * "dlpack_exchange_api" in Tensor.__dlpack_c_exchange_api__): C functions of the
+ * producer, so a consumer unpacks a tensor object with no capsule and no
+ * allocation. Only dltensor_from_py_object_no_sync is called here; the other
+ * entries are declared for the layout. */
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api; /* an older version of the API, or NULL */
+} DLPackExchangeAPIHeader;
+
+typedef struct DLPackExchangeAPI {
+    DLPackExchangeAPIHeader header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    /* Fills *out (caller-owned; shape and strides borrowed from py_object,
+     * valid while it lives). 0, or -1 with a Python exception set. */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} DLPackExchangeAPI;
+
 #endif /* FAD_DLPACK_ABI_H */

@@ -1,8 +1,9 @@
 /*
  * module.c — flash_attn_det._C: the CPython glue. Plain C API, no pybind, no
- * libtorch: tensors arrive as DLPack capsules, are checked (in a fixed order,
- * each message naming the argument), turned into an fad_fwd_params and handed
- * to the CPU or CUDA entry of fad.h. Outputs and workspace are allocated by the
+ * libtorch: tensors arrive as torch tensors (unpacked through DLPack's C
+ * exchange API) or as DLPack capsules, are checked (in a fixed order, each
+ * message naming the argument), turned into an fad_fwd_params and handed to the
+ * CPU or CUDA entry of fad.h. Outputs and workspace are allocated by the
  * caller (torch's caching allocator), so nothing here allocates device memory.
  */
 #define PY_SSIZE_T_CLEAN
@@ -33,21 +34,64 @@ static PyObject *raise_status(fad_status st, const char *msg)
 }
 
 /* ------------------------------------------------------------------------ */
-/* DLPack capsules -> DLTensor                                                */
+/* tensor objects and DLPack capsules -> DLTensor                             */
 /* ------------------------------------------------------------------------ */
 
-/* Borrows the DLTensor inside a capsule; the capsule (and the caller's tensor
- * behind it) stays alive for the whole call, so nothing is consumed. */
-static int get_tensor(PyObject *cap, const char *name, DLTensor **out)
+/* Module state: torch's DLPack exchange API, once Python has handed it over
+ * (set_dlpack_exchange_api); until then, or for objects of another type,
+ * tensors arrive as capsules. */
+typedef struct fad_module_state {
+    PyObject *api_owner;            /* the capsule that keeps api alive */
+    PyTypeObject *tensor_type;      /* the type api unpacks (torch.Tensor and subclasses) */
+    const DLPackExchangeAPI *api;   /* NULL: capsules only */
+} fad_module_state;
+
+static fad_module_state *module_state(PyObject *module)
 {
-    if (PyCapsule_IsValid(cap, "dltensor")) {
-        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
+    return (fad_module_state *)PyModule_GetState(module);
+}
+
+/* The DLTensors of one call: borrowed from capsules, or filled into slot by
+ * the exchange API (lives on the entry function's stack for the call). */
+enum { MAX_TENSOR_ARGS = 16 };
+typedef struct tensor_args {
+    const fad_module_state *st;
+    int used;
+    DLTensor slot[MAX_TENSOR_ARGS];
+} tensor_args;
+
+static void tensor_args_init(tensor_args *ta, PyObject *module)
+{
+    ta->st = module_state(module);
+    ta->used = 0;
+}
+
+/* obj -> DLTensor: a torch tensor through the exchange API (no capsule, no
+ * allocation), or the DLTensor borrowed from a capsule. Either way the caller's
+ * tensor stays alive for the whole call, so nothing is consumed. */
+static int get_tensor(tensor_args *ta, PyObject *obj, const char *name, DLTensor **out)
+{
+    const fad_module_state *st = ta->st;
+    if (st->api && PyObject_TypeCheck(obj, st->tensor_type)) {
+        if (ta->used == MAX_TENSOR_ARGS) {
+            PyErr_Format(PyExc_SystemError, "%s: more than %d tensor arguments", name,
+                         MAX_TENSOR_ARGS);
+            return -1;
+        }
+        DLTensor *t = &ta->slot[ta->used++];
+        if (st->api->dltensor_from_py_object_no_sync(obj, t) != 0)
+            return -1;
+        *out = t;
+        return 0;
+    }
+    if (PyCapsule_IsValid(obj, "dltensor")) {
+        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(obj, "dltensor");
         *out = &m->dl_tensor;
         return 0;
     }
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+    if (PyCapsule_IsValid(obj, "dltensor_versioned")) {
         DLManagedTensorVersioned *m =
-            (DLManagedTensorVersioned *)PyCapsule_GetPointer(cap, "dltensor_versioned");
+            (DLManagedTensorVersioned *)PyCapsule_GetPointer(obj, "dltensor_versioned");
         if (m->version.major != 1) {
             PyErr_Format(PyExc_ValueError, "%s: unsupported DLPack major version %u", name,
                          m->version.major);
@@ -56,8 +100,8 @@ static int get_tensor(PyObject *cap, const char *name, DLTensor **out)
         *out = &m->dl_tensor;
         return 0;
     }
-    PyErr_Format(PyExc_TypeError, "%s: expected a DLPack capsule (torch.utils.dlpack.to_dlpack)",
-                 name);
+    PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor or a DLPack capsule, got %s", name,
+                 Py_TYPE(obj)->tp_name);
     return -1;
 }
 
@@ -200,13 +244,13 @@ typedef struct fwd_opts {
     long long stream;     /* cudaStream_t as an int */
 } fwd_opts;
 
-static int parse_opts(PyObject *const *a, fad_fwd_params *p, fwd_opts *o)
+static int parse_opts(tensor_args *ta, PyObject *const *a, fad_fwd_params *p, fwd_opts *o)
 {
     int causal, deterministic, schedule;
     o->alibi = o->ws = NULL;
-    if (a[0] != Py_None && get_tensor(a[0], "alibi_slopes", &o->alibi))
+    if (a[0] != Py_None && get_tensor(ta, a[0], "alibi_slopes", &o->alibi))
         return -1;
-    if (a[1] != Py_None && get_tensor(a[1], "workspace", &o->ws))
+    if (a[1] != Py_None && get_tensor(ta, a[1], "workspace", &o->ws))
         return -1;
     if (as_float(a[2], "softmax_scale", &p->softmax_scale) || as_float(a[3], "softcap", &p->softcap) ||
         as_int(a[4], "window_left", &p->window_left) || as_int(a[5], "window_right", &p->window_right) ||
@@ -321,8 +365,8 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
 
 /* Backward: grads = (dout, dq, dk, dv) capsules, each the shape and strides of
  * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element. */
-static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyObject *const *grads,
-                         const fwd_opts *o)
+static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *const fwd_t[4],
+                         PyObject *const *grads, const fwd_opts *o)
 {
     static const char *names[4] = {"dout", "dq", "dk", "dv"};
     fad_bwd_params bp;
@@ -331,7 +375,7 @@ static PyObject *run_bwd(fad_fwd_params *p, const DLTensor *const fwd_t[4], PyOb
     const DLTensor *q = fwd_t[1];
     for (int t = 0; t < 4; t++) {
         const DLTensor *like = fwd_t[t];
-        if (get_tensor(grads[t], names[t], &g[t]) ||
+        if (get_tensor(ta, grads[t], names[t], &g[t]) ||
             check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape))
             return NULL;
         for (int d = 0; d < like->ndim; d++)
@@ -370,21 +414,23 @@ PyDoc_STRVAR(fwd_doc,
 "fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
 "    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
 "--\n\n"
-"Attention forward. q, k, v, out, softmax_lse are DLPack capsules (q (B, Sq, Hq, D),\n"
+"Attention forward. q, k, v, out, softmax_lse are tensors (torch.Tensor once\n"
+"set_dlpack_exchange_api has been called, or DLPack capsules; q (B, Sq, Hq, D),\n"
 "k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
 "alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
-"bytes) are capsules or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
+"bytes) are such tensors or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
 "Everything is checked before anything is written. Returns None, or, when the\n"
 "workspace is missing or too small (nothing written), the bytes it needs.");
 
 /* Fills p from fwd's arguments (padded layout); t receives q, k, v, out. */
-static int fill_fwd(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])
+static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, fwd_opts *o,
+                    DLTensor *t[4])
 {
     DLTensor *q, *k, *v, *out, *lse;
     fad_fwd_params_init(p);
-    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
-        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
-        get_tensor(args[4], "softmax_lse", &lse) || parse_opts(args + 5, p, o) || check_q(q, 4))
+    if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
+        get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
+        get_tensor(ta, args[4], "softmax_lse", &lse) || parse_opts(ta, args + 5, p, o) || check_q(q, 4))
         return -1;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -415,7 +461,8 @@ static int fill_fwd(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTen
 
 static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
@@ -423,7 +470,7 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", 5 + FWD_NOPTS, nargs);
         return NULL;
     }
-    if (fill_fwd(args, &p, &o, t))
+    if (fill_fwd(ta, args, &p, &o, t))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -441,7 +488,8 @@ PyDoc_STRVAR(fwd_kvcache_doc,
 
 static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     DLTensor *q, *kc, *vc, *out, *lse, *seqlens, *batch_idx = NULL, *leftpad = NULL, *bt = NULL;
     fad_fwd_params p;
     fwd_opts o;
@@ -451,13 +499,13 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
         return NULL;
     }
     fad_fwd_params_init(&p);
-    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k_cache", &kc) ||
-        get_tensor(args[2], "v_cache", &vc) || get_tensor(args[3], "out", &out) ||
-        get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cache_seqlens", &seqlens) ||
-        (args[6] != Py_None && get_tensor(args[6], "cache_batch_idx", &batch_idx)) ||
-        (args[7] != Py_None && get_tensor(args[7], "cache_leftpad", &leftpad)) ||
-        (args[8] != Py_None && get_tensor(args[8], "block_table", &bt)) ||
-        parse_opts(args + 9, &p, &o) || check_q(q, 4))
+    if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k_cache", &kc) ||
+        get_tensor(ta, args[2], "v_cache", &vc) || get_tensor(ta, args[3], "out", &out) ||
+        get_tensor(ta, args[4], "softmax_lse", &lse) || get_tensor(ta, args[5], "cache_seqlens", &seqlens) ||
+        (args[6] != Py_None && get_tensor(ta, args[6], "cache_batch_idx", &batch_idx)) ||
+        (args[7] != Py_None && get_tensor(ta, args[7], "cache_leftpad", &leftpad)) ||
+        (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &bt)) ||
+        parse_opts(ta, args + 9, &p, &o) || check_q(q, 4))
         return NULL;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -516,7 +564,8 @@ PyDoc_STRVAR(bwd_doc,
 
 static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
@@ -525,9 +574,9 @@ static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t 
                      nargs);
         return NULL;
     }
-    if (fill_fwd(args + 4, &p, &o, t))
+    if (fill_fwd(ta, args + 4, &p, &o, t))
         return NULL;
-    return run_bwd(&p, (const DLTensor *const *)t, args, &o);
+    return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }
 
 PyDoc_STRVAR(fwd_varlen_doc,
@@ -544,20 +593,21 @@ PyDoc_STRVAR(fwd_varlen_doc,
 "lengths; max_seqlen_k is the table's capacity). Other arguments as fwd.");
 
 /* Fills p from fwd_varlen's arguments; t receives q, k, v, out. */
-static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o, DLTensor *t[4])
+static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_params *p,
+                           fwd_opts *o, DLTensor *t[4])
 {
     DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL, *table = NULL;
     int max_q, max_k;
 
     fad_fwd_params_init(p);
-    if (get_tensor(args[0], "q", &q) || get_tensor(args[1], "k", &k) ||
-        get_tensor(args[2], "v", &v) || get_tensor(args[3], "out", &out) ||
-        get_tensor(args[4], "softmax_lse", &lse) || get_tensor(args[5], "cu_seqlens_q", &cu_q) ||
-        get_tensor(args[6], "cu_seqlens_k", &cu_k) ||
-        (args[7] != Py_None && get_tensor(args[7], "seqused_k", &used_k)) ||
-        (args[8] != Py_None && get_tensor(args[8], "block_table", &table)) ||
+    if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
+        get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
+        get_tensor(ta, args[4], "softmax_lse", &lse) || get_tensor(ta, args[5], "cu_seqlens_q", &cu_q) ||
+        get_tensor(ta, args[6], "cu_seqlens_k", &cu_k) ||
+        (args[7] != Py_None && get_tensor(ta, args[7], "seqused_k", &used_k)) ||
+        (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &table)) ||
         as_int(args[9], "max_seqlen_q", &max_q) || as_int(args[10], "max_seqlen_k", &max_k) ||
-        parse_opts(args + 11, p, o) || check_q(q, 3))
+        parse_opts(ta, args + 11, p, o) || check_q(q, 3))
         return -1;
     const int code = q->dtype.code;
     const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
@@ -626,7 +676,8 @@ static int fill_fwd_varlen(PyObject *const *args, fad_fwd_params *p, fwd_opts *o
 
 static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
@@ -635,7 +686,7 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
                      11 + FWD_NOPTS, nargs);
         return NULL;
     }
-    if (fill_fwd_varlen(args, &p, &o, t))
+    if (fill_fwd_varlen(ta, args, &p, &o, t))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -647,7 +698,8 @@ PyDoc_STRVAR(bwd_varlen_doc,
 
 static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
@@ -656,9 +708,9 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
                      4 + 11 + FWD_NOPTS, nargs);
         return NULL;
     }
-    if (fill_fwd_varlen(args + 4, &p, &o, t))
+    if (fill_fwd_varlen(ta, args + 4, &p, &o, t))
         return NULL;
-    return run_bwd(&p, (const DLTensor *const *)t, args, &o);
+    return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -735,18 +787,20 @@ PyDoc_STRVAR(append_kvcache_doc,
 "q's dtype, contiguous, or None.");
 
 /* An optional int32 vector (B,) or matrix (B, n) on q's device; NULL for None. */
-static int get_index(PyObject *o, const DLTensor *q, const char *name, int ndim, DLTensor **t)
+static int get_index(tensor_args *ta, PyObject *o, const DLTensor *q, const char *name, int ndim,
+                     DLTensor **t)
 {
     const int64_t shape[2] = {q->shape[0], -1};
     *t = NULL;
     if (o == Py_None)
         return 0;
-    return get_tensor(o, name, t) || check_tensor(*t, q, name, kDLInt, 32, ndim, shape);
+    return get_tensor(ta, o, name, t) || check_tensor(*t, q, name, kDLInt, 32, ndim, shape);
 }
 
 static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
     DLTensor *q, *q_rot = NULL, *k = NULL, *v = NULL, *kc, *vc, *seqlens, *seqlens_out;
     DLTensor *batch_idx, *leftpad, *table, *cos = NULL, *sin = NULL;
     int interleaved, per_row;
@@ -756,7 +810,7 @@ static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, 
         PyErr_Format(PyExc_TypeError, "append_kvcache: expected 16 arguments, got %zd", nargs);
         return NULL;
     }
-    if (get_tensor(args[0], "q", &q) || check_q(q, 4))
+    if (get_tensor(ta, args[0], "q", &q) || check_q(q, 4))
         return NULL;
     if (q->device.device_type != kDLCUDA) {
         PyErr_SetString(PyExc_ValueError, "q: append_kvcache takes CUDA tensors");
@@ -765,13 +819,13 @@ static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, 
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
     const int64_t any_d[4] = {-1, -1, -1, D};
-    if (get_tensor(args[4], "k_cache", &kc) || check_tensor(kc, q, "k_cache", code, 16, 4, any_d))
+    if (get_tensor(ta, args[4], "k_cache", &kc) || check_tensor(kc, q, "k_cache", code, 16, 4, any_d))
         return NULL;
     const int64_t Hk = kc->shape[2], cshape[4] = {kc->shape[0], kc->shape[1], Hk, D};
     const int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, -1, Hk, D};
-    if (get_tensor(args[5], "v_cache", &vc) || check_tensor(vc, q, "v_cache", code, 16, 4, cshape))
+    if (get_tensor(ta, args[5], "v_cache", &vc) || check_tensor(vc, q, "v_cache", code, 16, 4, cshape))
         return NULL;
-    if (args[1] != Py_None && (get_tensor(args[1], "q_rot", &q_rot) ||
+    if (args[1] != Py_None && (get_tensor(ta, args[1], "q_rot", &q_rot) ||
                                check_tensor(q_rot, q, "q_rot", code, 16, 4, qshape) ||
                                check_contiguous(q_rot, "q_rot")))
         return NULL;
@@ -780,19 +834,19 @@ static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, 
         return NULL;
     }
     if (args[2] != Py_None &&
-        (get_tensor(args[2], "k", &k) || check_tensor(k, q, "k", code, 16, 4, kshape) ||
-         get_tensor(args[3], "v", &v)))
+        (get_tensor(ta, args[2], "k", &k) || check_tensor(k, q, "k", code, 16, 4, kshape) ||
+         get_tensor(ta, args[3], "v", &v)))
         return NULL;
     if (k) {
         const int64_t vshape[4] = {B, k->shape[1], Hk, D};
         if (check_tensor(v, q, "v", code, 16, 4, vshape))
             return NULL;
     }
-    if (get_index(args[6], q, "cache_seqlens", 1, &seqlens) ||
-        get_index(args[7], q, "seqlens_out", 1, &seqlens_out) ||
-        get_index(args[8], q, "cache_batch_idx", 1, &batch_idx) ||
-        get_index(args[9], q, "cache_leftpad", 1, &leftpad) ||
-        get_index(args[10], q, "block_table", 2, &table))
+    if (get_index(ta, args[6], q, "cache_seqlens", 1, &seqlens) ||
+        get_index(ta, args[7], q, "seqlens_out", 1, &seqlens_out) ||
+        get_index(ta, args[8], q, "cache_batch_idx", 1, &batch_idx) ||
+        get_index(ta, args[9], q, "cache_leftpad", 1, &leftpad) ||
+        get_index(ta, args[10], q, "block_table", 2, &table))
         return NULL;
     if (!seqlens) {
         PyErr_SetString(PyExc_ValueError, "cache_seqlens: required");
@@ -804,7 +858,7 @@ static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, 
     }
     if (args[11] != Py_None) {
         const int64_t two[2] = {-1, -1};
-        if (get_tensor(args[11], "rotary_cos", &cos) || get_tensor(args[12], "rotary_sin", &sin))
+        if (get_tensor(ta, args[11], "rotary_cos", &cos) || get_tensor(ta, args[12], "rotary_sin", &sin))
             return NULL;
         const int f32 = is_dtype(cos->dtype, kDLFloat, 32);
         const int rcode = f32 ? kDLFloat : code, rbits = f32 ? 32 : 16;
@@ -892,6 +946,50 @@ static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
     return PyBool_FromLong(fad_has_cuda());
 }
 
+/* ------------------------------------------------------------------------ */
+/* torch's DLPack exchange API                                                */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(set_dlpack_exchange_api_doc,
+"set_dlpack_exchange_api(capsule, tensor_type)\n"
+"--\n\n"
+"From now on, objects of tensor_type (and subclasses) may be passed wherever a\n"
+"DLPack capsule is taken: they are unpacked through the C exchange API in capsule\n"
+"(\"dlpack_exchange_api\", e.g. torch.Tensor.__dlpack_c_exchange_api__), with no\n"
+"capsule made and nothing allocated per call.");
+
+static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *const *args,
+                                                Py_ssize_t nargs)
+{
+    fad_module_state *st = module_state(module);
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "set_dlpack_exchange_api: expected 2 arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    const DLPackExchangeAPI *api =
+        (const DLPackExchangeAPI *)PyCapsule_GetPointer(args[0], "dlpack_exchange_api");
+    if (!api)
+        return NULL;
+    if (!PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "tensor_type: expected a type");
+        return NULL;
+    }
+    if (api->header.version.major != 1 || api->header.version.minor < 2 ||
+        !api->dltensor_from_py_object_no_sync) {
+        PyErr_Format(PyExc_ValueError, "capsule: DLPack exchange API %u.%u without "
+                     "dltensor_from_py_object_no_sync (need 1.2 or later)",
+                     api->header.version.major, api->header.version.minor);
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(st->api_owner, args[0]);
+    Py_XSETREF(st->tensor_type, (PyTypeObject *)args[1]);
+    st->api = api;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
@@ -903,6 +1001,8 @@ static PyMethodDef fad_methods[] = {
     {"fwd_workspace_size", (PyCFunction)(void (*)(void))fad_py_fwd_workspace_size, METH_FASTCALL,
      fwd_workspace_size_doc},
     {"has_cuda", fad_py_has_cuda, METH_NOARGS, has_cuda_doc},
+    {"set_dlpack_exchange_api", (PyCFunction)(void (*)(void))fad_py_set_dlpack_exchange_api,
+     METH_FASTCALL, set_dlpack_exchange_api_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)
@@ -917,12 +1017,31 @@ static int fad_exec(PyObject *m)
     return 0;
 }
 
+static int fad_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    fad_module_state *st = module_state(m);
+    Py_VISIT(st->api_owner);
+    Py_VISIT(st->tensor_type);
+    return 0;
+}
+
+static int fad_clear(PyObject *m)
+{
+    fad_module_state *st = module_state(m);
+    st->api = NULL;
+    Py_CLEAR(st->api_owner);
+    Py_CLEAR(st->tensor_type);
+    return 0;
+}
+
+static void fad_free(void *m) { fad_clear((PyObject *)m); }
+
 static PyModuleDef_Slot fad_slots[] = {{Py_mod_exec, fad_exec}, {0, NULL}};
 
 PyDoc_STRVAR(module_doc, "flash_attn_det._C: deterministic attention kernels (C/CUDA core).");
 
 static struct PyModuleDef fad_module = {
-    PyModuleDef_HEAD_INIT, "flash_attn_det._C", module_doc, 0, fad_methods, fad_slots,
-    NULL, NULL, NULL};
+    PyModuleDef_HEAD_INIT, "flash_attn_det._C", module_doc, sizeof(fad_module_state), fad_methods,
+    fad_slots, fad_traverse, fad_clear, fad_free};
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&fad_module); }

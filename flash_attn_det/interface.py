@@ -5,6 +5,18 @@ from torch.utils.dlpack import to_dlpack
 from . import _C
 from .mode import _state
 
+# Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
+# C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
+# Older torch: a DLPack capsule per tensor.
+_EXCHANGE_API = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+if _EXCHANGE_API is not None:
+    _C.set_dlpack_exchange_api(_EXCHANGE_API, torch.Tensor)
+
+    def _dl(t):
+        return t
+else:
+    _dl = to_dlpack
+
 # flash_attn's rule for operands: last dim contiguous. The kernels also move
 # 16-byte chunks, so rows must start 16-byte aligned; anything else is copied.
 _ALIGN = 16
@@ -44,7 +56,7 @@ def _launch(entry, head, tail, q, key):
     """entry(*head, workspace, *tail, stream) with the workspace its plan needs."""
     if not q.is_cuda:
         return entry(*head, None, *tail, 0)
-    stream = _current_stream(q.device)
+    stream = torch._C._cuda_getCurrentRawStream(q.get_device())  # (key names the device too)
     nbytes = _WS_BYTES.get(key, 0)
     need = entry(*head, _workspace(nbytes, q.device), *tail, stream)
     if need is not None:
@@ -55,7 +67,7 @@ def _launch(entry, head, tail, q, key):
 
 
 def _workspace(nbytes, device):
-    return to_dlpack(torch.empty(nbytes, dtype=torch.uint8, device=device)) if nbytes else None
+    return _dl(torch.empty(nbytes, dtype=torch.uint8, device=device)) if nbytes else None
 
 
 def _needs_grad(q, k, v):
@@ -74,7 +86,7 @@ def _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
         raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
     left, right = _window(window_size, causal)
     if alibi_slopes is not None:
-        alibi_slopes = to_dlpack(_operand(alibi_slopes, "alibi_slopes"))
+        alibi_slopes = _dl(_operand(alibi_slopes, "alibi_slopes"))
     return alibi_slopes, float(softmax_scale), float(softcap), left, right, int(bool(causal))
 
 
@@ -92,12 +104,12 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
     opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     B, Sq, H, D = q.shape
     Sk, Hk = (k.shape[1], k.shape[2]) if k.dim() == 4 else (0, 1)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)  # (~3 us cheaper than torch.empty(shape, ...))
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
-    _launch(_C.fwd, (to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+    _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
-            (0, q.shape, k.shape, det, split_size, schedule, q.device))
+            (0, q.shape, k.shape, det, split_size, schedule, q.get_device()))
     return out, lse
 
 
@@ -123,14 +135,14 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device)
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
     _launch(_C.fwd_varlen,
-            (to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
-             to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
-             None if seqused_k is None else to_dlpack(seqused_k),
-             None if block_table is None else to_dlpack(block_table), int(max_seqlen_q),
+            (_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
+             _dl(cu_seqlens_q), _dl(cu_seqlens_k),
+             None if seqused_k is None else _dl(seqused_k),
+             None if block_table is None else _dl(block_table), int(max_seqlen_q),
              int(max_seqlen_k), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k),
              None if block_table is None else block_table.shape, det, split_size, schedule,
-             q.device))
+             q.get_device()))
     return out, lse
 
 
@@ -142,18 +154,18 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     opts = _options(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    tensors = [to_dlpack(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
+    tensors = [_dl(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
     ws, stream = None, 0
     if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
-        ws = to_dlpack(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
+        ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
         stream = _current_stream(q.device)
     mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
     if varlen is None:
         _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode)
     else:
         cu_q, cu_k, used, max_q, max_k = varlen
-        _C.bwd_varlen(*tensors, to_dlpack(cu_q), to_dlpack(cu_k),
-                      None if used is None else to_dlpack(used), None, int(max_q), int(max_k),
+        _C.bwd_varlen(*tensors, _dl(cu_q), _dl(cu_k),
+                      None if used is None else _dl(used), None, int(max_q), int(max_k),
                       opts[0], ws, *opts[1:], *mode)
     return dq, dk, dv
 
@@ -361,17 +373,17 @@ def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
                          block_table):
     """_kvcache_append on CUDA tensors: one launch instead of a few dozen torch ops."""
     def cap(t):
-        return None if t is None else to_dlpack(t)
+        return None if t is None else _dl(t)
 
     q_rot, rot = None, (None, None)
     if rotary_cos is not None:
         if rotary_cos.dtype not in (torch.float32, q.dtype):  # the kernel reads these two
             rotary_cos, rotary_sin = rotary_cos.float(), rotary_sin.float()
-        rot = (to_dlpack(rotary_cos.contiguous()), to_dlpack(rotary_sin.contiguous()))
-        q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        rot = (_dl(rotary_cos.contiguous()), _dl(rotary_sin.contiguous()))
+        q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
     seqlens_out = torch.empty_like(cache_seqlens) if k is not None and k.shape[1] else None
-    _C.append_kvcache(to_dlpack(q), cap(q_rot), cap(k), cap(v), to_dlpack(k_cache),
-                      to_dlpack(v_cache), to_dlpack(cache_seqlens), cap(seqlens_out),
+    _C.append_kvcache(_dl(q), cap(q_rot), cap(k), cap(v), _dl(k_cache),
+                      _dl(v_cache), _dl(cache_seqlens), cap(seqlens_out),
                       cap(cache_batch_idx), cap(cache_leftpad), cap(block_table), *rot,
                       int(bool(rotary_interleaved)), int(bool(rotate_q_per_row)),
                       _current_stream(q.device))
@@ -454,20 +466,20 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
                                            rotary_interleaved, local, block_table)
     # A sequence whose cache rows fall outside k_cache (indices are not read back on the
     # GPU) gets NaN rows from the kernels; on the CPU the call raises first.
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
 
     def cap(t):
-        return None if t is None else to_dlpack(t)
+        return None if t is None else _dl(t)
 
     _launch(_C.fwd_kvcache,
-            (to_dlpack(q), to_dlpack(k_cache), to_dlpack(v_cache), to_dlpack(out),
-             to_dlpack(lse), to_dlpack(cache_seqlens), cap(cache_batch_idx), cap(cache_leftpad),
+            (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out),
+             _dl(lse), _dl(cache_seqlens), cap(cache_batch_idx), cap(cache_leftpad),
              cap(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (2, q.shape, k_cache.shape,
              None if block_table is None else block_table.shape[1], det, split_size, schedule,
-             q.device))
+             q.get_device()))
     return out, lse
 
 

@@ -729,8 +729,8 @@ def test_raw_fwd_bad_arguments():
         _C.fwd(1, 2, 3)
     from torch.utils.dlpack import to_dlpack
     caps = [to_dlpack(t) for t in (q, k, v, out, lse)]
-    with pytest.raises(TypeError, match="^q: expected a DLPack capsule"):
-        _C.fwd(q, *caps[1:], None, None, 0.25, 0.0, -1, -1, 0, 1, 512, 0, 0)
+    with pytest.raises(TypeError, match="^q: expected a torch.Tensor or a DLPack capsule, got list"):
+        _C.fwd([q], *caps[1:], None, None, 0.25, 0.0, -1, -1, 0, 1, 512, 0, 0)
     caps = [to_dlpack(t) for t in (q, k, v, out, lse)]
     with pytest.raises(TypeError, match="^split_size: expected an int"):
         _C.fwd(*caps, None, None, 0.25, 0.0, -1, -1, 0, 1, "512", 0, 0)
@@ -738,6 +738,27 @@ def test_raw_fwd_bad_arguments():
     with pytest.raises(ValueError, match="^window_left:"):
         _C.fwd(*caps, None, None, 0.25, 0.0, 1 << 40, -1, 0, 1, 512, 0, 0)
     assert (out == 7).all() and (lse == 7).all()
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+                    reason="torch without the DLPack C exchange API (< 2.11)")
+def test_raw_fwd_takes_tensors_and_capsules_alike():
+    """With torch's exchange API registered, _C takes tensor objects (no capsule) and
+    capsules, mixed, with the same result."""
+    from torch.utils.dlpack import to_dlpack
+    g = make_gen(303)
+    q, k, v = make_qkv(g, 2, 5, 7, 2, 1, 32, torch.bfloat16)
+    outs = []
+    for wrap in ((lambda t: t), to_dlpack, (lambda t: t if t is q or t is v else to_dlpack(t))):
+        out, lse = _poisoned(q)
+        assert _C.fwd(*(wrap(t) for t in (q, k, v, out, lse)), None, None, 0.25, 0.0, -1, 0,
+                      1, 1, 512, 0, 0) is None
+        outs.append((out, lse))
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+    want, want_lse, _ = flash_attn_func(q, k, v, softmax_scale=0.25, causal=True,
+                                        return_attn_probs=True)
+    assert torch.equal(outs[0][0], want) and torch.equal(outs[0][1], want_lse)
 
 
 def test_workspace_size_without_cuda_raises_or_answers():
