@@ -144,6 +144,25 @@ def test_kvcache_schedules_bit_equal_and_bad_entry_is_nan_gpu():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("cap", [1000, 8192, 8193, 20000])
+def test_decode_split_folds_bit_equal_gpu(cap):
+    """The fold of a decode step's split partials, wherever it runs (split 0's CTA of a
+    thread block cluster for up to 16 splits on sm_90, the combine kernel above that or
+    on older GPUs, fold_split in one CTA), gives the same bits: 2, 16, 17 and 40 splits."""
+    gen = make_gen(61)
+    q = randn(gen, (2, 1, 16, 64), torch.bfloat16, "cuda")
+    kc, vc = (randn(gen, (2, cap, 4, 64), torch.bfloat16, "cuda") for _ in range(2))
+    lens = i32([cap, cap // 2 + 1], "cuda")
+    res = {}
+    for sched in ("one_cta", "cta_per_split"):
+        with force_schedule(sched):
+            res[sched] = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                     return_softmax_lse=True)
+    (a, a_lse), (b, b_lse) = res["one_cta"], res["cta_per_split"]
+    assert torch.isfinite(a).all() and torch.equal(a, b) and torch.equal(a_lse, b_lse)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("Sq", [1, 3, 40])  # the packed kernel (Sq <= 16) and the prefill kernel
 @pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
 def test_bad_sequence_rows_are_nan_without_prefill_gpu(Sq, sched):
