@@ -423,9 +423,6 @@ struct fwd_args {
     fad_plan plan;
     float *ws_o;  /* partial o, CTA-per-split schedule only */
     float *ws_ml; /* partial (m, l) */
-    int cluster_fold; /* packed kernel, CTA-per-split: the split CTAs of a row block form one
-                         thread block cluster, keep their partials in shared memory, and
-                         split 0's CTA folds them (no workspace read, no combine kernel) */
 };
 
 /* A KV-cache sequence whose rows fall outside the cache (fad_seq.valid == 0:
@@ -444,121 +441,6 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
         o[c] = 0x7fff; /* a quiet NaN in fp16 and bf16 alike */
     if (lane == 0)
         p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
-}
-
-/* ------------------------------------------------------------------------ */
-/* the fold of a row's split partials (CTA-per-split schedule)                */
-/* ------------------------------------------------------------------------ */
-
-/* Where combine_row reads split s's partial state (m, l, o) of its row. */
-struct partials_global { /* the workspace: combine_kernel */
-    const float *o, *ml; /* ws_o, ws_ml */
-    size_t split_stride; /* flat rows per split */
-    int64_t row;         /* the row's flat row */
-    int D;
-    __device__ __forceinline__ float2 ml_of(int s) const
-    {
-        return *reinterpret_cast<const float2 *>(ml + ((size_t)s * split_stride + row) * 2);
-    }
-    __device__ __forceinline__ float o_of(int s, int col) const
-    {
-        return o[((size_t)s * split_stride + row) * D + col];
-    }
-};
-struct partials_cluster { /* shared memory of the cluster's CTA s: the cluster fold */
-    const float *o, *ml;  /* the row's slots in this CTA's own shared memory */
-    __device__ __forceinline__ float2 ml_of(int s) const
-    {
-        return *reinterpret_cast<const float2 *>(cluster_map(ml, s));
-    }
-    __device__ __forceinline__ float o_of(int s, int col) const { return *cluster_map(o + col, s); }
-};
-
-/* Query row i of head h: folds its split partials left to right with
- * fad_merge_* (the fold the one-CTA schedule does in fold_split, so every
- * schedule gives the same bits), normalises, writes out and lse. One warp,
- * lanes over the head dim; the only copy of the fold, whichever memory holds
- * the partials. */
-template <typename T, int kHeadDim, class Partials>
-__device__ __forceinline__ void combine_row(const fad_fwd_params &p, int split_size,
-                                            const fad_seq &seq, int h, int i, int lane,
-                                            const Partials &src)
-{
-    using ops = dtype_ops<T>;
-    const int D = p.head_dim;
-    const fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
-    constexpr int kC = kHeadDim / 32; /* columns per lane */
-    float m = -INFINITY, l = 0.f, o[kC];
-#pragma unroll
-    for (int c = 0; c < kC; c++)
-        o[c] = 0.f;
-    const int s_end = fad_end_split(r, split_size);
-    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
-    /* The fold is a chain, its loads are not: each batch of kBatch splits is
-     * fetched at once (one memory round trip per batch rather than per split;
-     * with few rows, as at decode, the fold is latency-bound), then merged in
-     * split order. */
-    constexpr int kBatch = kHeadDim <= 128 ? 16 : 8; /* ov: kBatch x kC registers */
-    for (int s0 = fad_first_split(r, split_size); s0 < s_end; s0 += kBatch) {
-        float2 ml[kBatch];
-        float ov[kBatch][kC];
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            const bool live = s0 + u < s_end;
-            ml[u] = live ? src.ml_of(s0 + u) : make_float2(0.f, 0.f);
-#pragma unroll
-            for (int c = 0; c < kC; c++)
-                ov[u][c] = live && lane + 32 * c < D ? src.o_of(s0 + u, lane + 32 * c) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            if (s0 + u >= s_end)
-                break;
-            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
-            fad_merge_w w = fad_merge_weights(m, ml[u].x);
-#pragma unroll
-            for (int c = 0; c < kC; c++)
-                if (lane + 32 * c < D)
-                    o[c] = fad_merge_value(o[c], ov[u][c], w);
-            l = fad_merge_value(l, ml[u].y, w);
-            m = w.m;
-        }
-    }
-    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
-    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
-#pragma unroll
-    for (int c = 0; c < kC; c++)
-        if (lane + 32 * c < D) {
-            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
-            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
-        }
-    if (lane == 0)
-        p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = poison ? inv : fad_lse(m, l);
-}
-
-/* The cluster fold (fwd_packed_kernel, fwd_args.cluster_fold): the split
- * CTAs of a row block are one cluster, CTA rank s = split s. Each has put its
- * partial state of block row x in sR[x * kHeadDim ..] and sML[2 x ..] (or
- * nothing, for a split masked for every row: the fold skips it). After the
- * cluster barrier, rank 0 folds every row of the block through combine_row,
- * reading the partials from the other CTAs' shared memory; the second
- * barrier keeps that memory alive until it is done. Every thread of every
- * CTA of the cluster calls this once. Packed block row x = pr - m0 is query
- * row pr / G of head hk * G + pr % G. */
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void cluster_fold_rows(const fad_fwd_params &p, int split_size,
-                                                  const fad_seq &seq, int m0, int m_end, int hk,
-                                                  int G, const float *sR, const float *sML)
-{
-    cluster_sync();
-    if (cluster_rank() == 0)
-        for (int pr = m0 + (int)threadIdx.x / 32; pr < m_end; pr += (int)blockDim.x / 32) {
-            const int x = pr - m0;
-            const partials_cluster src = {sR + x * kHeadDim, sML + x * 2};
-            combine_row<T, kHeadDim>(p, split_size, seq, hk * G + pr % G, pr / G,
-                                     threadIdx.x % 32, src);
-        }
-    cluster_sync();
 }
 
 /* The key tiles a CTA walks, the same rule for both forward kernels (the walk
@@ -835,15 +717,11 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     /* K/V stages: the knob, fewer where it would not fit in shared memory. */
     static constexpr int kStagesWant = kMod ? FAD_PACKED_STAGES_MOD : FAD_PACKED_STAGES;
     static constexpr size_t kStageBytes = (size_t)kStageElems * 2;
-    static constexpr int kStagesFit =
-        (int)((200 * 1024 - kSmemR - kSmemQ - kSmemX - kBlockM * 8) / kStageBytes);
+    static constexpr int kStagesFit = (int)((200 * 1024 - kSmemR - kSmemQ - kSmemX) / kStageBytes);
     static constexpr int kStages = kStagesWant < kStagesFit ? kStagesWant : kStagesFit;
     /* sR (fp32 merged o, one-CTA schedule with several splits); sQ (inside sR
      * when Q is held in registers by a lone warp); kStages x (sK, sV); S exchange. */
-    /* the cluster fold's (m, l) slots, one pair per row (its o goes to sR) */
-    static constexpr size_t kSmemML = (size_t)kBlockM * 2 * 4;
-    static constexpr size_t kSmemBytes =
-        kSmemR + kSmemQ + (size_t)kStages * kStageBytes + kSmemX + kSmemML;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageBytes + kSmemX;
     static_assert(kStages >= 2, "at least double buffering");
     static_assert(kRowWarps < 16, "named barriers 1 .. kRowWarps");
     static_assert(kBlockM * (kHeadDim / 8) % kThreads == 0, "whole Q chunks per thread");
@@ -869,17 +747,13 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int n_rows = len_q * G; /* packed rows of (b, hk); the plan bounds seqlen_q * G */
     const int m0 = m_block * kBlockM;
-    /* NaN rows of a sequence outside the cache: here (one CTA per row block:
-     * split 0's under the cluster fold), else in combine_kernel. Every CTA of
-     * a cluster returns here alike, so none waits at a cluster barrier. */
-    if (!seq.valid && p.cache_seqlens && (!a.plan.cta_per_split || a.cluster_fold)) {
-        if (blockIdx.z == 0)
-            for (int pr = m0 + (int)threadIdx.x / 32; pr < m0 + kBlockM && pr < p.seqlen_q * G;
-                 pr += C::kThreads / 32)
-                poison_row(p, seq, hk * G + pr % G, pr / G, threadIdx.x % 32, 32);
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int pr = m0 + (int)threadIdx.x / 32; pr < m0 + kBlockM && pr < p.seqlen_q * G;
+             pr += C::kThreads / 32)
+            poison_row(p, seq, hk * G + pr % G, pr / G, threadIdx.x % 32, 32);
         return;
     }
-    if (m0 >= n_rows) /* (for every split CTA of the row block alike) */
+    if (m0 >= n_rows)
         return;
     const int m_end = min(m0 + kBlockM, n_rows);
 
@@ -888,18 +762,11 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const fad_key_range last_row =
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
     const bool partial = a.plan.cta_per_split;
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    float *sML = reinterpret_cast<float *>(smem_raw + C::kSmemBytes - C::kSmemML);
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last)) {
-        /* this split is masked for every row: the fold skips it (but a cluster
-         * CTA still takes part in the cluster's barriers, and may be the folder) */
-        if (a.cluster_fold)
-            cluster_fold_rows<T, kHeadDim>(p, a.plan.split_size, seq, m0, m_end, hk, G,
-                                           reinterpret_cast<float *>(smem_raw), sML);
-        return;
-    }
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+        return; /* this split is masked for every row: the combine skips it too */
 
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
     T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInR ? 0 : C::kSmemR));
     T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
@@ -1021,20 +888,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
-    if (a.cluster_fold) { /* the CTA's one split ends: (m, l, o) of its rows into sR / sML */
-        __syncthreads(); /* every warp is done with sQ, which sR may hold */
-        if (warp_active && cur_split >= 0)
-#pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                const float nan = __int_as_float(0x7fffffff);
-                const float l_row = poison ? nan : quad_sum(l_s[r]);
-                const int x = row0 + 8 * r; /* row of the block */
-                store_partial_row(acc, r, poison ? nan : m_s[r], l_row, sR + x * kHeadDim,
-                                  sML + x * 2, D, cw * kColBlocks * 16, cw == 0);
-            }
-        cluster_fold_rows<T, kHeadDim>(p, S, seq, m0, m_end, hk, G, sR, sML);
-        return;
-    }
     if (!warp_active)
         return;
 
@@ -1074,7 +927,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 
 
 /* ------------------------------------------------------------------------ */
-/* combine: fold the workspace's split partials, one warp per query row       */
+/* combine: fold split partials left to right, one warp per query row         */
 /* ------------------------------------------------------------------------ */
 
 /* Knob that never changes a bit: 1 = launch the combine as a programmatic
@@ -1083,12 +936,12 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 #define FAD_COMBINE_PDL 1
 #endif
 
-/* kHeadDim: the variant's bound on D. */
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim> /* kHeadDim: the variant's bound on D */
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
+    using ops = dtype_ops<T>;
     const fad_fwd_params &p = a.p;
-    const int lane = threadIdx.x % 32;
+    const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
     const int q_blocks = (p.seqlen_q + 3) / 4; /* blocks of 4 rows per (batch, head) */
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
     const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32; /* query row of sequence b */
@@ -1100,9 +953,58 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     if (i >= seq.len_q)
         return;
     const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
-    const partials_global src = {a.ws_o, a.ws_ml, (size_t)fad_flat_rows(&p), row, p.head_dim};
+    const size_t split_stride = (size_t)fad_flat_rows(&p);
     pdl_wait_primary(); /* launched early (FAD_COMBINE_PDL): the partials are complete from here */
-    combine_row<T, kHeadDim>(p, a.plan.split_size, seq, h, i, lane, src);
+
+    fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
+    constexpr int kC = kHeadDim / 32; /* columns per lane */
+    float m = -INFINITY, l = 0.f, o[kC];
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        o[c] = 0.f;
+    const int s_end = fad_end_split(r, S);
+    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
+    /* The fold is a chain, its loads are not: each batch of kBatch splits is
+     * fetched at once (one memory round trip per batch rather than per split;
+     * with few rows, as at decode, this kernel is latency-bound), then merged
+     * in split order exactly as before. */
+    constexpr int kBatch = kHeadDim <= 128 ? 16 : 8; /* ov: kBatch x kC registers */
+    for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
+        float2 ml[kBatch];
+        float ov[kBatch][kC];
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const size_t idx = (size_t)(s0 + u) * split_stride + row;
+            const bool live = s0 + u < s_end;
+            ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                ov[u][c] = live && lane + 32 * c < D ? a.ws_o[idx * D + lane + 32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            if (s0 + u >= s_end)
+                break;
+            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
+            fad_merge_w w = fad_merge_weights(m, ml[u].x);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                if (lane + 32 * c < D)
+                    o[c] = fad_merge_value(o[c], ov[u][c], w);
+            l = fad_merge_value(l, ml[u].y, w);
+            m = w.m;
+        }
+    }
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        if (lane + 32 * c < D) {
+            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
+            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
+        }
+    if (lane == 0)
+        p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1146,17 +1048,17 @@ static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, s
     return FAD_OK;
 }
 
-/* 1 when the current device is sm_90 or later: programmatic dependent launch
- * and thread block clusters. *dev receives the device. */
-static fad_status device_is_sm90(int *yes, int *dev, char *msg, size_t msg_len)
+/* 1 when the current device runs programmatic dependent launch (sm_90 on). */
+static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
 {
     static int major[FAD_MAX_DEVICES]; /* 0: not asked yet */
-    CUDA_TRY(cudaGetDevice(dev));
-    if (*dev < 0 || *dev >= FAD_MAX_DEVICES)
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", *dev);
-    if (!major[*dev])
-        CUDA_TRY(cudaDeviceGetAttribute(&major[*dev], cudaDevAttrComputeCapabilityMajor, *dev));
-    *yes = major[*dev] >= 9;
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= FAD_MAX_DEVICES)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
+    if (!major[dev])
+        CUDA_TRY(cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev));
+    *has = major[dev] >= 9;
     return FAD_OK;
 }
 
@@ -1173,9 +1075,9 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     if (!a.plan.cta_per_split)
         return FAD_OK;
     const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
-    int pdl = 0, dev;
+    int pdl = 0;
     if (FAD_COMBINE_PDL) {
-        fad_status st = device_is_sm90(&pdl, &dev, msg, msg_len);
+        fad_status st = device_has_pdl(&pdl, msg, msg_len);
         if (st != FAD_OK)
             return st;
     }
@@ -1198,58 +1100,6 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     return FAD_OK;
 }
 
-/* The cluster fold (fwd_packed_kernel, CTA-per-split): launches kernel with
- * the row block's num_splits split CTAs as one cluster and *done = 1, or
- * leaves *done = 0 where it cannot (before sm_90, more splits than a cluster
- * holds, a cluster that would not fit on an SM group: checked once per
- * device and size) and the caller takes the combine kernel. FAD_CLUSTER_FOLD
- * = 0 turns it off; it never changes a bit (the same combine_row fold). */
-#ifndef FAD_CLUSTER_FOLD
-#define FAD_CLUSTER_FOLD 1
-#endif
-enum { kMaxClusterFold = 16 }; /* above 8: a non-portable cluster size (sm_90 allows 16) */
-
-template <typename Kernel>
-static fad_status launch_cluster_fold(Kernel kernel, fwd_args a, dim3 grid, int threads,
-                                      size_t smem, cudaStream_t stream, int *done, char *msg,
-                                      size_t msg_len)
-{
-    static signed char fits[FAD_MAX_DEVICES][kMaxClusterFold + 1]; /* 0 unknown, 1 yes, -1 no */
-    const int n = (int)grid.z;
-    int sm90 = 0, dev = 0;
-    *done = 0;
-    if (!FAD_CLUSTER_FOLD || n < 1 || n > kMaxClusterFold)
-        return FAD_OK;
-    fad_status st = device_is_sm90(&sm90, &dev, msg, msg_len);
-    if (st != FAD_OK || !sm90)
-        return st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = (unsigned)n;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (!fits[dev][n]) {
-        int clusters = 0;
-        if (n > 8)
-            CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-        fits[dev][n] = clusters > 0 ? 1 : -1;
-    }
-    if (fits[dev][n] < 0)
-        return FAD_OK;
-    a.cluster_fold = 1;
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
-    *done = 1;
-    return FAD_OK;
-}
-
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -1266,13 +1116,6 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                             C::kBlockM, fad_packed_block_m());
         dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
                   plan.cta_per_split ? plan.num_splits : 1);
-        if (plan.cta_per_split) {
-            int done = 0;
-            st = launch_cluster_fold(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, a, grid,
-                                     C::kThreads, C::kSmemBytes, stream, &done, msg, msg_len);
-            if (st != FAD_OK || done)
-                return st;
-        }
         fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     } else {
         using C = fwd_cfg<kHeadDim>;
@@ -1331,7 +1174,6 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.plan = *plan;
     a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
     a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
-    a.cluster_fold = 0;
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

@@ -98,36 +98,6 @@ __device__ __forceinline__ void pdl_wait_primary()
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
-/* Thread block clusters (sm_90; never called on older GPUs, where the host
- * does not launch clusters): this CTA's rank, a full cluster barrier whose
- * release/acquire orders shared-memory writes before it against reads after
- * it, and the generic address of the same shared variable in CTA `rank`. */
-__device__ __forceinline__ int cluster_rank()
-{
-    int r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ void cluster_sync()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-template <typename T> __device__ __forceinline__ const T *cluster_map(const T *p, int rank)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t q;
-    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(q) : "l"((uint64_t)p), "r"(rank));
-    return (const T *)q;
-#else
-    (void)rank;
-    return p;
-#endif
-}
 /* Waits until at most N of this thread's commit groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {

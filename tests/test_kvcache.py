@@ -146,9 +146,9 @@ def test_kvcache_schedules_bit_equal_and_bad_entry_is_nan_gpu():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("cap", [1000, 8192, 8193, 20000])
 def test_decode_split_folds_bit_equal_gpu(cap):
-    """The fold of a decode step's split partials, wherever it runs (split 0's CTA of a
-    thread block cluster for up to 16 splits on sm_90, the combine kernel above that or
-    on older GPUs, fold_split in one CTA), gives the same bits: 2, 16, 17 and 40 splits."""
+    """A decode step's split partials folded by the combine kernel (CTA-per-split) and by
+    fold_split inside one CTA give the same bits: 2, 16, 17 and 40 splits (the combine
+    fetches 16 splits per round trip, so 17 and 40 cross its batches)."""
     gen = make_gen(61)
     q = randn(gen, (2, 1, 16, 64), torch.bfloat16, "cuda")
     kc, vc = (randn(gen, (2, cap, 4, 64), torch.bfloat16, "cuda") for _ in range(2))
