@@ -27,16 +27,6 @@
 #include "fad_mma.cuh"
 #include "fad_seq.h"
 
-/* Knobs that never change a bit (scripts/ab_variants.sh compares them):
- * FAD_FOLD_VEC4: sR slots are float4 per fragment (else one float per slot);
- * FAD_FRESH_SKIP: a split's first tile skips the rescale of its all-zero acc. */
-#ifndef FAD_FOLD_VEC4
-#define FAD_FOLD_VEC4 1
-#endif
-#ifndef FAD_FRESH_SKIP
-#define FAD_FRESH_SKIP 1
-#endif
-
 /* ------------------------------------------------------------------------ */
 /* the per-tile math both forward kernels share                               */
 /* ------------------------------------------------------------------------ */
@@ -107,8 +97,7 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
  * so a row walks the same tiles through the same instruction sequence in
  * either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
  * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
- * (masking an in-range key is a no-op, so the flag only costs time). fresh:
- * the tile is its split's first for this CTA (acc still start_split's zeros). */
+ * (masking an in-range key is a no-op, so the flag only costs time). */
 /* An lds_base for the V operand of a warp that owns the output columns from
  * 16-column block blk0 on: addr[c] is block blk0 + c, so at(row, j) (which
  * adds (j / 4) * 64 columns to addr[j % 4]) addresses block blk0 + j for any
@@ -192,7 +181,7 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
             const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
             const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
             const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
-            bool fresh, const s_share &share = s_share{})
+            const s_share &share = s_share{})
 {
     using ops = dtype_ops<T>;
     constexpr int kNB = kBlockN / 8, kRows = 2 * kMT, kDB = 2 * kColBlocks;
@@ -262,9 +251,8 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
-    /* Multiplying by 1 is exact, and so is multiplying the +0 of a split's
-     * first tile (start_split) by a scale >= 0: skipping either changes no bit. */
-    if (!(FAD_FRESH_SKIP && fresh) && !__all_sync(0xffffffffu, all_one))
+    /* Multiplying by 1 is exact, so skipping it changes no bit. */
+    if (!__all_sync(0xffffffffu, all_one))
 #pragma unroll
         for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
@@ -315,12 +303,10 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 }
 
 /* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
- * fad_merge_* -- into sR (to_smem: thread-private float4 slots, one per
- * fragment (mt, nb), slot-major so a warp's 16-byte accesses cover 512
- * contiguous bytes without bank conflicts), or, for the last split, into acc,
- * ready to normalise. Before the first fold R is the empty state (o = 0),
- * exactly what the combine kernel starts from. Every lane must call it
- * (quad_sum). */
+ * fad_merge_* -- into sR (to_smem: thread-private slots, slot-major so a
+ * warp's accesses hit 32 banks), or, for the last split, into acc, ready to
+ * normalise. Before the first fold R is the empty state (o = 0), exactly what
+ * the combine kernel starts from. Every lane must call it (quad_sum). */
 template <int kMT, int kDB, int kThreads>
 __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
                                            const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
@@ -339,34 +325,16 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
     for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
         for (int nb = 0; nb < kDB; nb++) {
-#if FAD_FOLD_VEC4
-            float4 *slot = reinterpret_cast<float4 *>(sR) + (mt * kDB + nb) * kThreads + tid;
-            const float4 r = have_R ? *slot : make_float4(0.f, 0.f, 0.f, 0.f);
-            const float old[4] = {r.x, r.y, r.z, r.w};
-#else
-            float old[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                old[e] = have_R ? sR[((mt * kDB + nb) * 4 + e) * kThreads + tid] : 0.f;
-#endif
-            float v[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                v[e] = fad_merge_value(old[e], acc[mt][nb][e], w[2 * mt + e / 2]);
-            if (to_smem) {
-#if FAD_FOLD_VEC4
-                *slot = make_float4(v[0], v[1], v[2], v[3]);
-#else
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sR[((mt * kDB + nb) * 4 + e) * kThreads + tid] = v[e];
-#endif
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[mt][nb][e] = v[e];
+            for (int e = 0; e < 4; e++) {
+                float *slot = &sR[((mt * kDB + nb) * 4 + e) * kThreads + tid];
+                const float v = fad_merge_value(have_R ? *slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
+                if (to_smem)
+                    *slot = v;
+                else
+                    acc[mt][nb][e] = v;
             }
-            /* Keeps the scheduler from hoisting all kMT*kDB loads of sR
+            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
              * ahead of the FMAs (that many live registers spill the loop). */
             __syncwarp();
         }
@@ -652,7 +620,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
             v_lds0.reload(stage * C::kStageElems * 2),
             t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
-            p.window_left, p.window_right, t0 == t_first || t0 % S == 0);
+            p.window_left, p.window_right);
     }
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
@@ -907,7 +875,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts>(
                 acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
                 t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right, t0 == t_first || t0 % S == 0, share);
+                p.window_left, p.window_right, share);
             /* the next tile starts a split: fold this one into R (sR), fresh state */
             if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
                 fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
