@@ -1067,7 +1067,7 @@ static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
  * On sm_90 it is launched as a programmatic dependent of the attention kernel
  * (FAD_COMBINE_PDL): its CTAs launch while the last split CTAs still run and
  * wait in griddepcontrol.wait, so the gap between the two kernels (a few us
- * at decode, where the attention kernel itself takes ~15) is hidden. Bits:
+ * at decode, where the attention kernel itself takes ~12) is hidden. Bits:
  * the same kernel reads the same complete partials. */
 template <typename T, int kHeadDim>
 static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)

@@ -84,7 +84,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
 /* Programmatic dependent launch (sm_90; no-ops before): a kernel lets the
  * next one in the stream start launching (its CTAs are then scheduled as SMs
- * free up and wait in dependent_wait until this grid has finished and its
+ * free up and wait in pdl_wait_primary until this grid has finished and its
  * writes are visible). Saves the launch gap between two kernels of one call. */
 __device__ __forceinline__ void pdl_launch_dependents()
 {

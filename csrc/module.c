@@ -363,7 +363,7 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
     Py_RETURN_NONE;
 }
 
-/* Backward: grads = (dout, dq, dk, dv) capsules, each the shape and strides of
+/* Backward: grads = (dout, dq, dk, dv) tensors, each the shape and strides of
  * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element. */
 static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *const fwd_t[4],
                          PyObject *const *grads, const fwd_opts *o)
