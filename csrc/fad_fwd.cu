@@ -1011,18 +1011,25 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
 /* host side: SM count, and the one dispatch point                            */
 /* ------------------------------------------------------------------------ */
 
-static int g_num_sms[FAD_MAX_DEVICES];
-
-extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
+/* Attribute attr of the current device, asked once per device: cache holds
+ * one value per device, 0 = not asked yet (every attribute asked here is > 0). */
+static fad_status current_device_attr(cudaDeviceAttr attr, int *cache, int *value, char *msg,
+                                      size_t msg_len)
 {
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
     if (dev < 0 || dev >= FAD_MAX_DEVICES)
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
-    if (!g_num_sms[dev])
-        CUDA_TRY(cudaDeviceGetAttribute(&g_num_sms[dev], cudaDevAttrMultiProcessorCount, dev));
-    *num_sms = g_num_sms[dev];
+    if (!cache[dev])
+        CUDA_TRY(cudaDeviceGetAttribute(&cache[dev], attr, dev));
+    *value = cache[dev];
     return FAD_OK;
+}
+
+extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
+{
+    static int sms[FAD_MAX_DEVICES];
+    return current_device_attr(cudaDevAttrMultiProcessorCount, sms, num_sms, msg, msg_len);
 }
 
 extern "C" int fad_has_cuda(void) { return 1; }
@@ -1051,15 +1058,12 @@ static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, s
 /* 1 when the current device runs programmatic dependent launch (sm_90 on). */
 static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
 {
-    static int major[FAD_MAX_DEVICES]; /* 0: not asked yet */
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= FAD_MAX_DEVICES)
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
-    if (!major[dev])
-        CUDA_TRY(cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev));
-    *has = major[dev] >= 9;
-    return FAD_OK;
+    static int majors[FAD_MAX_DEVICES];
+    int major = 0;
+    fad_status st = current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, &major, msg,
+                                        msg_len);
+    *has = major >= 9;
+    return st;
 }
 
 /* CTA-per-split schedule: the combine kernel, one warp per query row, 4 rows
