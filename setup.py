@@ -4,7 +4,8 @@ No torch at build time and none at link time: the module talks to torch through
 DLPack only, and links the CUDA runtime statically, so it survives torch upgrades.
 
 Environment:
-  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest)
+  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest;
+                              90 is built as sm_90a, the Hopper target with wgmma)
   FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
   CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH)
 """
@@ -51,10 +52,17 @@ def cuda_home(nvcc):
 
 
 def gencode_flags(archs):
-    archs = [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
+    """nvcc flags for archs like "80;90". sm_90 code is built for sm_90a, the
+    target with wgmma (the prefill kernel's Hopper variant; FAD_SM90A tells the
+    host it may launch it). PTX of the newest arch, without the "a" (arch-
+    specific PTX does not run on later GPUs), lets newer GPUs JIT the rest."""
+    archs = [a.strip().rstrip("a") for a in archs.replace(",", ";").split(";") if a.strip()]
     flags = []
     for a in archs:
-        flags.append(f"-gencode=arch=compute_{a},code=sm_{a}")
+        sm = a + "a" if a == "90" else a
+        flags.append(f"-gencode=arch=compute_{sm},code=sm_{sm}")
+    if "90" in archs:
+        flags.append("-DFAD_SM90A=1")
     newest = max(archs, key=int)
     flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # PTX for newer GPUs
     return flags

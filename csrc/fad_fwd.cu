@@ -24,8 +24,11 @@
  * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
  * registers and fed back as the A operand, cp.async for global->shared.
  */
+#include <stdlib.h>
+
 #include "fad_mma.cuh"
 #include "fad_seq.h"
+#include "fad_wgmma.cuh"
 
 /* ------------------------------------------------------------------------ */
 /* the per-tile math both forward kernels share                               */
@@ -169,50 +172,31 @@ __device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
     }
 }
 
-/* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
- * holds only those; v_lds already points at the first). Each output column's
- * O += P V chain is independent of the others, so a warp that owns a column
- * range gives those columns the bits of a warp that owns all of them. */
-template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod,
-          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, class Rows>
-__device__ __forceinline__ void
-attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
-            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
-            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
-            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
-            const s_share &share = s_share{})
+/* The A fragment of P for key block kk (16 keys) of one m16 row tile, packed
+ * to the input dtype straight from the S accumulators: blocks 2kk and 2kk+1
+ * of the accumulator are exactly the A layout's two column halves. */
+template <typename T, int kNB>
+__device__ __forceinline__ void p_fragment(const float (&s)[kNB][4], int kk, uint32_t (&pf)[4])
 {
-    using ops = dtype_ops<T>;
-    constexpr int kNB = kBlockN / 8, kRows = 2 * kMT, kDB = 2 * kColBlocks;
-    static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
-    /* S = Q K^T for this warp's rows x kBlockN keys. */
-    float s[kMT][kNB][4] = {};
-    if constexpr (kKeyParts == 1) {
-        qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
-    } else {
-        constexpr int kJ = kBlockN / 16 / kKeyParts;
-        const int lane = threadIdx.x % 32;
-        float sp[kMT][2 * kJ][4] = {};
-        qk_tile<T, kHeadDim, kMT, kJ, kQInRegs>(sp, qf, q_lds, k_lds, share.part * kJ * 16);
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < 2 * kJ; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
-                        sp[mt][nb][e];
-        named_barrier(share.bar_id, share.bar_threads);
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kNB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
-    }
+    pf[0] = dtype_ops<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+    pf[1] = dtype_ops<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+    pf[2] = dtype_ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[3] = dtype_ops<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
 
+/* The softmax step of one kBlockN-key tile, between the two products: S (raw
+ * dot products) -> scores, mask, the tile's row max, the online-softmax step
+ * of the current split (m_s, l_s per thread, acc = its o, rescaled), and S
+ * becomes P = exp2(score - max) in place. The one copy of this math: every
+ * forward kernel, on mma.sync or wgmma, runs it on the same fragments. */
+template <bool kMod, int kMT, int kNB, int kDB, class Rows>
+__device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                             float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                             bool need_mask, const fad_score_mod &mod,
+                                             const Rows &rows, int t0, int len_q, int len_k,
+                                             int window_left, int window_right)
+{
+    constexpr int kRows = 2 * kMT;
     /* Scores -> masked, row max -> online softmax step. */
     float m_tile[kRows];
 #pragma unroll
@@ -260,29 +244,118 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], scale[2 * mt + e / 2]);
+}
+
+/* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
+ * holds only those; v_lds already points at the first). Each output column's
+ * O += P V chain is independent of the others, so a warp that owns a column
+ * range gives those columns the bits of a warp that owns all of them. */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod,
+          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, class Rows>
+__device__ __forceinline__ void
+attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
+            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
+            const s_share &share = s_share{})
+{
+    constexpr int kNB = kBlockN / 8;
+    static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
+    /* S = Q K^T for this warp's rows x kBlockN keys. */
+    float s[kMT][kNB][4] = {};
+    if constexpr (kKeyParts == 1) {
+        qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
+    } else {
+        constexpr int kJ = kBlockN / 16 / kKeyParts;
+        const int lane = threadIdx.x % 32;
+        float sp[kMT][2 * kJ][4] = {};
+        qk_tile<T, kHeadDim, kMT, kJ, kQInRegs>(sp, qf, q_lds, k_lds, share.part * kJ * 16);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < 2 * kJ; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
+                        sp[mt][nb][e];
+        named_barrier(share.bar_id, share.bar_threads);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
+    }
+
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
 
     /* O += P V: P goes straight from the S accumulators to A fragments. */
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) {
         uint32_t pf[kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++) {
-            pf[mt][0] = ops::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pf[mt][1] = ops::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pf[mt][2] = ops::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pf[mt][3] = ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < kMT; mt++)
+            p_fragment<T>(s[mt], kk, pf[mt]);
 #pragma unroll
         for (int j = 0; j < kColBlocks; j++) {
             uint32_t vf[4];
             ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
 #pragma unroll
             for (int mt = 0; mt < kMT; mt++) {
-                ops::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
-                ops::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+                dtype_ops<T>::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
+                dtype_ops<T>::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
             }
         }
     }
+}
+
+/* attend_tile on sm_90a: the same tile for the 64 rows of one warpgroup,
+ * with S = Q K^T and O += P V as wgmma chains (64 x kBlockN x 16 and
+ * 64 x kHeadDim x 16 per instruction, k-chunks in increasing order) instead
+ * of mma.sync. scripts/wgmma_probe.cu checks that a wgmma chain gives every
+ * fp32 result the bits of the mma.sync chain it replaces, and the fragments
+ * are the same registers, so a row gets the same bits on either path (and
+ * prefill rows still match the packed decode kernel's). Operands: q_addr =
+ * this warpgroup's first Q row in a swz128 tile of kQRows rows; k_addr,
+ * v_addr = the stage's swz128 K and V tiles of kBlockN rows. Waits for both
+ * products: the caller reuses the stage right after. */
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kMod, class Rows>
+__device__ __forceinline__ void
+attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
+                  uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, bool need_mask,
+                  const fad_score_mod &mod, const Rows &rows, int t0, int len_q, int len_k,
+                  int window_left, int window_right)
+{
+    float s[1][kBlockN / 8][4] = {};
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; kk++) /* K-major: 32 bytes per k-chunk inside a 64-column block */
+        wgmma_ss(s[0], gmma_desc(q_addr + ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2, 16, 1024),
+                 gmma_desc(k_addr + ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2, 16, 1024),
+                 (const T *)nullptr);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(s[0]);
+
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
+
+    uint32_t pf[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; kk++)
+        p_fragment<T>(s[0], kk, pf[kk]);
+    wgmma_fence_operand(acc[0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
+        wgmma_rs(acc[0], pf[kk], gmma_desc(v_addr + kk * 16 * 128, kBlockN * 128, 1024),
+                 (const T *)nullptr);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(acc[0]);
 }
 
 /* A fresh online-softmax state for a split that starts. */
@@ -388,7 +461,7 @@ __device__ __forceinline__ void store_partial_row(const float (&acc)[kMT][kDB][4
  * span pages of any multiple-of-16 size. k_h/v_h: k/v at this kv head. Returns
  * true when some row's page lies outside the cache: that row is zero-filled,
  * never read, and the caller poisons the rows it computes (NaN). */
-template <typename T, int kHeadDim, int kBlockN, int kThreads>
+template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kSw128 = false>
 __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params &p,
                                               const fad_seq &seq, const T *k_h, const T *v_h,
                                               int t0, int rows, int D)
@@ -408,8 +481,9 @@ __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params
             bad |= !page_ok;
             ok = page_ok && col < D;
         }
-        cp_async16(sK + swz<kHeadDim>(row, col), k_h + (ok ? ko + col : 0), ok ? 16 : 0);
-        cp_async16(sV + swz<kHeadDim>(row, col), v_h + (ok ? vo + col : 0), ok ? 16 : 0);
+        const int at = tile_off<kHeadDim, kBlockN, kSw128>(row, col);
+        cp_async16(sK + at, k_h + (ok ? ko + col : 0), ok ? 16 : 0);
+        cp_async16(sV + at, v_h + (ok ? vo + col : 0), ok ? 16 : 0);
     }
     return bad;
 }
@@ -467,7 +541,10 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
     return true;
 }
 
-template <int kHeadDim> struct fwd_cfg {
+/* kWgmma: the sm_90a variant (D 64 and 128): each warpgroup's 64 rows run
+ * attend_tile_wgmma, Q stays in shared memory, tiles in the swz128 layout.
+ * The same rows per CTA and the same tile walk as the mma.sync variant. */
+template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
      * fragment read from shared memory feeds four MMAs. Otherwise 16 rows per
@@ -482,7 +559,7 @@ template <int kHeadDim> struct fwd_cfg {
     /* Keys per tile: 32 for wide D=128 keeps S + O within the registers. */
     static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
-    static constexpr bool kQInRegs = !kWide && kHeadDim <= 128;
+    static constexpr bool kQInRegs = !kWgmma && !kWide && kHeadDim <= 128;
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
@@ -494,17 +571,20 @@ template <int kHeadDim> struct fwd_cfg {
     static constexpr size_t kSmemQ = kQInRegs ? 0 : (size_t)kBlockM * kHeadDim * 2;
     static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
+    static_assert(!kWgmma || ((kHeadDim == 64 || kHeadDim == 128) && !kWide && kWarps % 4 == 0 &&
+                              kSmemR % 1024 == 0 && kSmemQ % 1024 == 0),
+                  "wgmma: whole warpgroups, 1024-byte aligned swz128 tiles");
     static_assert(FAD_SPLIT_QUANTUM % kBlockN == 0, "splits are whole tiles");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 /* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
-template <typename T, int kHeadDim, bool kMod, bool kPaged>
-__global__ void __launch_bounds__(fwd_cfg<kHeadDim>::kThreads, fwd_cfg<kHeadDim>::kMinBlocks)
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
+__global__ void __launch_bounds__(fwd_cfg<kHeadDim, kWgmma>::kThreads, fwd_cfg<kHeadDim, kWgmma>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
     pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
-    using C = fwd_cfg<kHeadDim>;
+    using C = fwd_cfg<kHeadDim, kWgmma>;
     constexpr int kMT = C::kMT, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kDB = C::kDBlocks;
     constexpr int kRows = 2 * kMT; /* rows per thread */
     const fad_fwd_params &p = a.p;
@@ -535,7 +615,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
         return; /* this split is masked for every row: the combine skips it too */
 
-    extern __shared__ __align__(128) unsigned char smem_raw[];
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
     T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInRegs ? 0 : C::kSmemR));
     T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
@@ -568,22 +648,22 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     bool bad_page = false; /* paged: this thread met a page outside the cache */
     auto load_kv = [&](int t0, int st) {
         if constexpr (kPaged) {
-            bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
+            bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(
                 sK + st * C::kStageElems, sV + st * C::kStageElems, p, seq,
                 (const T *)p.k + hk * p.k_head_stride, (const T *)p.v + hk * p.v_head_stride, t0,
                 len_k - t0, D);
         } else {
-            load_tile<T, kHeadDim, kBlockN, C::kThreads>(sK + st * C::kStageElems,
-                                                         k_g + (int64_t)t0 * p.k_row_stride,
-                                                         (int)p.k_row_stride, len_k - t0, D);
-            load_tile<T, kHeadDim, kBlockN, C::kThreads>(sV + st * C::kStageElems,
-                                                         v_g + (int64_t)t0 * p.v_row_stride,
-                                                         (int)p.v_row_stride, len_k - t0, D);
+            load_tile<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(sK + st * C::kStageElems,
+                                                                 k_g + (int64_t)t0 * p.k_row_stride,
+                                                                 (int)p.k_row_stride, len_k - t0, D);
+            load_tile<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(sV + st * C::kStageElems,
+                                                                 v_g + (int64_t)t0 * p.v_row_stride,
+                                                                 (int)p.v_row_stride, len_k - t0, D);
         }
     };
 
     /* Prologue: Q and the first K/V tiles in flight. */
-    load_tile<T, kHeadDim, kBlockM, C::kThreads>(sQ, q_g, (int)p.q_row_stride, m_end - m0, D);
+    load_tile<T, kHeadDim, kBlockM, C::kThreads, kWgmma>(sQ, q_g, (int)p.q_row_stride, m_end - m0, D);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
@@ -597,6 +677,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
         cp_async_wait_all();
+        if (kWgmma)
+            fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
         __syncthreads(); /* K/V(t0) landed; every warp is done with the other stage (and with sQ) */
         if (t0 + kBlockN < t_last)
             load_kv(t0 + kBlockN, stage ^ 1);
@@ -609,18 +691,26 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             start_split(acc, m_s, l_s);
         }
 
-        if (C::kQInRegs && t0 == t_first)
+        if constexpr (C::kQInRegs) if (t0 == t_first)
 #pragma unroll
             for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
                     ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0], q_lds.at(mt * 16, kk));
 
-        attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
-            acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
-            v_lds0.reload(stage * C::kStageElems * 2),
-            t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
-            p.window_left, p.window_right);
+        const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
+        if constexpr (kWgmma) {
+            const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
+            attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, kMod>(
+                acc, m_s, l_s, smem_addr(sQ) + (warp / 4) * 64 * 64 * 2, k_addr,
+                k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
+                p.window_left, p.window_right);
+        } else {
+            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
+                acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
+                v_lds0.reload(stage * C::kStageElems * 2), need_mask, mod, rows, t0, len_q, len_k,
+                p.window_left, p.window_right);
+        }
     }
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
@@ -766,7 +856,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
         return; /* this split is masked for every row: the combine skips it too */
 
-    extern __shared__ __align__(128) unsigned char smem_raw[];
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
     T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInR ? 0 : C::kSmemR));
     T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
@@ -867,7 +957,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 cur_split = t0 / S;
                 start_split(acc, m_s, l_s);
             }
-            if (C::kQInRegs && t0 == t_first)
+            if constexpr (C::kQInRegs) if (t0 == t_first)
 #pragma unroll
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
                     ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
@@ -1055,15 +1145,13 @@ static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, s
     return FAD_OK;
 }
 
-/* 1 when the current device runs programmatic dependent launch (sm_90 on). */
-static fad_status device_has_pdl(int *has, char *msg, size_t msg_len)
+/* Compute capability major of the current device: 9 is sm_90 (H100, H200;
+ * no other 9.x exists), which runs programmatic dependent launch and, from
+ * an sm_90a build, the wgmma kernels. */
+static fad_status device_major(int *major, char *msg, size_t msg_len)
 {
     static int majors[FAD_MAX_DEVICES];
-    int major = 0;
-    fad_status st = current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, &major, msg,
-                                        msg_len);
-    *has = major >= 9;
-    return st;
+    return current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, major, msg, msg_len);
 }
 
 /* CTA-per-split schedule: the combine kernel, one warp per query row, 4 rows
@@ -1081,9 +1169,11 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
     int pdl = 0;
     if (FAD_COMBINE_PDL) {
-        fad_status st = device_has_pdl(&pdl, msg, msg_len);
+        int major = 0;
+        fad_status st = device_major(&major, msg, msg_len);
         if (st != FAD_OK)
             return st;
+        pdl = major >= 9;
     }
     if (!pdl) {
         combine_kernel<T, kHeadDim><<<(unsigned)blocks, 128, 0, stream>>>(a);
@@ -1101,6 +1191,47 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     CUDA_TRY(cudaLaunchKernelEx(&cfg, combine_kernel<T, kHeadDim>, a));
+    return FAD_OK;
+}
+
+/* The prefill kernel's sm_90a variant runs when this build has sm_90a code
+ * (setup.py defines FAD_SM90A), the device is sm_90 and D is 64 or 128.
+ * FLASH_ATTN_DET_WGMMA=0 in the environment (read once) turns it off, for A/B
+ * runs and for the test that compares the two variants' bits. */
+#ifndef FAD_SM90A
+#define FAD_SM90A 0
+#endif
+static fad_status use_wgmma(int head_dim_class, int *use, char *msg, size_t msg_len)
+{
+    static int env_off = -1;
+    if (env_off < 0) {
+        const char *e = getenv("FLASH_ATTN_DET_WGMMA");
+        env_off = e && e[0] == '0';
+    }
+    *use = 0;
+    if (!FAD_SM90A || env_off || (head_dim_class != 64 && head_dim_class != 128))
+        return FAD_OK;
+    int major = 0;
+    fad_status st = device_major(&major, msg, msg_len);
+    *use = major == 9;
+    return st;
+}
+
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
+static fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    using C = fwd_cfg<kHeadDim, kWgmma>;
+    static int smem_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma>, smem_set, C::kSmemBytes,
+                               msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
+                        C::kBlockM, fad_block_m(a.p.head_dim));
+    dim3 grid((unsigned)((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads), 1,
+              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
 }
 
@@ -1122,17 +1253,13 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                   plan.cta_per_split ? plan.num_splits : 1);
         fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     } else {
-        using C = fwd_cfg<kHeadDim>;
-        static int smem_set[FAD_MAX_DEVICES];
-        fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod, kPaged>, smem_set, C::kSmemBytes, msg, msg_len);
+        int wgmma = 0;
+        fad_status st = use_wgmma(kHeadDim, &wgmma, msg, msg_len);
+        if (st == FAD_OK)
+            st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHeadDim <= 128>(a, stream, msg, msg_len)
+                       : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
         if (st != FAD_OK)
             return st;
-        if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
-            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
-                            C::kBlockM, fad_block_m(a.p.head_dim));
-        dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads), 1,
-                  plan.cta_per_split ? plan.num_splits : 1);
-        fwd_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     }
     CUDA_TRY(cudaGetLastError());
     return launch_combine<T, kHeadDim>(a, stream, msg, msg_len);

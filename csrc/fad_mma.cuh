@@ -124,6 +124,21 @@ template <int kHeadDim> __device__ __forceinline__ int swz(int row, int col)
     return row * kHeadDim + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
 
+/* The wgmma tile layout (128-byte swizzle, fad_wgmma.cuh): a tile of kRows
+ * rows is kHeadDim/64 column blocks of kRows x 64 elements, block after
+ * block; chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row. */
+template <int kRows> __host__ __device__ __forceinline__ int swz128(int row, int col)
+{
+    return (col >> 6) * kRows * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
+/* Element offset of (row, col) in a tile of kRows x kHeadDim: the mma.sync
+ * layout (swz) or, kSw128, the wgmma one (swz128). */
+template <int kHeadDim, int kRows, bool kSw128> __device__ __forceinline__ int tile_off(int row, int col)
+{
+    return kSw128 ? swz128<kRows>(row, col) : swz<kHeadDim>(row, col);
+}
+
 /* A register copy the compiler cannot see through. Re-taken every tile, it
  * stops loop-invariant code motion from hoisting every (kk, j) ldmatrix
  * address out of the tile loop (64+ live registers at D=128); inside the
@@ -165,10 +180,10 @@ template <int kHeadDim> struct lds_base {
 };
 
 /* Copies rows [0, rows) x cols [0, D) of a global tile into a swizzled shared
- * tile of kRows x kHeadDim, zero-filling everything outside. Offsets inside a
- * tile are 32-bit (the checks bound row_stride * 256 below 2^31), which keeps
- * per-chunk 64-bit pointers out of the registers. */
-template <typename T, int kHeadDim, int kRows, int kThreads>
+ * tile of kRows x kHeadDim (layout: tile_off), zero-filling everything
+ * outside. Offsets inside a tile are 32-bit (the checks bound row_stride * 256
+ * below 2^31), which keeps per-chunk 64-bit pointers out of the registers. */
+template <typename T, int kHeadDim, int kRows, int kThreads, bool kSw128 = false>
 __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, int rows, int D)
 {
     constexpr int kChunks = kHeadDim / 8;
@@ -178,7 +193,8 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
         const int c = threadIdx.x + i * kThreads;
         const int row = c / kChunks, col = (c % kChunks) * 8;
         const bool ok = row < rows && col < D;
-        cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
+        cp_async16(smem + tile_off<kHeadDim, kRows, kSw128>(row, col),
+                   g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
     }
 }
 

@@ -3,8 +3,8 @@
 # test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
-#   scripts/device_all.sh [stage ...]   stages: build test decode fwd bwd train verify overhead
-#                                       (default: all, in that order)
+#   scripts/device_all.sh [stage ...]   stages: build probe quick test decode fwd bwd train verify
+#                                       overhead (default: build test decode fwd bwd train verify overhead)
 # FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,11 @@ if has build; then
     ( time FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace ) >> "$run/build.log" 2>&1 \
         || { tail -30 "$run/build.log"; exit 1; }
 fi
+# wgmma vs mma.sync: the bit probe, then the quick forward table with the Hopper variant on and off
+has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc scripts/wgmma_probe.cu \
+    -o "$run/wgmma_probe" && "$run/wgmma_probe" | tee "$run/wgmma_probe.txt"; rm -f "$run/wgmma_probe"; }
+has quick && { python3 scripts/quick_perf.py 2>&1 | tee "$run/quick_wgmma.txt";
+    FLASH_ATTN_DET_WGMMA=0 python3 scripts/quick_perf.py 2>&1 | tee "$run/quick_mma_sync.txt"; }
 has test && { python3 -m pytest -q tests 2>&1 | tee "$run/pytest.log" | tail -3; }
 has verify && python3 -m flash_attn_det.verify --json "$run/verify.json" 2>>"$run/stderr.log" \
     | tee "$run/verify.txt" | tail -4

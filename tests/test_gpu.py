@@ -464,3 +464,50 @@ def test_split_size_each_correct():
     for s in (128, 256, 512, 2048, 4096):
         set_deterministic_mode(True, split_size=s)
         run_and_check(q, k, v, causal=True)
+
+
+# The prefill kernel has a Hopper variant (wgmma, sm_90a build on an sm_90
+# GPU) beside the mma.sync one; FLASH_ATTN_DET_WGMMA=0 turns it off for the
+# process. Same tile walk, same fragments, and a wgmma chain rounds as the
+# mma.sync chain it replaces, so both must give the same bits. On other GPUs
+# both processes run the same kernel and the test holds trivially.
+_VARIANT_CASES = [
+    dict(D=64, Sq=700, Sk=3000, causal=False, dtype="bfloat16"),
+    dict(D=128, Sq=700, Sk=3000, causal=True, dtype="bfloat16"),
+    dict(D=128, Sq=513, Sk=2100, causal=False, dtype="float16", softcap=15.0),
+    dict(D=40, Sq=300, Sk=1500, causal=True, dtype="float16", window_size=(200, 5)),
+    dict(D=72, Sq=400, Sk=1200, causal=True, dtype="bfloat16", alibi=True),
+]
+
+
+def _variant_outputs():
+    outs = []
+    for i, case in enumerate(_VARIANT_CASES):
+        case = dict(case)
+        g = make_gen(300 + i)
+        dtype = getattr(torch, case.pop("dtype"))
+        D, Sq, Sk = case.pop("D"), case.pop("Sq"), case.pop("Sk")
+        q, k, v = make_qkv(g, 2, Sq, Sk, 8, 2, D, dtype, DEV)
+        if case.pop("alibi", False):
+            case["alibi_slopes"] = make_alibi(g, (8,), DEV)
+        for sched in ("one_cta", "cta_per_split"):
+            with force_schedule(sched):
+                out, lse = both(q, k, v, **case)
+            outs.append((out.cpu(), lse.cpu()))
+    return outs
+
+
+def test_wgmma_and_mma_sync_variants_bit_equal(tmp_path):
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "mma_sync.pt"
+    code = ("import sys, torch; sys.path.insert(0, %r); import test_gpu; "
+            "torch.save(test_gpu._variant_outputs(), %r)" % (os.path.dirname(__file__), str(path)))
+    env = dict(os.environ, FLASH_ATTN_DET_WGMMA="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    theirs = torch.load(path)
+    mine = _variant_outputs()
+    assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES)
+    for i, ((o, l), (o2, l2)) in enumerate(zip(mine, theirs)):
+        assert torch.equal(o, o2) and torch.equal(l, l2), f"case {i // 2} {('one_cta', 'cta_per_split')[i % 2]}"

@@ -1,0 +1,130 @@
+/*
+ * fad_wgmma.cuh — Hopper warpgroup MMA (wgmma, sm_90a) for the forward kernel:
+ * shared-memory matrix descriptors, the two instruction shapes the kernel
+ * issues, and the fences around them.
+ *
+ * A warpgroup (4 consecutive warps, the first one's index divisible by 4)
+ * issues one wgmma for a 64-row M tile; warp w of the group owns rows
+ * 16w .. 16w + 15. Per warp the fragments are those of mma.sync.m16n8k16
+ * (fad_mma.cuh): the accumulator of an m64nN wgmma is N/8 blocks of 4 floats,
+ * block j holding columns 8j + 2*(lane%4) + {0, 1} of rows lane/4 and
+ * lane/4 + 8, the layout of N/8 m16n8 accumulators side by side; the A operand
+ * from registers is an m16n8k16 A fragment. So the softmax between the two
+ * products is the same code, on the same registers, as the mma.sync path's.
+ *
+ * Shared-memory tiles for wgmma use the 128-byte swizzle (swz128 in
+ * fad_mma.cuh): a tile of R rows x kHeadDim 16-bit columns is stored as
+ * kHeadDim/64 column blocks of R rows x 128 bytes, block after block; inside
+ * a block the 16-byte chunk c of row r sits at chunk c ^ (r % 8). Tiles start
+ * 1024-byte aligned, which is what the descriptors' zero base offset assumes. The same bytes
+ * serve as a K-major operand (Q, K: rows are M or N, columns the reduction
+ * dim) and as an MN-major one (V: rows are the reduction dim).
+ */
+#ifndef FAD_WGMMA_CUH
+#define FAD_WGMMA_CUH
+
+#include "fad_mma.cuh"
+
+/* Compiled for sm_90a (the wgmma instructions exist only there). */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FAD_HAS_WGMMA 1
+#else
+#define FAD_HAS_WGMMA 0
+#endif
+
+/* The 64-bit wgmma matrix descriptor of a 128-byte-swizzled operand at shared
+ * address addr: lbo = bytes between 64-column blocks along M/N (MN-major; a
+ * K-major operand never crosses one inside an instruction), sbo = bytes
+ * between groups of 8 rows (1024 here). Fields in 16-byte units. */
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 |
+           (uint64_t)(sbo >> 4) << 32 | (uint64_t)1 << 62 /* 128-byte swizzle */;
+}
+
+#if FAD_HAS_WGMMA
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Shared memory written through the generic proxy (cp.async, st.shared) that
+ * wgmma reads next: each writing thread fences before the barrier. */
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void wgmma_commit() {}
+template <int N> __device__ __forceinline__ void wgmma_wait() {}
+__device__ __forceinline__ void fence_async_smem() {}
+#endif
+
+/* Operand lists of the accumulators: block j is d[j][0..3]. */
+#define FAD_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define FAD_ACC32 FAD_ACC4(0), FAD_ACC4(1), FAD_ACC4(2), FAD_ACC4(3), FAD_ACC4(4), FAD_ACC4(5), FAD_ACC4(6), FAD_ACC4(7)
+#define FAD_ACC64 FAD_ACC32, FAD_ACC4(8), FAD_ACC4(9), FAD_ACC4(10), FAD_ACC4(11), \
+                  FAD_ACC4(12), FAD_ACC4(13), FAD_ACC4(14), FAD_ACC4(15)
+#define FAD_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FAD_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "   \
+                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/* d (m64 x nN, fp32) += A (shared, K-major) * B (shared, K-major), N = 8 * NB.
+ * The accumulate predicate is always set (d starts from zeros the caller
+ * wrote), so every product is added exactly as mma.sync adds it. */
+#define FAD_WGMMA_SS(TY, CT, NB, N, ACC, REGS, OPS)                                          \
+    __device__ __forceinline__ void wgmma_ss(float (&d)[NB][4], uint64_t desc_a,              \
+                                             uint64_t desc_b, const CT *)                     \
+    {                                                                                        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS    \
+                     ", " OPS ", p, 1, 1, 0, 0;\n}\n"                                       \
+                     : ACC                                                                   \
+                     : "l"(desc_a), "l"(desc_b));                                            \
+    }
+/* d (m64 x nN, fp32) += A (registers: the m16n8k16 A fragment of each warp's
+ * 16 rows) * B (shared, MN-major: V stored [key][column], hence trans-b). */
+#define FAD_WGMMA_RS(TY, CT, NB, N, ACC, REGS, OPS)                                          \
+    __device__ __forceinline__ void wgmma_rs(float (&d)[NB][4], const uint32_t (&a)[4],       \
+                                             uint64_t desc_b, const CT *)                     \
+    {                                                                                        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS    \
+                     ", " OPS ", p, 1, 1, 1;\n}\n"                                          \
+                     : ACC                                                                   \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));             \
+    }
+
+#if FAD_HAS_WGMMA
+FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33")
+FAD_WGMMA_SS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65")
+FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33")
+FAD_WGMMA_SS("f16", __half, 16, 128, FAD_ACC64, FAD_R64, "%64, %65")
+FAD_WGMMA_RS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "{%32, %33, %34, %35}, %36")
+FAD_WGMMA_RS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "{%64, %65, %66, %67}, %68")
+FAD_WGMMA_RS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "{%32, %33, %34, %35}, %36")
+FAD_WGMMA_RS("f16", __half, 16, 128, FAD_ACC64, FAD_R64, "{%64, %65, %66, %67}, %68")
+#else
+/* Other targets compile the sm_90a kernels too (one template set); the host
+ * launches them only on sm_90 from an sm_90a build (fad_fwd.cu: use_wgmma). */
+template <int NB, typename CT>
+__device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *) { __trap(); }
+template <int NB, typename CT>
+__device__ __forceinline__ void wgmma_rs(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *) { __trap(); }
+#endif
+
+/* Ties the accumulators to this point of the program: the compiler sees a
+ * wgmma write them at issue, so without this it could move their reads above
+ * the wgmma_wait that makes them valid. */
+template <int NB> __device__ __forceinline__ void wgmma_fence_operand(float (&d)[NB][4])
+{
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+#endif /* FAD_WGMMA_CUH */
