@@ -318,24 +318,29 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
  * of mma.sync. scripts/wgmma_probe.cu checks that a wgmma chain gives every
  * fp32 result the bits of the mma.sync chain it replaces, and the fragments
  * are the same registers, so a row gets the same bits on either path (and
- * prefill rows still match the packed decode kernel's). Operands: q_addr =
- * this warpgroup's first Q row in a swz128 tile of kQRows rows; k_addr,
+ * prefill rows still match the packed decode kernel's). Operands: Q from qf
+ * (kQInRegs: this warp's A fragments) or at q_addr = this warpgroup's first
+ * Q row in a swz128 tile of kQRows rows; k_addr,
  * v_addr = the stage's swz128 K and V tiles of kBlockN rows. Waits for both
  * products: the caller reuses the stage right after. */
-template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kMod, class Rows>
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows>
 __device__ __forceinline__ void
 attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
-                  uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, bool need_mask,
-                  const fad_score_mod &mod, const Rows &rows, int t0, int len_q, int len_k,
-                  int window_left, int window_right)
+                  const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
+                  uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
+                  const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
 {
     float s[1][kBlockN / 8][4] = {};
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; kk++) /* K-major: 32 bytes per k-chunk inside a 64-column block */
-        wgmma_ss(s[0], gmma_desc(q_addr + ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2, 16, 1024),
-                 gmma_desc(k_addr + ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2, 16, 1024),
-                 (const T *)nullptr);
+    for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
+        const uint64_t k_desc = gmma_desc(k_addr + ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2, 16, 1024);
+        if constexpr (kQInRegs)
+            wgmma_rs_kmajor(s[0], qf[0][kk], k_desc, (const T *)nullptr);
+        else
+            wgmma_ss(s[0], gmma_desc(q_addr + ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2, 16, 1024),
+                     k_desc, (const T *)nullptr);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(s[0]);
@@ -351,7 +356,7 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
-        wgmma_rs(acc[0], pf[kk], gmma_desc(v_addr + kk * 16 * 128, kBlockN * 128, 1024),
+        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc(v_addr + kk * 16 * 128, kBlockN * 128, 1024),
                  (const T *)nullptr);
     wgmma_commit();
     wgmma_wait<0>();
@@ -559,7 +564,7 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     /* Keys per tile: 32 for wide D=128 keeps S + O within the registers. */
     static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
-    static constexpr bool kQInRegs = !kWgmma && !kWide && kHeadDim <= 128;
+    static constexpr bool kQInRegs = !kWide && kHeadDim <= 128 && (!kWgmma || FAD_WG_Q_REGS);
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
@@ -696,13 +701,16 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
-                    ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0], q_lds.at(mt * 16, kk));
+                    ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0],
+                                kWgmma ? smem_addr(sQ + swz128<kBlockM>(warp * 16 + lane % 16,
+                                                                       16 * kk + 8 * (lane / 16)))
+                                       : q_lds.at(mt * 16, kk));
 
         const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
         if constexpr (kWgmma) {
             const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
-            attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, kMod>(
-                acc, m_s, l_s, smem_addr(sQ) + (warp / 4) * 64 * 64 * 2, k_addr,
+            attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
+                acc, m_s, l_s, qf, smem_addr(sQ) + (warp / 4) * 64 * 64 * 2, k_addr,
                 k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
                 p.window_left, p.window_right);
         } else {

@@ -28,6 +28,11 @@ extern "C" {
 #ifndef FAD_D128_WARPS
 #define FAD_D128_WARPS 4
 #endif
+/* FAD_WG_Q_REGS: the sm_90a prefill variant keeps Q in registers (wgmma A
+ * from registers) rather than reading it from shared memory for every tile. */
+#ifndef FAD_WG_Q_REGS
+#define FAD_WG_Q_REGS 1
+#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__

@@ -1,7 +1,8 @@
 // wgmma_probe.cu — does a wgmma chain give the bits of the mma.sync chain it replaces?
 //
 // One warpgroup computes, for random Q, K, V (64 x D tiles, fp16 or bf16):
-//   S = Q K^T   (64 x 64, k-chunks of 16 in increasing order)  by mma.sync and by wgmma (A, B in smem)
+//   S = Q K^T   (64 x 64, k-chunks of 16 in increasing order)  by mma.sync and by wgmma (B in smem,
+//               A in smem or in registers; mismatches of both forms are counted)
 //   O = O0 + P V (64 x D, P = S * 0.03 rounded to the dtype)  by mma.sync and by wgmma (A in registers)
 // and reports how many fp32 results differ in any bit, plus the largest error of each against a
 // float64 reference (a descriptor or layout bug shows there). The forward kernel's sm_90a path
@@ -26,7 +27,8 @@
 __device__ __forceinline__ uint32_t pair(const uint16_t *p) { return p[0] | (uint32_t)p[1] << 16; }
 
 // q, k, v: [64][D] row-major raw 16-bit; o0: [64][D] fp32 start values.
-// s_out[2][128 threads][32], o_out[2][128 threads][D/2]: [0] mma.sync, [1] wgmma.
+// s_out[3][128 threads][32]: [0] mma.sync, [1] wgmma (Q from smem), [2] wgmma (Q from registers);
+// o_out[2][128 threads][D/2]: [0] mma.sync, [1] wgmma.
 template <typename T, int D>
 __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *o0,
                       float *s_out, float *o_out)
@@ -63,6 +65,17 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
     }
     wgmma_commit();
     wgmma_wait<0>();
+    // wgmma: S with Q from registers (the mma.sync A fragments), K from shared memory.
+    float s_rs[8][4] = {};
+    wgmma_fence();
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t a[4] = {pair(q + r0 * D + 16 * kk + 2 * t), pair(q + (r0 + 8) * D + 16 * kk + 2 * t),
+                               pair(q + r0 * D + 16 * kk + 2 * t + 8), pair(q + (r0 + 8) * D + 16 * kk + 2 * t + 8)};
+        const uint32_t off = ((kk / 4) * 64 * 64 + (kk % 4) * 16) * 2;
+        wgmma_rs_kmajor(s_rs, a, gmma_desc(smem_addr(sK) + off, 16, 1024), (const T *)nullptr);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
 
     // P from the reference S for both (so that O compares P V alone).
     uint32_t pf[4][4];
@@ -86,7 +99,7 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
         }
     wgmma_fence();
     for (int kk = 0; kk < 4; kk++)
-        wgmma_rs(o_wg, pf[kk], gmma_desc(smem_addr(sV) + kk * 16 * 128, 64 * 128, 1024), (const T *)nullptr);
+        wgmma_rs_mnmajor(o_wg, pf[kk], gmma_desc(smem_addr(sV) + kk * 16 * 128, 64 * 128, 1024), (const T *)nullptr);
     wgmma_commit();
     wgmma_wait<0>();
 
@@ -94,6 +107,7 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
         for (int e = 0; e < 4; e++) {
             s_out[tid * 32 + 4 * j + e] = s_ref[j][e];
             s_out[128 * 32 + tid * 32 + 4 * j + e] = s_wg[j][e];
+            s_out[2 * 128 * 32 + tid * 32 + 4 * j + e] = s_rs[j][e];
         }
     for (int j = 0; j < D / 8; j++)
         for (int e = 0; e < 4; e++) {
@@ -121,7 +135,7 @@ template <typename T, int D> static int run(const char *name, int trials)
     int bad_s = 0, bad_o = 0;
     double err_s = 0, err_o = 0;
     std::vector<uint16_t> q(64 * D), k(64 * D), v(64 * D);
-    std::vector<float> o0(64 * D), s(2 * 128 * 32), o(2 * 128 * D / 2);
+    std::vector<float> o0(64 * D), s(3 * 128 * 32), o(2 * 128 * D / 2);
     uint16_t *dq, *dk, *dv; float *do0, *ds, *dout;
     CHECK(cudaMalloc(&dq, 64 * D * 2)); CHECK(cudaMalloc(&dk, 64 * D * 2)); CHECK(cudaMalloc(&dv, 64 * D * 2));
     CHECK(cudaMalloc(&do0, 64 * D * 4)); CHECK(cudaMalloc(&ds, s.size() * 4)); CHECK(cudaMalloc(&dout, o.size() * 4));
@@ -148,7 +162,8 @@ template <typename T, int D> static int run(const char *name, int trials)
                     double ref = 0;
                     for (int x = 0; x < D; x++) ref += (double)from16(q[r * D + x], bf) * from16(k[c * D + x], bf);
                     const float a = s[tid * 32 + 4 * j + e], b = s[128 * 32 + tid * 32 + 4 * j + e];
-                    bad_s += memcmp(&a, &b, 4) != 0;
+                    const float c = s[2 * 128 * 32 + tid * 32 + 4 * j + e];
+                    bad_s += (memcmp(&a, &b, 4) != 0) + (memcmp(&a, &c, 4) != 0);
                     err_s = fmax(err_s, fabs(b - ref));
                 }
             for (int j = 0; j < D / 8; j++)
@@ -162,7 +177,7 @@ template <typename T, int D> static int run(const char *name, int trials)
     }
     printf("%-5s D=%-3d trials %d: S bit mismatches %d / %d (max |wgmma - fp64| %.3g); "
            "O bit mismatches %d / %d (max |wgmma - mma.sync| %.3g)\n",
-           name, D, trials, bad_s, trials * 64 * 64, err_s, bad_o, trials * 64 * D, err_o);
+           name, D, trials, bad_s, 2 * trials * 64 * 64, err_s, bad_o, trials * 64 * D, err_o);
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(do0); cudaFree(ds); cudaFree(dout);
     return bad_s + bad_o;
 }
