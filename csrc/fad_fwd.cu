@@ -380,18 +380,35 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
                 acc[mt][nb][e] = 0.f;
 }
 
+/* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
+ * element of the thread). In shared memory: thread-private slots, slot-major
+ * so that a warp's accesses hit 32 banks. In registers (the sm_90a prefill
+ * variant, which has them to spare): no shared-memory round trip per split. */
+template <int kMT, int kDB, int kThreads> struct r_in_smem {
+    float *sR;
+    static constexpr bool kSmem = true;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const
+    {
+        return sR[((mt * kDB + nb) * 4 + e) * kThreads + threadIdx.x];
+    }
+};
+template <int kMT, int kDB> struct r_in_regs {
+    float (&o)[kMT][kDB][4];
+    static constexpr bool kSmem = false;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
+};
+
 /* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
- * fad_merge_* -- into sR (to_smem: thread-private slots, slot-major so a
- * warp's accesses hit 32 banks), or, for the last split, into acc, ready to
- * normalise. Before the first fold R is the empty state (o = 0), exactly what
- * the combine kernel starts from. Every lane must call it (quad_sum). */
-template <int kMT, int kDB, int kThreads>
+ * fad_merge_* -- into R's o (to_R), or, for the last split, into acc, ready
+ * to normalise. Before the first fold R is the empty state (o = 0), exactly
+ * what the combine kernel starts from. Every lane must call it (quad_sum).
+ * Where R lives does not change a bit: the same operations on the same values. */
+template <int kMT, int kDB, class RO>
 __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
                                            const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
-                                           float (&lR)[2 * kMT], float *sR, bool &have_R,
-                                           bool to_smem)
+                                           float (&lR)[2 * kMT], const RO &R, bool &have_R,
+                                           bool to_R)
 {
-    const int tid = threadIdx.x;
     fad_merge_w w[2 * kMT];
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
@@ -405,16 +422,17 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
         for (int nb = 0; nb < kDB; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float *slot = &sR[((mt * kDB + nb) * 4 + e) * kThreads + tid];
-                const float v = fad_merge_value(have_R ? *slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
-                if (to_smem)
-                    *slot = v;
+                float &slot = R.at(mt, nb, e);
+                const float v = fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
+                if (to_R)
+                    slot = v;
                 else
                     acc[mt][nb][e] = v;
             }
             /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
              * ahead of the FMAs (that many live registers spill the loop). */
-            __syncwarp();
+            if (RO::kSmem)
+                __syncwarp();
         }
     have_R = true;
 }
@@ -569,11 +587,13 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
-    /* Shared memory: sR (merged o, fp32, thread-private slots); sQ, which
-     * lives inside sR when Q is held in registers (sR is first written after
-     * every warp has read Q); then 2 x (sK, sV). */
-    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
-    static constexpr size_t kSmemQ = kQInRegs ? 0 : (size_t)kBlockM * kHeadDim * 2;
+    /* The merged result's o in registers (r_in_regs) rather than in sR. */
+    static constexpr bool kRInRegs = kWgmma && kHeadDim <= FAD_WG_R_REGS_MAX_D;
+    /* Shared memory: sR (merged o, fp32, thread-private slots) unless
+     * kRInRegs; sQ, which lives inside sR when Q is held in registers (sR is
+     * first written after every warp has read Q); then 2 x (sK, sV). */
+    static constexpr size_t kSmemR = kRInRegs ? 0 : (size_t)kBlockM * kHeadDim * 4;
+    static constexpr size_t kSmemQ = kQInRegs && kSmemR > 0 ? 0 : (size_t)kBlockM * kHeadDim * 2;
     static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
     static_assert(!kWgmma || ((kHeadDim == 64 || kHeadDim == 128) && !kWide && kWarps % 4 == 0 &&
@@ -622,7 +642,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     float *sR = reinterpret_cast<float *>(smem_raw);
-    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInRegs ? 0 : C::kSmemR));
+    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kSmemQ ? C::kSmemR : 0));
     T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
     T *sV = sK + kBlockN * kHeadDim;
 
@@ -639,8 +659,9 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
     const rows_prefill rows = {m0 + row0, alibi_slope_log2(p, b, h)};
 
-    /* Merged result R: (m, l) in registers, o in sR once a second split starts. */
+    /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];
+    float oR[C::kRInRegs ? kMT : 1][C::kRInRegs ? kDB : 1][4];
     bool have_R = false;
     /* Current split: o in registers, l per thread (quad-summed when the split ends). */
     float acc[kMT][kDB][4] = {}, m_s[kRows], l_s[kRows];
@@ -648,6 +669,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     for (int r = 0; r < kRows; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
+    auto fold = [&](bool to_R) {
+        if constexpr (C::kRInRegs)
+            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
+        else
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, to_R);
+    };
 
     /* Loads K and V tile t0 into stage st. */
     bool bad_page = false; /* paged: this thread met a page outside the cache */
@@ -691,7 +718,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
         if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
             if (cur_split >= 0) /* never in a partial CTA: it walks one split */
-                fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
+                fold(true);
             cur_split = t0 / S;
             start_split(acc, m_s, l_s);
         }
@@ -741,7 +768,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         return;
     }
     if (cur_split >= 0) /* R is now in acc, mR, lR */
-        fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, false);
+        fold(false);
 
     /* Normalise R and write out and lse. */
 #pragma unroll
@@ -976,7 +1003,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 p.window_left, p.window_right, share);
             /* the next tile starts a split: fold this one into R (sR), fresh state */
             if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
-                fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, true);
+                fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, true);
                 cur_split = (t0 + kBlockN) / S;
                 start_split(acc, m_s, l_s);
             }
@@ -1008,7 +1035,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         return;
     }
     if (cur_split >= 0)
-        fold_split<kMT, kDB, C::kThreads>(acc, m_s, l_s, mR, lR, sR, have_R, false);
+        fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, false);
 
 #pragma unroll
     for (int r = 0; r < kRows; r++) {

@@ -33,6 +33,12 @@ extern "C" {
 #ifndef FAD_WG_Q_REGS
 #define FAD_WG_Q_REGS 1
 #endif
+/* FAD_WG_R_REGS_MAX_D: head dims up to this keep the merged result's o in
+ * registers in the sm_90a prefill variant (no shared-memory round trip when a
+ * split ends); 0: always in shared memory. */
+#ifndef FAD_WG_R_REGS_MAX_D
+#define FAD_WG_R_REGS_MAX_D 128
+#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__

@@ -188,9 +188,12 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
 {
     constexpr int kChunks = kHeadDim / 8;
     static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
+    /* the wgmma kernel is short of registers: its per-chunk offsets are
+     * recomputed each tile rather than hoisted out of the tile loop */
+    const int tid = kSw128 ? (int)opaque(threadIdx.x) : (int)threadIdx.x;
 #pragma unroll
     for (int i = 0; i < kRows * kChunks / kThreads; i++) {
-        const int c = threadIdx.x + i * kThreads;
+        const int c = tid + i * kThreads;
         const int row = c / kChunks, col = (c % kChunks) * 8;
         const bool ok = row < rows && col < D;
         cp_async16(smem + tile_off<kHeadDim, kRows, kSw128>(row, col),

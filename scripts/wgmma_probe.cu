@@ -162,8 +162,8 @@ template <typename T, int D> static int run(const char *name, int trials)
                     double ref = 0;
                     for (int x = 0; x < D; x++) ref += (double)from16(q[r * D + x], bf) * from16(k[c * D + x], bf);
                     const float a = s[tid * 32 + 4 * j + e], b = s[128 * 32 + tid * 32 + 4 * j + e];
-                    const float c = s[2 * 128 * 32 + tid * 32 + 4 * j + e];
-                    bad_s += (memcmp(&a, &b, 4) != 0) + (memcmp(&a, &c, 4) != 0);
+                    const float f = s[2 * 128 * 32 + tid * 32 + 4 * j + e];
+                    bad_s += (memcmp(&a, &b, 4) != 0) + (memcmp(&a, &f, 4) != 0);
                     err_s = fmax(err_s, fabs(b - ref));
                 }
             for (int j = 0; j < D / 8; j++)
