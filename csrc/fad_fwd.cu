@@ -15,7 +15,7 @@
  * at absolute positions [s*S, (s+1)*S); a split starts from a fresh online-
  * softmax state and, when it ends, is merged into the row's result R with
  * fad_merge_* (fad_math.h). Either all splits of a row run in one CTA (R lives
- * in shared memory), or each split runs in its own CTA and writes its state to
+ * in shared memory or registers), or each split runs in its own CTA and writes its state to
  * the workspace, and combine_kernel folds the states left to right with the
  * same merge. Both give the same bits: the fold is the same sequence of the
  * same operations, and skipped tiles/splits are exact identities.
@@ -23,6 +23,14 @@
  * Tensor cores: mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands
  * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
  * registers and fed back as the A operand, cp.async for global->shared.
+ * On sm_90 (from an sm_90a build) the prefill kernel at D 64/128 runs its
+ * wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, fad_wgmma.cuh):
+ * each warpgroup issues S = Q K^T (Q from registers) and O += P V (P from
+ * registers, V from 128-byte-swizzled shared memory) as wgmma chains, and the
+ * merged result R stays in registers. The tile walk, the fragments and the
+ * softmax code are the mma.sync variant's, and a wgmma chain rounds like the
+ * mma.sync chain it replaces (scripts/wgmma_probe.cu; tests/test_gpu.py
+ * compares the variants), so the bits are the same on either.
  */
 #include <stdlib.h>
 
