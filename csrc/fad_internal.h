@@ -28,16 +28,14 @@ extern "C" {
 #ifndef FAD_D128_WARPS
 #define FAD_D128_WARPS 4
 #endif
-/* FAD_WG_Q_REGS: the sm_90a prefill variant keeps Q in registers (wgmma A
- * from registers) rather than reading it from shared memory for every tile. */
-#ifndef FAD_WG_Q_REGS
-#define FAD_WG_Q_REGS 1
-#endif
-/* FAD_WG_R_REGS_MAX_D: head dims up to this keep the merged result's o in
- * registers in the sm_90a prefill variant (no shared-memory round trip when a
- * split ends); 0: always in shared memory. */
-#ifndef FAD_WG_R_REGS_MAX_D
-#define FAD_WG_R_REGS_MAX_D 128
+/* FAD_WG_REGS_MIN_D: in the sm_90a prefill variant, head-dim classes from
+ * this one up keep Q (wgmma A from registers) and the merged result's o in
+ * registers; smaller ones keep both in shared memory. At D64 (two warpgroups
+ * under a 128-register cap, with spills) the register form gave wrong
+ * results on the H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64
+ * stays in shared memory until that is understood. */
+#ifndef FAD_WG_REGS_MIN_D
+#define FAD_WG_REGS_MIN_D 128
 #endif
 
 #ifdef __CUDACC__
