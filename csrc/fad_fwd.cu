@@ -320,25 +320,23 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
     }
 }
 
-/* attend_tile on sm_90a: the same tile for the 64 rows of one warpgroup,
- * with S = Q K^T and O += P V as wgmma chains (64 x kBlockN x 16 and
- * 64 x kHeadDim x 16 per instruction, k-chunks in increasing order) instead
- * of mma.sync. scripts/wgmma_probe.cu checks that a wgmma chain gives every
- * fp32 result the bits of the mma.sync chain it replaces, and the fragments
- * are the same registers, so a row gets the same bits on either path (and
- * prefill rows still match the packed decode kernel's). Operands: Q from qf
- * (kQInRegs: this warp's A fragments) or at q_addr = this warpgroup's first
- * Q row in a swz128 tile of kQRows rows; k_addr,
- * v_addr = the stage's swz128 K and V tiles of kBlockN rows. Waits for both
- * products: the caller reuses the stage right after. */
-template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows>
-__device__ __forceinline__ void
-attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
-                  const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
-                  uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
-                  const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+/* The two products of a tile on sm_90a, for the 64 rows of one warpgroup:
+ * wgmma chains (64 x kBlockN x 16 and 64 x kHeadDim x 16 per instruction,
+ * k-chunks in increasing order) in place of attend_tile's mma.sync ones.
+ * scripts/wgmma_probe.cu checks that a wgmma chain gives every fp32 result
+ * the bits of the mma.sync chain it replaces, and the fragments are the same
+ * registers, so a row gets the same bits on either path (and prefill rows
+ * still match the packed decode kernel's). Each call issues and commits one
+ * wgmma group and returns; the caller waits (wgmma_wait) before it reads the
+ * results or reuses the operands.
+ * S = Q K^T into s (zeroed by the caller): Q from qf (kQInRegs: this warp's A
+ * fragments) or at q_addr = this warpgroup's first Q row in a swz128 tile of
+ * kQRows rows; K at k_addr, a swz128 tile of kBlockN rows. */
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs>
+__device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
+                                               const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
+                                               uint32_t q_addr, uint32_t k_addr)
 {
-    float s[1][kBlockN / 8][4] = {};
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
@@ -350,13 +348,16 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
                      k_desc, (const T *)nullptr);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(s[0]);
+}
 
-    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
-                       window_right);
-
-    uint32_t pf[kBlockN / 16][4];
+/* O += P V: P (the softmax'd s) packed to A fragments pf (the caller keeps
+ * them, untouched, until the wait), V at v_addr, a swz128 tile of kBlockN
+ * rows read MN-major. */
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
+                                               const float (&s)[1][kBlockN / 8][4],
+                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr)
+{
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
@@ -365,10 +366,29 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
         wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc(v_addr + kk * 16 * 128, kBlockN * 128, 1024),
-                 (const T *)nullptr);
+                         (const T *)nullptr);
     wgmma_commit();
+}
+
+/* attend_tile on sm_90a, one product after the other (FAD_WG_PIPELINE = 0). */
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows>
+__device__ __forceinline__ void
+attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
+                  const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
+                  uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
+                  const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+{
+    float s[1][kBlockN / 8][4] = {};
+    issue_qk_wgmma<T, kHeadDim, kBlockN, kQRows, kQInRegs>(s, qf, q_addr, k_addr);
+    wgmma_wait<0>();
+    wgmma_fence_operand(s[0]);
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
+    uint32_t pf[kBlockN / 16][4];
+    issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, v_addr);
     wgmma_wait<0>();
     wgmma_fence_operand(acc[0]);
+    wgmma_fence_operand(pf);
 }
 
 /* A fresh online-softmax state for a split that starts. */
@@ -593,16 +613,20 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     static constexpr bool kQInRegs = !kWide && kHeadDim <= 128 && (!kWgmma || kHeadDim >= FAD_WG_REGS_MIN_D);
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
-    /* K and V are double-buffered: tile t+1 loads while tile t computes. */
+    /* K and V are double-buffered: tile t+1 loads while tile t computes. The
+     * pipelined wgmma loop keeps three stages: tile t's O += P V still reads
+     * its stage while tile t+1 computes and tile t+2 loads. */
+    static constexpr bool kPipelined = kWgmma && FAD_WG_PIPELINE;
+    static constexpr int kStages = kPipelined ? 3 : 2;
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     /* The merged result's o in registers (r_in_regs) rather than in sR. */
     static constexpr bool kRInRegs = kWgmma && kHeadDim >= FAD_WG_REGS_MIN_D;
     /* Shared memory: sR (merged o, fp32, thread-private slots) unless
      * kRInRegs; sQ, which lives inside sR when Q is held in registers (sR is
-     * first written after every warp has read Q); then 2 x (sK, sV). */
+     * first written after every warp has read Q); then kStages x (sK, sV). */
     static constexpr size_t kSmemR = kRInRegs ? 0 : (size_t)kBlockM * kHeadDim * 4;
     static constexpr size_t kSmemQ = kQInRegs && kSmemR > 0 ? 0 : (size_t)kBlockM * kHeadDim * 2;
-    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageElems * 2;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
     static_assert(!kWgmma || ((kHeadDim == 64 || kHeadDim == 128) && !kWide && kWarps % 4 == 0 &&
                               kSmemR % 1024 == 0 && kSmemQ % 1024 == 0),
@@ -702,11 +726,16 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
     };
 
-    /* Prologue: Q and the first K/V tiles in flight. */
+    /* Prologue: Q and the first K/V tiles in flight (two with three stages). */
     load_tile<T, kHeadDim, kBlockM, C::kThreads, kWgmma>(sQ, q_g, (int)p.q_row_stride, m_end - m0, D);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
+    if (C::kPipelined) {
+        if (t_first + kBlockN < t_last)
+            load_kv(t_first + kBlockN, 1);
+        cp_async_commit();
+    }
 
     uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
     /* Per-thread ldmatrix bases: A (Q) and V read chunk 2kk + lane/16 of row
@@ -715,7 +744,60 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
     const lds_base<kHeadDim> v_lds0(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
-    for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
+    /* Q's A fragments, once its tile has landed. */
+    auto load_qf = [&]() {
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; kk++)
+                ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0],
+                            kWgmma ? smem_addr(sQ + swz128<kBlockM>(warp * 16 + lane % 16,
+                                                                   16 * kk + 8 * (lane / 16)))
+                                   : q_lds.at(mt * 16, kk));
+    };
+    const uint32_t q_addr = smem_addr(sQ) + (warp / 4) * 64 * 64 * 2; /* this warpgroup's Q rows */
+
+    /* The pipelined wgmma loop: tile t's S = Q K^T is issued before the wait
+     * for tile t-1's O += P V, so the tensor cores go from one to the next
+     * while the warps fold, sync and issue loads. Same operations on the same
+     * values in the same order as the plain loop below: bits do not change. */
+    if constexpr (C::kPipelined) {
+        uint32_t pf[kBlockN / 16][4]; /* P of the tile whose O += P V is in flight */
+        for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage = stage == 2 ? 0 : stage + 1) {
+            cp_async_wait<1>(); /* tile t0 landed (t0 + kBlockN may still be in flight) */
+            fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
+            __syncthreads();
+            if constexpr (C::kQInRegs)
+                if (t0 == t_first)
+                    load_qf();
+            const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
+            float s[1][kBlockN / 8][4] = {};
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs>(s, qf, q_addr, k_addr);
+            wgmma_wait<1>(); /* the previous tile's O += P V is done: acc is valid */
+            wgmma_fence_operand(acc[0]);
+            wgmma_fence_operand(pf);
+            if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
+                if (cur_split >= 0)
+                    fold(true);
+                cur_split = t0 / S;
+                start_split(acc, m_s, l_s);
+            }
+            __syncthreads(); /* every warpgroup is done with the previous tile's stage: refill it */
+            if (t0 + 2 * kBlockN < t_last)
+                load_kv(t0 + 2 * kBlockN, stage == 0 ? 2 : stage - 1);
+            cp_async_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operand(s[0]);
+            softmax_tile<kMod>(s, acc, m_s, l_s, t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod,
+                               rows, t0, len_q, len_k, p.window_left, p.window_right);
+            issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, k_addr + kBlockN * kHeadDim * 2);
+        }
+        wgmma_wait<0>();
+        wgmma_fence_operand(acc[0]);
+        wgmma_fence_operand(pf);
+    }
+
+    for (int t0 = t_first, stage = 0; !C::kPipelined && t0 < t_last; t0 += kBlockN, stage ^= 1) {
         cp_async_wait_all();
         if (kWgmma)
             fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
@@ -731,21 +813,15 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             start_split(acc, m_s, l_s);
         }
 
-        if constexpr (C::kQInRegs) if (t0 == t_first)
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-                for (int kk = 0; kk < kHeadDim / 16; kk++)
-                    ldmatrix_x4(qf[mt][C::kQInRegs ? kk : 0],
-                                kWgmma ? smem_addr(sQ + swz128<kBlockM>(warp * 16 + lane % 16,
-                                                                       16 * kk + 8 * (lane / 16)))
-                                       : q_lds.at(mt * 16, kk));
+        if constexpr (C::kQInRegs)
+            if (t0 == t_first)
+                load_qf();
 
         const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
         if constexpr (kWgmma) {
             const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
             attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
-                acc, m_s, l_s, qf, smem_addr(sQ) + (warp / 4) * 64 * 64 * 2, k_addr,
+                acc, m_s, l_s, qf, q_addr, k_addr,
                 k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
                 p.window_left, p.window_right);
         } else {

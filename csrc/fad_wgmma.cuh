@@ -131,5 +131,15 @@ template <int NB> __device__ __forceinline__ void wgmma_fence_operand(float (&d)
         for (int e = 0; e < 4; e++)
             asm volatile("" : "+f"(d[j][e])::"memory");
 }
+/* The same for A fragments in registers: an in-flight wgmma still reads them,
+ * so they must keep their registers and values until its wgmma_wait. */
+template <int NK> __device__ __forceinline__ void wgmma_fence_operand(uint32_t (&a)[NK][4])
+{
+#pragma unroll
+    for (int j = 0; j < NK; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(a[j][e])::"memory");
+}
 
 #endif /* FAD_WGMMA_CUH */

@@ -4,7 +4,8 @@
 # call. A variant is a comma-separated list of preprocessor defines for both the C and the CUDA
 # compiler ("-" for none), optionally followed by ":ENV=VALUE" run-time settings:
 #   scripts/ab_variants.sh - FAD_D128_WARPS=8 -:FLASH_ATTN_DET_WGMMA=0
-# (the knobs are in csrc/fad_internal.h)
+# (the knobs are in csrc/fad_internal.h). AB_PYTEST="tests/test_gpu.py -k head_dims" also runs
+# that pytest selection on each variant, so a fast variant that is wrong shows as such.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=0
@@ -12,7 +13,7 @@ for v in "$@"; do
     n=$((n + 1))
     defs=$(echo "${v%%:*}" | tr ',' '\n' | grep -v '^-$' | sed 's/^/-D/' | tr '\n' ' ' || true)
     src=/tmp/ab/$n
-    rm -rf "$src" && mkdir -p "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts "$src"/
+    rm -rf "$src" && mkdir -p "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests "$src"/
     ( cd "$src" && CFLAGS="$defs" NVCC_APPEND_FLAGS="$defs" FLASH_ATTN_DET_CUDA_ARCHS=90 \
         python3 setup.py build_ext --inplace > build.log 2>&1 || { tail -20 build.log; exit 1; } ) &
 done
@@ -24,4 +25,7 @@ for v in "$@"; do
     [[ "$v" == *:* ]] && envs=${v#*:}
     echo "== variant $n: $v"
     ( cd /tmp/ab/$n && env $envs PYTHONPATH=/tmp/ab/$n python3 scripts/quick_perf.py )
+    if [[ -n "${AB_PYTEST:-}" ]]; then
+        ( cd /tmp/ab/$n && env $envs PYTHONPATH=/tmp/ab/$n python3 -m pytest -q -x $AB_PYTEST 2>&1 | tail -2 )
+    fi
 done
