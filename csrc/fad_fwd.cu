@@ -370,7 +370,9 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
     wgmma_commit();
 }
 
-/* attend_tile on sm_90a, one product after the other (FAD_WG_PIPELINE = 0). */
+/* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V. (Issuing
+ * tile t's S before waiting for tile t-1's O += P V, with three stages, was
+ * measured slower: benchmarks/NOTES.md, "Prefill on wgmma".) */
 template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows>
 __device__ __forceinline__ void
 attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
@@ -613,20 +615,16 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     static constexpr bool kQInRegs = !kWide && kHeadDim <= 128 && (!kWgmma || kHeadDim >= FAD_WG_REGS_MIN_D);
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
-    /* K and V are double-buffered: tile t+1 loads while tile t computes. The
-     * pipelined wgmma loop keeps three stages: tile t's O += P V still reads
-     * its stage while tile t+1 computes and tile t+2 loads. */
-    static constexpr bool kPipelined = kWgmma && FAD_WG_PIPELINE;
-    static constexpr int kStages = kPipelined ? 3 : 2;
+    /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     /* The merged result's o in registers (r_in_regs) rather than in sR. */
     static constexpr bool kRInRegs = kWgmma && kHeadDim >= FAD_WG_REGS_MIN_D;
     /* Shared memory: sR (merged o, fp32, thread-private slots) unless
      * kRInRegs; sQ, which lives inside sR when Q is held in registers (sR is
-     * first written after every warp has read Q); then kStages x (sK, sV). */
+     * first written after every warp has read Q); then 2 x (sK, sV). */
     static constexpr size_t kSmemR = kRInRegs ? 0 : (size_t)kBlockM * kHeadDim * 4;
     static constexpr size_t kSmemQ = kQInRegs && kSmemR > 0 ? 0 : (size_t)kBlockM * kHeadDim * 2;
-    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageElems * 2;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
     static_assert(!kWgmma || ((kHeadDim == 64 || kHeadDim == 128) && !kWide && kWarps % 4 == 0 &&
                               kSmemR % 1024 == 0 && kSmemQ % 1024 == 0),
@@ -726,16 +724,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
     };
 
-    /* Prologue: Q and the first K/V tiles in flight (two with three stages). */
+    /* Prologue: Q and the first K/V tiles in flight. */
     load_tile<T, kHeadDim, kBlockM, C::kThreads, kWgmma>(sQ, q_g, (int)p.q_row_stride, m_end - m0, D);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
-    if (C::kPipelined) {
-        if (t_first + kBlockN < t_last)
-            load_kv(t_first + kBlockN, 1);
-        cp_async_commit();
-    }
 
     uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
     /* Per-thread ldmatrix bases: A (Q) and V read chunk 2kk + lane/16 of row
@@ -757,47 +750,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     };
     const uint32_t q_addr = smem_addr(sQ) + (warp / 4) * 64 * 64 * 2; /* this warpgroup's Q rows */
 
-    /* The pipelined wgmma loop: tile t's S = Q K^T is issued before the wait
-     * for tile t-1's O += P V, so the tensor cores go from one to the next
-     * while the warps fold, sync and issue loads. Same operations on the same
-     * values in the same order as the plain loop below: bits do not change. */
-    if constexpr (C::kPipelined) {
-        uint32_t pf[kBlockN / 16][4]; /* P of the tile whose O += P V is in flight */
-        for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage = stage == 2 ? 0 : stage + 1) {
-            cp_async_wait<1>(); /* tile t0 landed (t0 + kBlockN may still be in flight) */
-            fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
-            __syncthreads();
-            if constexpr (C::kQInRegs)
-                if (t0 == t_first)
-                    load_qf();
-            const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
-            float s[1][kBlockN / 8][4] = {};
-            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs>(s, qf, q_addr, k_addr);
-            wgmma_wait<1>(); /* the previous tile's O += P V is done: acc is valid */
-            wgmma_fence_operand(acc[0]);
-            wgmma_fence_operand(pf);
-            if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
-                if (cur_split >= 0)
-                    fold(true);
-                cur_split = t0 / S;
-                start_split(acc, m_s, l_s);
-            }
-            __syncthreads(); /* every warpgroup is done with the previous tile's stage: refill it */
-            if (t0 + 2 * kBlockN < t_last)
-                load_kv(t0 + 2 * kBlockN, stage == 0 ? 2 : stage - 1);
-            cp_async_commit();
-            wgmma_wait<0>();
-            wgmma_fence_operand(s[0]);
-            softmax_tile<kMod>(s, acc, m_s, l_s, t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod,
-                               rows, t0, len_q, len_k, p.window_left, p.window_right);
-            issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, k_addr + kBlockN * kHeadDim * 2);
-        }
-        wgmma_wait<0>();
-        wgmma_fence_operand(acc[0]);
-        wgmma_fence_operand(pf);
-    }
-
-    for (int t0 = t_first, stage = 0; !C::kPipelined && t0 < t_last; t0 += kBlockN, stage ^= 1) {
+    for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
         cp_async_wait_all();
         if (kWgmma)
             fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */

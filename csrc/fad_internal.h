@@ -37,12 +37,6 @@ extern "C" {
 #ifndef FAD_WG_REGS_MIN_D
 #define FAD_WG_REGS_MIN_D 128
 #endif
-/* FAD_WG_PIPELINE: the sm_90a prefill variant issues tile t's S = Q K^T
- * before waiting for tile t-1's O += P V (three K/V stages); 0: one product
- * after the other (two stages). */
-#ifndef FAD_WG_PIPELINE
-#define FAD_WG_PIPELINE 1
-#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__
