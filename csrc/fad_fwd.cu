@@ -612,13 +612,13 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     /* Keys per tile: 32 for wide D=128 keeps S + O within the registers. */
     static constexpr int kBlockN = kWide && kHeadDim == 128 ? 32 : 64;
     static constexpr int kDBlocks = kHeadDim / 8; /* n8 blocks of the output row */
-    static constexpr bool kQInRegs = !kWide && kHeadDim <= 128 && (!kWgmma || kHeadDim >= FAD_WG_REGS_MIN_D);
+    static constexpr bool kQInRegs = !kWide && kHeadDim <= 128 && (!kWgmma || kHeadDim >= FAD_WG_Q_REGS_MIN_D);
     /* CTAs per SM the register allocation must allow (__launch_bounds__). */
     static constexpr int kMinBlocks = kHeadDim <= 64 ? FAD_D64_MIN_BLOCKS : 1;
     /* K and V are double-buffered: tile t+1 loads while tile t computes. */
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     /* The merged result's o in registers (r_in_regs) rather than in sR. */
-    static constexpr bool kRInRegs = kWgmma && kHeadDim >= FAD_WG_REGS_MIN_D;
+    static constexpr bool kRInRegs = kWgmma && kHeadDim >= FAD_WG_R_REGS_MIN_D;
     /* Shared memory: sR (merged o, fp32, thread-private slots) unless
      * kRInRegs; sQ, which lives inside sR when Q is held in registers (sR is
      * first written after every warp has read Q); then 2 x (sK, sV). */

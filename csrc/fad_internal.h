@@ -28,14 +28,17 @@ extern "C" {
 #ifndef FAD_D128_WARPS
 #define FAD_D128_WARPS 4
 #endif
-/* FAD_WG_REGS_MIN_D: in the sm_90a prefill variant, head-dim classes from
- * this one up keep Q (wgmma A from registers) and the merged result's o in
- * registers; smaller ones keep both in shared memory. At D64 (two warpgroups
- * under a 128-register cap, with spills) the register form gave wrong
- * results on the H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64
- * stays in shared memory until that is understood. */
-#ifndef FAD_WG_REGS_MIN_D
-#define FAD_WG_REGS_MIN_D 128
+/* FAD_WG_Q_REGS_MIN_D / FAD_WG_R_REGS_MIN_D: in the sm_90a prefill variant,
+ * head-dim classes from this one up keep Q (wgmma A from registers) / the
+ * merged result's o in registers; smaller ones keep them in shared memory.
+ * At D64 (two warpgroups under a 128-register cap, with spills) Q and R both
+ * in registers gave wrong results on the H100 (benchmarks/NOTES.md, "Prefill
+ * on wgmma"), so D64 keeps both in shared memory until that is understood. */
+#ifndef FAD_WG_Q_REGS_MIN_D
+#define FAD_WG_Q_REGS_MIN_D 128
+#endif
+#ifndef FAD_WG_R_REGS_MIN_D
+#define FAD_WG_R_REGS_MIN_D 128
 #endif
 
 #ifdef __CUDACC__
