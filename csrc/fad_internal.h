@@ -31,9 +31,10 @@ extern "C" {
 /* FAD_WG_Q_REGS_MIN_D / FAD_WG_R_REGS_MIN_D: in the sm_90a prefill variant,
  * head-dim classes from this one up keep Q (wgmma A from registers) / the
  * merged result's o in registers; smaller ones keep them in shared memory.
- * At D64 (two warpgroups under a 128-register cap, with spills) Q and R both
- * in registers gave wrong results on the H100 (benchmarks/NOTES.md, "Prefill
- * on wgmma"), so D64 keeps both in shared memory until that is understood. */
+ * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
+ * H100 (R in registers does not; benchmarks/NOTES.md, "Prefill on wgmma"),
+ * and R in registers measured no faster there, so D64 keeps both in shared
+ * memory. */
 #ifndef FAD_WG_Q_REGS_MIN_D
 #define FAD_WG_Q_REGS_MIN_D 128
 #endif
