@@ -413,7 +413,7 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 /* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
  * element of the thread). In shared memory: thread-private slots, slot-major
  * so that a warp's accesses hit 32 banks. In registers (the sm_90a prefill
- * variant, which has them to spare): no shared-memory round trip per split. */
+ * variant at D128): no shared-memory round trip per split. */
 template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
     static constexpr bool kSmem = true;
@@ -595,8 +595,10 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
 }
 
 /* kWgmma: the sm_90a variant (D 64 and 128): each warpgroup's 64 rows run
- * attend_tile_wgmma, Q stays in shared memory, tiles in the swz128 layout.
- * The same rows per CTA and the same tile walk as the mma.sync variant. */
+ * attend_tile_wgmma on tiles in the swz128 layout; Q and the merged result R
+ * are held in registers or in shared memory by head dim (FAD_WG_Q_REGS_MIN_D,
+ * FAD_WG_R_REGS_MIN_D). The same rows per CTA and the same tile walk as the
+ * mma.sync variant. */
 template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
