@@ -23,8 +23,8 @@
  * Tensor cores: mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate), operands
  * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
  * registers and fed back as the A operand, cp.async for global->shared.
- * On sm_90 (from an sm_90a build) the prefill kernel at D 64/128 runs its
- * wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, fad_wgmma.cuh):
+ * On sm_90 (from an sm_90a build) the prefill kernel at D 64/128, without
+ * softcap, ALiBi or pages, runs its wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, fad_wgmma.cuh):
  * each warpgroup issues S = Q K^T (Q from registers) and O += P V (P from
  * registers, V from 128-byte-swizzled shared memory) as wgmma chains, and the
  * merged result R stays in registers. The tile walk, the fragments and the
@@ -1269,7 +1269,8 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
 }
 
 /* The prefill kernel's sm_90a variant runs when this build has sm_90a code
- * (setup.py defines FAD_SM90A), the device is sm_90 and D is 64 or 128.
+ * (setup.py defines FAD_SM90A), the device is sm_90, D is 64 or 128, and the
+ * call has no softcap, ALiBi or paged KV (launch).
  * FLASH_ATTN_DET_WGMMA=0 in the environment (read once) turns it off, for A/B
  * runs and for the test that compares the two variants' bits. */
 #ifndef FAD_SM90A
@@ -1327,10 +1328,14 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                   plan.cta_per_split ? plan.num_splits : 1);
         fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     } else {
+        /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds spill
+         * (8-16 B at D128), and spills around in-flight wgmma are the suspect
+         * in the D64 failure (benchmarks/NOTES.md, "Prefill on wgmma"). */
+        constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
-        fad_status st = use_wgmma(kHeadDim, &wgmma, msg, msg_len);
+        fad_status st = kHasWgmma ? use_wgmma(kHeadDim, &wgmma, msg, msg_len) : FAD_OK;
         if (st == FAD_OK)
-            st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHeadDim <= 128>(a, stream, msg, msg_len)
+            st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
                        : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
         if (st != FAD_OK)
             return st;

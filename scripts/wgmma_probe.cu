@@ -116,6 +116,53 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
         }
 }
 
+// Two warpgroups (the D64 prefill CTA: 8 warps, 128 query rows, a 128-register cap): each
+// warpgroup computes S for its 64 rows with Q's A fragments loaded by ldmatrix from a swz128
+// tile, exactly as fwd_kernel loads them, and K from shared memory. s_out[2][256][32]:
+// [0] mma.sync from global memory, [1] wgmma.
+template <typename T, int D>
+__global__ void __launch_bounds__(256, 2)
+probe_two_wg(const uint16_t *q, const uint16_t *k, float *s_out)
+{
+    using ops = dtype_ops<T>;
+    __shared__ __align__(1024) uint16_t sQ[128 * D], sK[64 * D];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    for (int i = tid; i < 128 * D; i += 256)
+        sQ[swz128<128>(i / D, i % D)] = q[i];
+    for (int i = tid; i < 64 * D; i += 256)
+        sK[swz128<64>(i / D, i % D)] = k[i];
+    fence_async_smem();
+    __syncthreads();
+    const int r0 = 16 * warp + g;
+    float s_ref[8][4] = {};
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4] = {pair(q + r0 * D + 16 * kk + 2 * t), pair(q + (r0 + 8) * D + 16 * kk + 2 * t),
+                         pair(q + r0 * D + 16 * kk + 2 * t + 8), pair(q + (r0 + 8) * D + 16 * kk + 2 * t + 8)};
+        for (int j = 0; j < 8; j++)
+            ops::mma(s_ref[j], a, pair(k + (8 * j + g) * D + 16 * kk + 2 * t),
+                     pair(k + (8 * j + g) * D + 16 * kk + 2 * t + 8));
+    }
+    uint32_t qf[1][D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldmatrix_x4(qf[0][kk], smem_addr(sQ + swz128<128>(warp * 16 + lane % 16, 16 * kk + 8 * (lane / 16))));
+    float s_wg[8][4] = {};
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t off = ((kk / 4) * 64 * 64 + (kk % 4) * 16) * 2;
+        wgmma_rs_kmajor(s_wg, qf[0][kk], gmma_desc(smem_addr(sK) + off, 16, 1024), (const T *)nullptr);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(s_wg);
+    for (int j = 0; j < 8; j++)
+        for (int e = 0; e < 4; e++) {
+            s_out[tid * 32 + 4 * j + e] = s_ref[j][e];
+            s_out[256 * 32 + tid * 32 + 4 * j + e] = s_wg[j][e];
+        }
+}
+
 static uint32_t rng_state = 12345;
 static float urand() { rng_state = rng_state * 1664525u + 1013904223u; return (rng_state >> 8) * (1.0f / 16777216.0f); }
 static uint16_t to16(float x, bool bf)
@@ -182,6 +229,30 @@ template <typename T, int D> static int run(const char *name, int trials)
     return bad_s + bad_o;
 }
 
+template <typename T, int D> static int run_two_wg(const char *name)
+{
+    const bool bf = !std::is_same<T, __half>::value;
+    std::vector<uint16_t> q(128 * D), k(64 * D);
+    std::vector<float> s(2 * 256 * 32);
+    for (auto &x : q) x = to16(4 * urand() - 2, bf);
+    for (auto &x : k) x = to16(4 * urand() - 2, bf);
+    uint16_t *dq, *dk; float *ds;
+    CHECK(cudaMalloc(&dq, q.size() * 2)); CHECK(cudaMalloc(&dk, k.size() * 2)); CHECK(cudaMalloc(&ds, s.size() * 4));
+    CHECK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dk, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(ds, 0xff, s.size() * 4));
+    probe_two_wg<T, D><<<1, 256>>>(dq, dk, ds);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < 256 * 32; i++)
+        bad += memcmp(&s[i], &s[256 * 32 + i], 4) != 0;
+    printf("%-5s D=%-3d two warpgroups, Q fragments by ldmatrix: S bit mismatches %d / %d\n", name, D, bad, 256 * 32);
+    cudaFree(dq); cudaFree(dk); cudaFree(ds);
+    return bad;
+}
+
 int main()
 {
     int bad = 0;
@@ -189,6 +260,8 @@ int main()
     bad += run<__nv_bfloat16, 128>("bf16", 20);
     bad += run<__half, 64>("fp16", 20);
     bad += run<__half, 128>("fp16", 20);
+    bad += run_two_wg<__nv_bfloat16, 64>("bf16");
+    bad += run_two_wg<__nv_bfloat16, 128>("bf16");
     printf("RESULT: %s\n", bad ? "wgmma bits DIFFER from mma.sync" : "wgmma bits EQUAL mma.sync");
     return 0;
 }
