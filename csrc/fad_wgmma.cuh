@@ -1,7 +1,8 @@
 /*
  * fad_wgmma.cuh — Hopper warpgroup MMA (wgmma, sm_90a) for the forward kernel:
- * shared-memory matrix descriptors, the two instruction shapes the kernel
- * issues, and the fences around them.
+ * shared-memory matrix descriptors, the instruction shapes the kernel issues
+ * (A from shared memory or registers, B K-major or MN-major), and the fences
+ * around them.
  *
  * A warpgroup (4 consecutive warps, the first one's index divisible by 4)
  * issues one wgmma for a 64-row M tile; warp w of the group owns rows
@@ -16,9 +17,15 @@
  * fad_mma.cuh): a tile of R rows x kHeadDim 16-bit columns is stored as
  * kHeadDim/64 column blocks of R rows x 128 bytes, block after block; inside
  * a block the 16-byte chunk c of row r sits at chunk c ^ (r % 8). Tiles start
- * 1024-byte aligned, which is what the descriptors' zero base offset assumes. The same bytes
- * serve as a K-major operand (Q, K: rows are M or N, columns the reduction
- * dim) and as an MN-major one (V: rows are the reduction dim).
+ * 1024-byte aligned, which is what the descriptors' zero base offset assumes.
+ * The same bytes serve as a K-major operand (Q, K: rows are M or N, columns
+ * the reduction dim) and as an MN-major one (V: rows are the reduction dim).
+ *
+ * A wgmma reads its register operands and writes its accumulators after it
+ * is issued, until its wgmma_wait: nothing may touch them in between. The
+ * kernels run this path only where ptxas reports no spills (fad_fwd.cu,
+ * launch), since a spilled and reloaded operand is the suspect in the one
+ * wrong-result case measured (benchmarks/NOTES.md, "Prefill on wgmma").
  */
 #ifndef FAD_WGMMA_CUH
 #define FAD_WGMMA_CUH
