@@ -1269,14 +1269,14 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
 }
 
 /* The prefill kernel's sm_90a variant runs when this build has sm_90a code
- * (setup.py defines FAD_SM90A), the device is sm_90, D is 64 or 128, and the
- * call has no softcap, ALiBi or paged KV (launch).
+ * (setup.py defines FAD_SM90A) and the device is sm_90, for the compile-time
+ * variants that have it (launch: D 64 or 128, no softcap, ALiBi or paged KV).
  * FLASH_ATTN_DET_WGMMA=0 in the environment (read once) turns it off, for A/B
  * runs and for the test that compares the two variants' bits. */
 #ifndef FAD_SM90A
 #define FAD_SM90A 0
 #endif
-static fad_status use_wgmma(int head_dim_class, int *use, char *msg, size_t msg_len)
+static fad_status use_wgmma(int *use, char *msg, size_t msg_len)
 {
     static int env_off = -1;
     if (env_off < 0) {
@@ -1284,7 +1284,7 @@ static fad_status use_wgmma(int head_dim_class, int *use, char *msg, size_t msg_
         env_off = e && e[0] == '0';
     }
     *use = 0;
-    if (!FAD_SM90A || env_off || (head_dim_class != 64 && head_dim_class != 128))
+    if (!FAD_SM90A || env_off)
         return FAD_OK;
     int major = 0;
     fad_status st = device_major(&major, msg, msg_len);
@@ -1333,7 +1333,7 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
          * in the D64 failure (benchmarks/NOTES.md, "Prefill on wgmma"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
-        fad_status st = kHasWgmma ? use_wgmma(kHeadDim, &wgmma, msg, msg_len) : FAD_OK;
+        fad_status st = kHasWgmma ? use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
         if (st == FAD_OK)
             st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
                        : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);

@@ -26,6 +26,29 @@
 
 __device__ __forceinline__ uint32_t pair(const uint16_t *p) { return p[0] | (uint32_t)p[1] << 16; }
 
+// The m16n8k16 A fragment of q ([rows][D], raw 16-bit) for this lane: rows r0, r0 + 8 of its
+// warp's 16, k-chunk kk, straight from global memory.
+template <int D> __device__ __forceinline__ void q_fragment(const uint16_t *q, int r0, int kk, uint32_t (&a)[4])
+{
+    const int c = 16 * kk + 2 * (threadIdx.x % 4);
+    a[0] = pair(q + r0 * D + c), a[1] = pair(q + (r0 + 8) * D + c);
+    a[2] = pair(q + r0 * D + c + 8), a[3] = pair(q + (r0 + 8) * D + c + 8);
+}
+
+// The reference: S = Q K^T (64 keys) for this lane's rows by an mma.sync chain, k-chunks in order.
+template <typename T, int D>
+__device__ __forceinline__ void mma_sync_s(const uint16_t *q, const uint16_t *k, int r0, float (&s)[8][4])
+{
+    const int g = (threadIdx.x % 32) / 4, c0 = 2 * (threadIdx.x % 4);
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        q_fragment<D>(q, r0, kk, a);
+        for (int j = 0; j < 8; j++)
+            dtype_ops<T>::mma(s[j], a, pair(k + (8 * j + g) * D + 16 * kk + c0),
+                              pair(k + (8 * j + g) * D + 16 * kk + c0 + 8));
+    }
+}
+
 // q, k, v: [64][D] row-major raw 16-bit; o0: [64][D] fp32 start values.
 // s_out[3][128 threads][32]: [0] mma.sync, [1] wgmma (Q from smem), [2] wgmma (Q from registers);
 // o_out[2][128 threads][D/2]: [0] mma.sync, [1] wgmma.
@@ -48,13 +71,7 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
 
     // mma.sync reference: fragments straight from global memory.
     float s_ref[8][4] = {};
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4] = {pair(q + r0 * D + 16 * kk + 2 * t), pair(q + (r0 + 8) * D + 16 * kk + 2 * t),
-                         pair(q + r0 * D + 16 * kk + 2 * t + 8), pair(q + (r0 + 8) * D + 16 * kk + 2 * t + 8)};
-        for (int j = 0; j < 8; j++)
-            ops::mma(s_ref[j], a, pair(k + (8 * j + g) * D + 16 * kk + 2 * t),
-                     pair(k + (8 * j + g) * D + 16 * kk + 2 * t + 8));
-    }
+    mma_sync_s<T, D>(q, k, r0, s_ref);
     // wgmma: S from shared memory descriptors.
     float s_wg[8][4] = {};
     wgmma_fence();
@@ -69,8 +86,8 @@ __global__ void probe(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
     float s_rs[8][4] = {};
     wgmma_fence();
     for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t a[4] = {pair(q + r0 * D + 16 * kk + 2 * t), pair(q + (r0 + 8) * D + 16 * kk + 2 * t),
-                               pair(q + r0 * D + 16 * kk + 2 * t + 8), pair(q + (r0 + 8) * D + 16 * kk + 2 * t + 8)};
+        uint32_t a[4];
+        q_fragment<D>(q, r0, kk, a);
         const uint32_t off = ((kk / 4) * 64 * 64 + (kk % 4) * 16) * 2;
         wgmma_rs_kmajor(s_rs, a, gmma_desc(smem_addr(sK) + off, 16, 1024), (const T *)nullptr);
     }
@@ -124,9 +141,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256, 2)
 probe_two_wg(const uint16_t *q, const uint16_t *k, float *s_out)
 {
-    using ops = dtype_ops<T>;
     __shared__ __align__(1024) uint16_t sQ[128 * D], sK[64 * D];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4;
     for (int i = tid; i < 128 * D; i += 256)
         sQ[swz128<128>(i / D, i % D)] = q[i];
     for (int i = tid; i < 64 * D; i += 256)
@@ -135,13 +151,7 @@ probe_two_wg(const uint16_t *q, const uint16_t *k, float *s_out)
     __syncthreads();
     const int r0 = 16 * warp + g;
     float s_ref[8][4] = {};
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4] = {pair(q + r0 * D + 16 * kk + 2 * t), pair(q + (r0 + 8) * D + 16 * kk + 2 * t),
-                         pair(q + r0 * D + 16 * kk + 2 * t + 8), pair(q + (r0 + 8) * D + 16 * kk + 2 * t + 8)};
-        for (int j = 0; j < 8; j++)
-            ops::mma(s_ref[j], a, pair(k + (8 * j + g) * D + 16 * kk + 2 * t),
-                     pair(k + (8 * j + g) * D + 16 * kk + 2 * t + 8));
-    }
+    mma_sync_s<T, D>(q, k, r0, s_ref);
     uint32_t qf[1][D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
