@@ -3,7 +3,7 @@
 # test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
-#   scripts/device_all.sh [stage ...]   stages: build probe quick test decode fwd bwd train verify
+#   scripts/device_all.sh [stage ...]   stages: build probe quick test ncu decode fwd bwd train verify
 #                                       overhead (default: build test decode fwd bwd train verify overhead)
 # FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
 set -uo pipefail
@@ -30,6 +30,11 @@ has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc 
 has quick && { python3 scripts/quick_perf.py 2>&1 | tee "$run/quick_wgmma.txt";
     FLASH_ATTN_DET_WGMMA=0 python3 scripts/quick_perf.py 2>&1 | tee "$run/quick_mma_sync.txt"; }
 has test && { python3 -m pytest -q tests 2>&1 | tee "$run/pytest.log" | tail -3; }
+has ncu && { ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section LaunchStats python3 scripts/ncu_fwd.py > "$run/ncu_fwd.txt" 2>&1;
+    grep -E '^==|^  [a-z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occ|Stall|Warp Cycles Per Issued' \
+    "$run/ncu_fwd.txt" | head -150; }
 has verify && python3 -m flash_attn_det.verify --json "$run/verify.json" 2>>"$run/stderr.log" \
     | tee "$run/verify.txt" | tail -4
 has fwd && { python3 benchmarks/bench_fwd.py --preset quick --out "$run" --tag fwd_quick \
