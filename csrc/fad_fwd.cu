@@ -337,14 +337,15 @@ __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
                                                const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
                                                uint32_t q_addr, uint32_t k_addr)
 {
+    const uint64_t k_desc0 = gmma_desc(k_addr, 16, 1024), q_desc0 = gmma_desc(q_addr, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
-        const uint64_t k_desc = gmma_desc(k_addr + ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2, 16, 1024);
+        const uint64_t k_desc = gmma_desc_at(k_desc0, ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2);
         if constexpr (kQInRegs)
             wgmma_rs_kmajor(s[0], qf[0][kk], k_desc, (const T *)nullptr);
         else
-            wgmma_ss(s[0], gmma_desc(q_addr + ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2, 16, 1024),
+            wgmma_ss(s[0], gmma_desc_at(q_desc0, ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2),
                      k_desc, (const T *)nullptr);
     }
     wgmma_commit();
@@ -361,12 +362,12 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
+    const uint64_t v_desc0 = gmma_desc(v_addr, kBlockN * 128, 1024);
     wgmma_fence_operand(acc[0]);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
-        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc(v_addr + kk * 16 * 128, kBlockN * 128, 1024),
-                         (const T *)nullptr);
+        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr);
     wgmma_commit();
 }
 
@@ -709,6 +710,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     };
 
     /* Loads K and V tile t0 into stage st. */
+    auto copy_tile = [&](T *dst, const T *src, int row_stride, int rows) {
+        if constexpr (kWgmma && FAD_WG_LEAN_LOADS)
+            load_tile_lean<T, kHeadDim, kBlockN, C::kThreads, true>(dst, src, row_stride, rows, D);
+        else
+            load_tile<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(dst, src, row_stride, rows, D);
+    };
     bool bad_page = false; /* paged: this thread met a page outside the cache */
     auto load_kv = [&](int t0, int st) {
         if constexpr (kPaged) {
@@ -717,12 +724,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 (const T *)p.k + hk * p.k_head_stride, (const T *)p.v + hk * p.v_head_stride, t0,
                 len_k - t0, D);
         } else {
-            load_tile<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(sK + st * C::kStageElems,
-                                                                 k_g + (int64_t)t0 * p.k_row_stride,
-                                                                 (int)p.k_row_stride, len_k - t0, D);
-            load_tile<T, kHeadDim, kBlockN, C::kThreads, kWgmma>(sV + st * C::kStageElems,
-                                                                 v_g + (int64_t)t0 * p.v_row_stride,
-                                                                 (int)p.v_row_stride, len_k - t0, D);
+            copy_tile(sK + st * C::kStageElems, k_g + (int64_t)t0 * p.k_row_stride,
+                      (int)p.k_row_stride, len_k - t0);
+            copy_tile(sV + st * C::kStageElems, v_g + (int64_t)t0 * p.v_row_stride,
+                      (int)p.v_row_stride, len_k - t0);
         }
     };
 
@@ -976,12 +981,12 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 sK + st, sV + st, p, seq, (const T *)p.k + hk * p.k_head_stride,
                 (const T *)p.v + hk * p.v_head_stride, t0, len_k - t0, D);
         } else {
-            load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
-                                                         k_g + (int64_t)t0 * p.k_row_stride,
-                                                         (int)p.k_row_stride, len_k - t0, D);
-            load_tile_few<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
-                                                         v_g + (int64_t)t0 * p.v_row_stride,
-                                                         (int)p.v_row_stride, len_k - t0, D);
+            load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
+                                                          k_g + (int64_t)t0 * p.k_row_stride,
+                                                          (int)p.k_row_stride, len_k - t0, D);
+            load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
+                                                          v_g + (int64_t)t0 * p.v_row_stride,
+                                                          (int)p.v_row_stride, len_k - t0, D);
         }
     };
 

@@ -41,6 +41,11 @@ extern "C" {
 #ifndef FAD_WG_R_REGS_MIN_D
 #define FAD_WG_R_REGS_MIN_D 128
 #endif
+/* FAD_WG_LEAN_LOADS: 1 = the sm_90a variant copies K/V tiles with
+ * load_tile_lean (per-chunk offsets from one per-thread base; A/B knob). */
+#ifndef FAD_WG_LEAN_LOADS
+#define FAD_WG_LEAN_LOADS 1
+#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__

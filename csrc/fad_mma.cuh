@@ -201,15 +201,20 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
     }
 }
 
-/* load_tile for few threads per tile (the packed kernel). When a thread's
- * chunks are one column of rows r0, r0 + kStep, ... (kThreads a multiple of
- * the chunks per row), their swizzled shared offsets repeat every 8 rows, so
- * only up to 8 are computed and the rest are immediate offsets; the global
- * offset advances by an opaque step. Otherwise the generic copy, with the
- * thread index re-taken opaquely so that no per-chunk offset is hoisted out
- * of the caller's tile loop into registers. */
-template <typename T, int kHeadDim, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile_few(T *smem, const T *g, int row_stride, int rows, int D)
+/* load_tile with little index math per chunk, for kernels that re-take their
+ * copy offsets every tile rather than hold them in registers (the packed
+ * kernel, and the wgmma variant of fwd_kernel, which is short of registers
+ * and, with 16 chunks per thread per tile, would otherwise spend more issue
+ * slots on copy addresses than on its softmax). When a thread's chunks are
+ * one column of rows r0, r0 + kStep, ... (kThreads a multiple of the chunks
+ * per row), their swizzled shared offsets repeat every 8 rows (in both
+ * layouts), so only up to 8 are computed and the rest are immediate offsets;
+ * the global offset advances by an opaque step, and a whole tile (every row
+ * and column inside) is copied with no per-chunk predicate. Otherwise the
+ * generic copy, with the thread index re-taken opaquely so that no per-chunk
+ * offset is hoisted out of the caller's tile loop into registers. */
+template <typename T, int kHeadDim, int kRows, int kThreads, bool kSw128 = false>
+__device__ __forceinline__ void load_tile_lean(T *smem, const T *g, int row_stride, int rows, int D)
 {
     constexpr int kChunks = kHeadDim / 8;
     if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
@@ -218,21 +223,33 @@ __device__ __forceinline__ void load_tile_few(T *smem, const T *g, int row_strid
         /* iterations after which row % 8 repeats */
         constexpr int kPeriod = kStep % 8 == 0 ? 1 : kStep % 4 == 0 ? 2 : kStep % 2 == 0 ? 4 : 8;
         constexpr int kP = kPeriod < kIters ? kPeriod : kIters;
+        constexpr int kPitch = kSw128 ? 64 : kHeadDim; /* elements from a row to the next */
         const int tid = (int)opaque(threadIdx.x);
         const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
-        const bool col_ok = col < D;
         uint32_t dst[kP];
 #pragma unroll
         for (int j = 0; j < kP; j++)
-            dst[j] = smem_addr(smem + swz<kHeadDim>(r0 + j * kStep, col));
+            dst[j] = smem_addr(smem + tile_off<kHeadDim, kRows, kSw128>(r0 + j * kStep, col));
         const int step = (int)opaque((uint32_t)(kStep * row_stride));
-        int off = r0 * row_stride + col;
+        const T *src = g + r0 * row_stride + col;
+        if (rows >= kRows && D == kHeadDim) { /* a whole tile (block-uniform) */
+#pragma unroll
+            for (int i = 0; i < kIters; i++) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                                 dst[i % kP] + (i / kP) * kP * kStep * kPitch * (int)sizeof(T)),
+                             "l"(src));
+                src += step;
+            }
+            return;
+        }
+        const bool col_ok = col < D;
+        int off = 0;
 #pragma unroll
         for (int i = 0; i < kIters; i++) {
             const bool ok = col_ok && r0 + i * kStep < rows;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             dst[i % kP] + (i / kP) * kP * kStep * kHeadDim * (int)sizeof(T)),
-                         "l"(g + (ok ? off : 0)), "r"(ok ? 16 : 0));
+                             dst[i % kP] + (i / kP) * kP * kStep * kPitch * (int)sizeof(T)),
+                         "l"(g + (ok ? r0 * row_stride + col + off : 0)), "r"(ok ? 16 : 0));
             off += step;
         }
     } else {
@@ -242,8 +259,8 @@ __device__ __forceinline__ void load_tile_few(T *smem, const T *g, int row_strid
             const int c = tid + i * kThreads;
             const int row = c / kChunks, col = (c % kChunks) * 8;
             const bool ok = row < rows && col < D;
-            cp_async16(smem + swz<kHeadDim>(row, col), g + (ok ? row * row_stride + col : 0),
-                       ok ? 16 : 0);
+            cp_async16(smem + tile_off<kHeadDim, kRows, kSw128>(row, col),
+                       g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
         }
     }
 }

@@ -49,6 +49,15 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
            (uint64_t)(sbo >> 4) << 32 | (uint64_t)1 << 62 /* 128-byte swizzle */;
 }
 
+/* The descriptor of the operand `bytes` further on: the address field holds
+ * addr / 16 in 14 bits, and every shared address (< 228 KB) stays below 2^18
+ * bytes, so the sum never carries out of the field. One add per instruction
+ * instead of rebuilding the descriptor from its address. */
+__device__ __forceinline__ uint64_t gmma_desc_at(uint64_t desc, uint32_t bytes)
+{
+    return desc + (bytes >> 4);
+}
+
 #if FAD_HAS_WGMMA
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
