@@ -371,18 +371,22 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
     wgmma_commit();
 }
 
-/* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V. (Issuing
- * tile t's S before waiting for tile t-1's O += P V, with three stages, was
- * measured slower: benchmarks/NOTES.md, "Prefill on wgmma".) */
-template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows>
+/* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V; while_s()
+ * runs while S is computed (the caller issues its next K/V copies there).
+ * (Issuing tile t's S before waiting for tile t-1's O += P V, with three
+ * stages, was measured slower: benchmarks/NOTES.md, "Prefill on wgmma".) */
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows,
+          class WhileS>
 __device__ __forceinline__ void
 attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
                   const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
                   uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
-                  const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+                  const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
+                  const WhileS &while_s)
 {
     float s[1][kBlockN / 8][4] = {};
     issue_qk_wgmma<T, kHeadDim, kBlockN, kQRows, kQInRegs>(s, qf, q_addr, k_addr);
+    while_s();
     wgmma_wait<0>();
     wgmma_fence_operand(s[0]);
     softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
@@ -762,9 +766,16 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if (kWgmma)
             fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
         __syncthreads(); /* K/V(t0) landed; every warp is done with the other stage (and with sQ) */
-        if (t0 + kBlockN < t_last)
-            load_kv(t0 + kBlockN, stage ^ 1);
-        cp_async_commit();
+        /* The next tile's copies: issued here, or (wgmma) while S is computed,
+         * where they also keep the accumulators out of the registers the
+         * copy addresses would take. */
+        auto load_next = [&]() {
+            if (t0 + kBlockN < t_last)
+                load_kv(t0 + kBlockN, stage ^ 1);
+            cp_async_commit();
+        };
+        if constexpr (!kWgmma || !FAD_WG_LOADS_DURING_S)
+            load_next();
 
         if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
             if (cur_split >= 0) /* never in a partial CTA: it walks one split */
@@ -783,7 +794,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_addr, k_addr,
                 k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right);
+                p.window_left, p.window_right, [&]() {
+                    if constexpr (FAD_WG_LOADS_DURING_S)
+                        load_next();
+                });
         } else {
             attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),

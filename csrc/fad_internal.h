@@ -46,6 +46,11 @@ extern "C" {
 #ifndef FAD_WG_LEAN_LOADS
 #define FAD_WG_LEAN_LOADS 1
 #endif
+/* FAD_WG_LOADS_DURING_S: 1 = the sm_90a variant issues the next tile's K/V
+ * copies while S = Q K^T runs (0: before it, as the mma.sync kernel does). */
+#ifndef FAD_WG_LOADS_DURING_S
+#define FAD_WG_LOADS_DURING_S 1
+#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__
