@@ -433,6 +433,15 @@ template <int kMT, int kDB> struct r_in_regs {
     __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
 };
 
+/* R's o after the last fold: acc, or oR when R is held in registers. */
+template <bool kInR, class A, class O> __device__ __forceinline__ A *pick_r(A *acc, O *oR)
+{
+    if constexpr (kInR)
+        return oR;
+    else
+        return acc;
+}
+
 /* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
  * fad_merge_* -- into R's o (to_R), or, for the last split, into acc, ready
  * to normalise. Before the first fold R is the empty state (o = 0), exactly
@@ -705,7 +714,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
-    int cur_split = -1;
+    /* The state above is a fresh one (start_split) for the first tile's split;
+     * split_left counts the tiles of the current split still to walk (no
+     * division per tile: registers are scarce in the loop). */
+    const bool walked = t_first < t_last;
+    int split_left = (S - t_first % S) / kBlockN;
     auto fold = [&](bool to_R) {
         if constexpr (C::kRInRegs)
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
@@ -777,13 +790,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if constexpr (!kWgmma || !FAD_WG_LOADS_DURING_S)
             load_next();
 
-        if (t0 / S != cur_split) { /* a split starts: fold the last one, fresh state */
-            if (cur_split >= 0) /* never in a partial CTA: it walks one split */
-                fold(true);
-            cur_split = t0 / S;
-            start_split(acc, m_s, l_s);
-        }
-
         if constexpr (C::kQInRegs)
             if (t0 == t_first)
                 load_qf();
@@ -804,14 +810,23 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 v_lds0.reload(stage * C::kStageElems * 2), need_mask, mod, rows, t0, len_q, len_k,
                 p.window_left, p.window_right);
         }
+        /* A split ends with this tile and another follows: fold it into R and
+         * start a fresh state. (Done here, where acc was just written, rather
+         * than at the next tile's start: ptxas then copied acc out of the
+         * wgmma accumulator registers on every iteration for that fold.) */
+        if (--split_left == 0 && t0 + kBlockN < t_last) {
+            fold(true); /* never in a partial CTA: it walks one split */
+            split_left = S / kBlockN;
+            start_split(acc, m_s, l_s);
+        }
     }
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
-        if (cur_split >= 0) {
-            const size_t row_base = (size_t)cur_split * fad_flat_rows(&p) + lse_row0 + m0;
+        if (walked) {
+            const size_t row_base = (size_t)(t_first / S) * fad_flat_rows(&p) + lse_row0 + m0;
 #pragma unroll
             for (int r = 0; r < kRows; r++) {
                 const float nan = __int_as_float(0x7fffffff);
@@ -825,15 +840,18 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
         return;
     }
-    if (cur_split >= 0) /* R is now in acc, mR, lR */
-        fold(false);
+    /* The last fold: R ends in acc, or, held in registers, stays in oR and is
+     * stored from there (no copy back into acc). */
+    if (walked)
+        fold(C::kRInRegs);
+    float (&res)[kMT][kDB][4] = *pick_r<C::kRInRegs>(&acc, &oR);
 
     /* Normalise R and write out and lse. */
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         const int row = m0 + row0 + 8 * r;
         if (row < len_q)
-            store_row(acc, r, mR[r], lR[r],
+            store_row(res, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
                       p.softmax_lse + lse_row0 + row, D, 0, true, poison);
     }
