@@ -433,15 +433,6 @@ template <int kMT, int kDB> struct r_in_regs {
     __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
 };
 
-/* R's o after the last fold: acc, or oR when R is held in registers. */
-template <bool kInR, class A, class O> __device__ __forceinline__ A *pick_r(A *acc, O *oR)
-{
-    if constexpr (kInR)
-        return oR;
-    else
-        return acc;
-}
-
 /* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
  * fad_merge_* -- into R's o (to_R), or, for the last split, into acc, ready
  * to normalise. Before the first fold R is the empty state (o = 0), exactly
@@ -636,8 +627,8 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     /* The merged result's o in registers (r_in_regs) rather than in sR. */
     static constexpr bool kRInRegs = kWgmma && kHeadDim >= FAD_WG_R_REGS_MIN_D;
     /* Shared memory: sR (merged o, fp32, thread-private slots) unless
-     * kRInRegs; sQ, which lives inside sR when Q is held in registers (sR is
-     * first written after every warp has read Q); then 2 x (sK, sV). */
+     * kRInRegs; sQ, which lives inside sR when Q is held in registers (the
+     * first fold into sR waits until every warp has read Q); then 2 x (sK, sV). */
     static constexpr size_t kSmemR = kRInRegs ? 0 : (size_t)kBlockM * kHeadDim * 4;
     static constexpr size_t kSmemQ = kQInRegs && kSmemR > 0 ? 0 : (size_t)kBlockM * kHeadDim * 2;
     static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
@@ -814,7 +805,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
          * start a fresh state. (Done here, where acc was just written, rather
          * than at the next tile's start: ptxas then copied acc out of the
          * wgmma accumulator registers on every iteration for that fold.) */
-        if (--split_left == 0 && t0 + kBlockN < t_last) {
+        if (--split_left == 0 && t0 + kBlockN < t_last) { /* (CTA-uniform) */
+            /* sQ inside sR: every warp must have read Q before sR is written */
+            if (C::kQInRegs && !C::kRInRegs && C::kSmemQ == 0 && t0 == t_first)
+                __syncthreads();
             fold(true); /* never in a partial CTA: it walks one split */
             split_left = S / kBlockN;
             start_split(acc, m_s, l_s);
@@ -840,18 +834,15 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         }
         return;
     }
-    /* The last fold: R ends in acc, or, held in registers, stays in oR and is
-     * stored from there (no copy back into acc). */
-    if (walked)
-        fold(C::kRInRegs);
-    float (&res)[kMT][kDB][4] = *pick_r<C::kRInRegs>(&acc, &oR);
+    if (walked) /* R is now in acc, mR, lR */
+        fold(false);
 
     /* Normalise R and write out and lse. */
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         const int row = m0 + row0 + 8 * r;
         if (row < len_q)
-            store_row(res, r, mR[r], lR[r],
+            store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
                       p.softmax_lse + lse_row0 + row, D, 0, true, poison);
     }
