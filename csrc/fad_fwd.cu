@@ -1119,7 +1119,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 
 
 /* ------------------------------------------------------------------------ */
-/* combine: fold split partials left to right, one warp per query row         */
+/* combine: fold split partials left to right, per query row                 */
 /* ------------------------------------------------------------------------ */
 
 /* Knob that never changes a bit: 1 = launch the combine as a programmatic
@@ -1127,19 +1127,37 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 #ifndef FAD_COMBINE_PDL
 #define FAD_COMBINE_PDL 1
 #endif
+/* Knob that never changes a bit: 1 = for fewer than 4 query rows, the 4 warps
+ * of a combine CTA split one row's columns (0: one row per warp). */
+#ifndef FAD_COMBINE_BY_COLS
+#define FAD_COMBINE_BY_COLS 1
+#endif
 
-template <typename T, int kHeadDim> /* kHeadDim: the variant's bound on D */
+/* Shapes: ws_ml (num_splits, flat rows, 2) fp32 (m, l) and ws_o (num_splits,
+ * flat rows, D) fp32 o of each split's partial state (a row's splits that its
+ * keys never reach are not read); out / softmax_lse as in fad_fwd_params.
+ * kParts warps share a query row, each folding a 1/kParts slice of its
+ * columns (kParts = 1: 4 rows per CTA, one per warp; kParts = 4: one row per
+ * CTA, for short queries such as decode, where the fold's memory round trip
+ * is the whole cost and fewer loads per lane shorten it). Every warp of a row
+ * computes the same (m, l) chain, and each column's chain is the same
+ * operations in the same split order, so kParts changes no bit. */
+template <typename T, int kHeadDim, int kParts> /* kHeadDim: the variant's bound on D */
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
     using ops = dtype_ops<T>;
+    constexpr int kRowsPerCta = 4 / kParts;
+    constexpr int kC = (kHeadDim + 32 * kParts - 1) / (32 * kParts); /* columns per lane */
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
-    const int q_blocks = (p.seqlen_q + 3) / 4; /* blocks of 4 rows per (batch, head) */
+    const int warp = threadIdx.x / 32, part = warp % kParts;
+    const int q_blocks = (p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta; /* row blocks per (batch, head) */
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
-    const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32; /* query row of sequence b */
+    const int i = (blockIdx.x % q_blocks) * kRowsPerCta + warp / kParts; /* query row of sequence b */
     const fad_seq seq = fad_get_seq(&p, b);
     if (!seq.valid && p.cache_seqlens) {
-        poison_row(p, seq, h, i, lane, 32);
+        if (part == 0)
+            poison_row(p, seq, h, i, lane, 32);
         return;
     }
     if (i >= seq.len_q)
@@ -1149,18 +1167,18 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     pdl_wait_primary(); /* launched early (FAD_COMBINE_PDL): the partials are complete from here */
 
     fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
-    constexpr int kC = kHeadDim / 32; /* columns per lane */
     float m = -INFINITY, l = 0.f, o[kC];
+    int col[kC]; /* this lane's columns */
 #pragma unroll
     for (int c = 0; c < kC; c++)
-        o[c] = 0.f;
+        o[c] = 0.f, col[c] = (part * kC + c) * 32 + lane;
     const int s_end = fad_end_split(r, S);
     bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
     /* The fold is a chain, its loads are not: each batch of kBatch splits is
      * fetched at once (one memory round trip per batch rather than per split;
      * with few rows, as at decode, this kernel is latency-bound), then merged
      * in split order exactly as before. */
-    constexpr int kBatch = kHeadDim <= 128 ? 16 : 8; /* ov: kBatch x kC registers */
+    constexpr int kBatch = kC <= 4 ? 16 : 8; /* ov: kBatch x kC registers */
     for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
         float2 ml[kBatch];
         float ov[kBatch][kC];
@@ -1171,7 +1189,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
 #pragma unroll
             for (int c = 0; c < kC; c++)
-                ov[u][c] = live && lane + 32 * c < D ? a.ws_o[idx * D + lane + 32 * c] : 0.f;
+                ov[u][c] = live && col[c] < D ? a.ws_o[idx * D + col[c]] : 0.f;
         }
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
@@ -1181,7 +1199,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             fad_merge_w w = fad_merge_weights(m, ml[u].x);
 #pragma unroll
             for (int c = 0; c < kC; c++)
-                if (lane + 32 * c < D)
+                if (col[c] < D)
                     o[c] = fad_merge_value(o[c], ov[u][c], w);
             l = fad_merge_value(l, ml[u].y, w);
             m = w.m;
@@ -1191,11 +1209,11 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
     for (int c = 0; c < kC; c++)
-        if (lane + 32 * c < D) {
+        if (col[c] < D) {
             uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
-            out[lane + 32 * c] = *reinterpret_cast<T *>(&two);
+            out[col[c]] = *reinterpret_cast<T *>(&two);
         }
-    if (lane == 0)
+    if (lane == 0 && part == 0)
         p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
 }
 
@@ -1256,8 +1274,10 @@ static fad_status device_major(int *major, char *msg, size_t msg_len)
     return current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, major, msg, msg_len);
 }
 
-/* CTA-per-split schedule: the combine kernel, one warp per query row, 4 rows
- * per block, for every (batch, head), whichever kernel wrote the partials.
+/* CTA-per-split schedule: the combine kernel, for every (batch, head, query
+ * row), whichever kernel wrote the partials: 4 rows per block, one warp each,
+ * or for fewer than 4 query rows one row per block, its columns split over
+ * the 4 warps (decode).
  * On sm_90 it is launched as a programmatic dependent of the attention kernel
  * (FAD_COMBINE_PDL): its CTAs launch while the last split CTAs still run and
  * wait in griddepcontrol.wait, so the gap between the two kernels (a few us
@@ -1268,7 +1288,12 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
 {
     if (!a.plan.cta_per_split)
         return FAD_OK;
-    const int64_t blocks = (int64_t)(a.p.seqlen_q + 3) / 4 * a.p.batch * a.p.num_heads;
+    /* Short queries (decode): the 4 warps of a CTA share one row's columns. */
+    const bool by_cols = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4;
+    const int rows_per_cta = by_cols ? 1 : 4;
+    const int64_t blocks =
+        (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
+    void (*kernel)(fwd_args) = by_cols ? combine_kernel<T, kHeadDim, 4> : combine_kernel<T, kHeadDim, 1>;
     int pdl = 0;
     if (FAD_COMBINE_PDL) {
         int major = 0;
@@ -1278,7 +1303,7 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
         pdl = major >= 9;
     }
     if (!pdl) {
-        combine_kernel<T, kHeadDim><<<(unsigned)blocks, 128, 0, stream>>>(a);
+        kernel<<<(unsigned)blocks, 128, 0, stream>>>(a);
         CUDA_TRY(cudaGetLastError());
         return FAD_OK;
     }
@@ -1292,7 +1317,7 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, combine_kernel<T, kHeadDim>, a));
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
     return FAD_OK;
 }
 

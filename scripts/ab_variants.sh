@@ -6,7 +6,7 @@
 #   scripts/ab_variants.sh - FAD_D128_WARPS=8 -:FLASH_ATTN_DET_WGMMA=0
 # (the knobs are in csrc/fad_internal.h). AB_PYTEST="tests/test_gpu.py::test_head_dims" also runs
 # that pytest selection (words without spaces) on each variant, so a fast variant that is wrong
-# shows as such.
+# shows as such. AB_PERF="python3 benchmarks/bench_decode.py --quick" replaces the perf probe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=0
@@ -25,7 +25,7 @@ for v in "$@"; do
     envs=""
     [[ "$v" == *:* ]] && envs=${v#*:}
     echo "== variant $n: $v"
-    ( cd /tmp/ab/$n && env $envs PYTHONPATH=/tmp/ab/$n python3 scripts/quick_perf.py )
+    ( cd /tmp/ab/$n && env $envs PYTHONPATH=/tmp/ab/$n ${AB_PERF:-python3 scripts/quick_perf.py} )
     if [[ -n "${AB_PYTEST:-}" ]]; then
         ( cd /tmp/ab/$n && env $envs PYTHONPATH=/tmp/ab/$n python3 -m pytest -q $AB_PYTEST 2>&1 | tail -2 ) || true
     fi
