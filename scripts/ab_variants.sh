@@ -14,7 +14,7 @@ for v in "$@"; do
     n=$((n + 1))
     defs=$(echo "${v%%:*}" | tr ',' '\n' | grep -v '^-$' | sed 's/^/-D/' | tr '\n' ' ' || true)
     src=/tmp/ab/$n
-    rm -rf "$src" && mkdir -p "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests "$src"/
+    rm -rf "$src" && mkdir -p "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks "$src"/
     ( cd "$src" && CFLAGS="$defs" NVCC_APPEND_FLAGS="$defs" FLASH_ATTN_DET_CUDA_ARCHS=90 \
         python3 setup.py build_ext --inplace > build.log 2>&1 || { tail -20 build.log; exit 1; } ) &
 done
