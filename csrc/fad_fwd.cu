@@ -1381,9 +1381,10 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                   plan.cta_per_split ? plan.num_splits : 1);
         fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     } else {
-        /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds spill
-         * (8-16 B at D128), and spills around in-flight wgmma are the suspect
-         * in the D64 failure (benchmarks/NOTES.md, "Prefill on wgmma"). */
+        /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
+         * spilled 8-16 B at D128 (where, not yet read off their SASS), and
+         * spills around in-flight wgmma are the suspect in the D64 failure
+         * (benchmarks/NOTES.md, "Prefill on wgmma"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
         fad_status st = kHasWgmma ? use_wgmma(&wgmma, msg, msg_len) : FAD_OK;

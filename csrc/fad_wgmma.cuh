@@ -23,9 +23,12 @@
  *
  * A wgmma reads its register operands and writes its accumulators after it
  * is issued, until its wgmma_wait: nothing may touch them in between. The
- * kernels run this path only where ptxas reports no spills (fad_fwd.cu,
- * launch), since a spilled and reloaded operand is the suspect in the one
- * wrong-result case measured (benchmarks/NOTES.md, "Prefill on wgmma").
+ * kernels run this path only in builds where no spilled value is live while
+ * a wgmma is in flight (fad_fwd.cu, launch; checked in the SASS: the D128
+ * build's few spills are stored before the first wgmma and reloaded after
+ * the tile loop's last wait), since a spilled and reloaded operand is the
+ * suspect in the one wrong-result case measured (benchmarks/NOTES.md,
+ * "Prefill on wgmma" and "Prefill v3").
  */
 #ifndef FAD_WGMMA_CUH
 #define FAD_WGMMA_CUH
