@@ -807,7 +807,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
          * wgmma accumulator registers on every iteration for that fold.) */
         if (--split_left == 0 && t0 + kBlockN < t_last) { /* (CTA-uniform) */
             /* sQ inside sR: every warp must have read Q before sR is written */
-            if (C::kQInRegs && !C::kRInRegs && C::kSmemQ == 0 && t0 == t_first)
+            if (C::kSmemQ == 0 && t0 == t_first)
                 __syncthreads();
             fold(true); /* never in a partial CTA: it walks one split */
             split_left = S / kBlockN;
