@@ -32,14 +32,14 @@ extern "C" {
  * head-dim classes from this one up keep Q (wgmma A from registers) / the
  * merged result's o in registers; smaller ones keep them in shared memory.
  * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
- * H100 (R in registers does not; benchmarks/NOTES.md, "Prefill on wgmma"),
- * and R in registers measured no faster there, so D64 keeps both in shared
- * memory. */
+ * H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64 keeps Q in shared
+ * memory; R in registers, no faster at first, is 5-7% faster at D64 since
+ * the copy and fold changes of "Prefill v3" (0 B spilled). */
 #ifndef FAD_WG_Q_REGS_MIN_D
 #define FAD_WG_Q_REGS_MIN_D 128
 #endif
 #ifndef FAD_WG_R_REGS_MIN_D
-#define FAD_WG_R_REGS_MIN_D 128
+#define FAD_WG_R_REGS_MIN_D 64
 #endif
 /* FAD_WG_LEAN_LOADS: 1 = the sm_90a variant copies K/V tiles with
  * load_tile_lean (per-chunk offsets from one per-thread base; A/B knob). */
