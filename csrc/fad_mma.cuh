@@ -188,8 +188,9 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
 {
     constexpr int kChunks = kHeadDim / 8;
     static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
-    /* the wgmma kernel is short of registers: its per-chunk offsets are
-     * recomputed each tile rather than hoisted out of the tile loop */
+    /* kSw128 (the wgmma kernel's Q copy, and its K/V copies with
+     * FAD_WG_LEAN_LOADS=0): short of registers, so the offsets are not
+     * hoisted out of the caller's tile loop */
     const int tid = kSw128 ? (int)opaque(threadIdx.x) : (int)threadIdx.x;
 #pragma unroll
     for (int i = 0; i < kRows * kChunks / kThreads; i++) {
