@@ -1,7 +1,8 @@
 """Per-kernel device time of a few calls (torch.profiler), to see where a call's time goes.
 
     PYTHONPATH=. python3 scripts/probe_kernels.py            # decode B1 8k and prefill D128 4k
-    PYTHONPATH=. python3 scripts/probe_kernels.py --prefill-only --iters 1   # for ncu
+    PYTHONPATH=. python3 scripts/probe_kernels.py --prefill-only --iters 1   # one call, few kernels
+(For Nsight Compute use scripts/ncu_fwd.py: it marks a profiler range and runs the SDPA peers too.)
 
 Prints, per case and implementation, each kernel's name and its mean duration over the calls.
 """
