@@ -146,6 +146,145 @@ template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pre
     return lo;
 }
 
+/* The row tiles (kM rows, aligned to row 0) a CTA owning keys [n0, n0 + kN)
+ * walks: the rows that may see one of its keys (a row's key range [lo, hi)
+ * only moves right as the row index grows). */
+template <int kM, int kN>
+__device__ __forceinline__ void dkdv_row_tiles(int len_q, int len_k, int wl, int wr, int n0,
+                                               int *mt_first, int *mt_count)
+{
+    const int m_lo = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).hi > n0; });
+    const int m_hi = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).lo >= n0 + kN; });
+    *mt_first = m_lo / kM;
+    *mt_count = m_lo < m_hi ? (m_hi - 1) / kM + 1 - *mt_first : 0;
+}
+
+/* Rows r = 0, 1 of this thread's 16-row accumulator fragment (rows lane/4 +
+ * 8r) to rows[r] (nullptr: not stored) in the dtype, columns col0 + 8 nb +
+ * 2 (lane%4) below D. */
+template <typename T, int kDB>
+__device__ __forceinline__ void store_acc_rows(const float (&acc)[kDB][4], T *const (&rows)[2], int col0,
+                                               int D)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!rows[r])
+            continue;
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+            const int col = col0 + nb * 8 + (lane % 4) * 2;
+            if (col < D)
+                *reinterpret_cast<uint32_t *>(rows[r] + col) =
+                    dtype_ops<T>::pack(acc[nb][2 * r], acc[nb][2 * r + 1]);
+        }
+    }
+}
+
+/* dK and dV rows key0 + 8r (r = 0, 1) of this thread, every key of the tile
+ * below len_k (zeros where no row sees it). */
+template <typename T, int kDB>
+__device__ __forceinline__ void store_dkdv(const float (&dk)[kDB][4], const float (&dv)[kDB][4],
+                                           const bwd_args &a, const fad_seq &seq, int hk, int key0,
+                                           int col0)
+{
+    const fad_fwd_params &p = a.p;
+    T *k_rows[2], *v_rows[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = key0 + 8 * r;
+        const bool ok = j < seq.len_k;
+        k_rows[r] = ok ? (T *)a.dk + seq.k_off + (int64_t)j * p.k_row_stride + hk * p.k_head_stride : nullptr;
+        v_rows[r] = ok ? (T *)a.dv + seq.v_off + (int64_t)j * p.v_row_stride + hk * p.v_head_stride : nullptr;
+    }
+    store_acc_rows<T>(dk, k_rows, col0, p.head_dim);
+    store_acc_rows<T>(dv, v_rows, col0, p.head_dim);
+}
+
+/* dQ rows i0 + 8r (r = 0, 1) of this thread, those below len_q. */
+template <typename T, int kDB>
+__device__ __forceinline__ void store_dq(const float (&dq)[kDB][4], const bwd_args &a,
+                                         const fad_seq &seq, int h, int i0)
+{
+    const fad_fwd_params &p = a.p;
+    T *rows[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = i0 + 8 * r;
+        rows[r] = i < seq.len_q ? (T *)a.dq + seq.q_off + (int64_t)i * p.q_row_stride + h * p.q_head_stride
+                                : nullptr;
+    }
+    store_acc_rows<T>(dq, rows, 0, p.head_dim);
+}
+
+/* The work of one dq CTA: query head h (kv head hk) of sequence b, rows
+ * [m0, m0 + kM), and the key tiles [t_first, t_last) of kN keys (aligned to
+ * key 0) that its rows see; first, last: the key ranges of its first and
+ * last row. Returns false when the CTA has no row. */
+struct dq_work {
+    fad_seq seq;
+    int b, h, hk, m0, t_first, t_last;
+    fad_key_range first, last;
+};
+template <int kM, int kN> __device__ __forceinline__ bool dq_work_of_cta(const bwd_args &a, dq_work *w)
+{
+    const fad_fwd_params &p = a.p;
+    const int m_block = blockIdx.x % a.m_blocks, bh = blockIdx.x / a.m_blocks;
+    w->b = bh / p.num_heads, w->h = bh % p.num_heads;
+    w->hk = w->h / (p.num_heads / p.num_heads_k);
+    w->seq = fad_get_seq(&p, w->b);
+    const int len_q = w->seq.len_q, len_k = w->seq.len_k;
+    w->m0 = m_block * kM;
+    if (w->m0 >= len_q)
+        return false;
+    const int m_end = min(w->m0 + kM, len_q);
+    w->first = fad_row_keys(w->m0, len_q, len_k, p.window_left, p.window_right);
+    w->last = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
+    w->t_first = w->first.lo / kN * kN, w->t_last = min(w->last.hi, len_k);
+    return true;
+}
+
+/* Rows i0 + 8r (r = 0, 1) of head h: lse in log2 units, D_i and key range. */
+__device__ __forceinline__ void dq_row_state(const bwd_args &a, const fad_seq &seq, int h, int i0,
+                                             float (&lse2)[2], float (&dsum)[2], fad_key_range (&rk)[2])
+{
+    const fad_fwd_params &p = a.p;
+    const int64_t flat0 = seq.row0 + h * fad_lse_head_stride(&p) + i0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = i0 + 8 * r;
+        lse2[r] = lse_log2(p, flat0 + 8 * r, i < seq.len_q);
+        dsum[r] = i < seq.len_q ? a.dsum[flat0 + 8 * r] : 0.f;
+        rk[r] = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
+    }
+}
+
+/* The work of one dkdv CTA: kv head hk (its group of query heads) of
+ * sequence b, keys [n0, n0 + kN), dK/dV columns from col0 (one of
+ * col_split slices of col_width columns), and the row tiles [mt_first, mt_first +
+ * mt_count) of kM rows that may see those keys. False when it has no key. */
+struct dkdv_work {
+    fad_seq seq;
+    int b, hk, group, n0, col0, mt_first, mt_count;
+};
+template <int kN, int kM>
+__device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
+                                                 dkdv_work *w)
+{
+    const fad_fwd_params &p = a.p;
+    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks / col_split;
+    w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
+    w->b = bh / p.num_heads_k, w->hk = bh % p.num_heads_k;
+    w->group = p.num_heads / p.num_heads_k;
+    w->seq = fad_get_seq(&p, w->b);
+    w->n0 = n_block * kN;
+    if (w->n0 >= w->seq.len_k)
+        return false;
+    dkdv_row_tiles<kM, kN>(w->seq.len_q, w->seq.len_k, p.window_left, p.window_right, w->n0,
+                           &w->mt_first, &w->mt_count);
+    return true;
+}
+
 template <typename T, int kHeadDim, bool kMod>
 __global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dkdv_kernel(const __grid_constant__ bwd_args a)
@@ -154,21 +293,15 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     using ops = dtype_ops<T>;
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDCols / 8, kMB = kM / 8;
     const fad_fwd_params &p = a.p;
-    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks / C::kColSplit;
-    const int col0 = blockIdx.x / a.n_blocks % C::kColSplit * C::kDCols; /* this CTA's dK/dV columns */
-    const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
-    const int group = p.num_heads / p.num_heads_k;
-    const fad_seq seq = fad_get_seq(&p, b);
-    const int len_q = seq.len_q, len_k = seq.len_k, n0 = n_block * kN;
-    if (n0 >= len_k)
+    /* grid: (column slice, kv head, sequence) outside key tiles */
+    dkdv_work w;
+    if (!dkdv_work_of_cta<kN, kM>(a, C::kColSplit, C::kDCols, &w))
         return;
+    const fad_seq &seq = w.seq;
+    const int b = w.b, hk = w.hk, group = w.group, n0 = w.n0, col0 = w.col0;
+    const int mt_first = w.mt_first, mt_count = w.mt_count;
+    const int len_q = seq.len_q, len_k = seq.len_k;
     const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
-
-    /* Rows that may see a key in [n0, n0 + kN): a row's key range [lo, hi)
-     * only moves right as the row index grows. */
-    const int m_lo = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).hi > n0; });
-    const int m_hi = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).lo >= n0 + kN; });
-    const int mt_first = m_lo / kM, mt_count = m_lo < m_hi ? (m_hi - 1) / kM + 1 - mt_first : 0;
     const int steps = group * mt_count; /* step = (group head g, row tile): g outer */
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -338,23 +471,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     }
     cp_async_wait_all();
 
-    /* Every key of the tile is written, zeros where no row sees it. */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int j = n0 + key_row + 8 * r;
-        if (j >= len_k)
-            continue;
-        T *dk_row = (T *)a.dk + seq.k_off + (int64_t)j * p.k_row_stride + hk * p.k_head_stride;
-        T *dv_row = (T *)a.dv + seq.v_off + (int64_t)j * p.v_row_stride + hk * p.v_head_stride;
-#pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
-            const int col = col0 + nb * 8 + (lane % 4) * 2;
-            if (col < D) {
-                *reinterpret_cast<uint32_t *>(dk_row + col) = ops::pack(dk[nb][2 * r], dk[nb][2 * r + 1]);
-                *reinterpret_cast<uint32_t *>(dv_row + col) = ops::pack(dv[nb][2 * r], dv[nb][2 * r + 1]);
-            }
-        }
-    }
+    store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -369,18 +486,13 @@ dq_kernel(const __grid_constant__ bwd_args a)
     using ops = dtype_ops<T>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDBlocks, kNB = kN / 8;
     const fad_fwd_params &p = a.p;
-    const int m_block = blockIdx.x % a.m_blocks, bh = blockIdx.x / a.m_blocks;
-    const int b = bh / p.num_heads, h = bh % p.num_heads;
-    const int hk = h / (p.num_heads / p.num_heads_k);
-    const fad_seq seq = fad_get_seq(&p, b);
-    const int len_q = seq.len_q, len_k = seq.len_k, m0 = m_block * kM;
-    if (m0 >= len_q)
+    dq_work w;
+    if (!dq_work_of_cta<kM, kN>(a, &w))
         return;
-    const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
-    const int m_end = min(m0 + kM, len_q);
-    const fad_key_range first = fad_row_keys(m0, len_q, len_k, wl, wr);
-    const fad_key_range last = fad_row_keys(m_end - 1, len_q, len_k, wl, wr);
-    const int t_first = first.lo / kN * kN, t_last = min(last.hi, len_k);
+    const fad_seq &seq = w.seq;
+    const int b = w.b, h = w.h, hk = w.hk, m0 = w.m0, t_first = w.t_first, t_last = w.t_last;
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    const int D = p.head_dim;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw), *sdO = sQ + kM * kHeadDim;
@@ -407,16 +519,9 @@ dq_kernel(const __grid_constant__ bwd_args a)
 
     /* This thread's rows: m0 + row0 + 8r. */
     const int row0 = warp * 16 + lane / 4;
-    const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p) + m0;
     float lse2[2], dsum[2];
     fad_key_range rk[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = m0 + row0 + 8 * r;
-        lse2[r] = lse_log2(p, lse_row0 + row0 + 8 * r, i < len_q);
-        dsum[r] = i < len_q ? a.dsum[lse_row0 + row0 + 8 * r] : 0.f;
-        rk[r] = fad_row_keys(i, len_q, len_k, wl, wr);
-    }
+    dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
     const float slope_log2 =
         p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
@@ -457,7 +562,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
             }
         }
         /* P and dS: element (nb, e) is row m0 + row0 + 8 (e/2), key t0 + 8 nb + 2 (lane%4) + e%2. */
-        const bool need_mask = t0 < last.lo || t0 + kN > first.hi;
+        const bool need_mask = t0 < w.last.lo || t0 + kN > w.first.hi;
 #pragma unroll
         for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
@@ -490,43 +595,66 @@ dq_kernel(const __grid_constant__ bwd_args a)
     }
     cp_async_wait_all();
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = m0 + row0 + 8 * r;
-        if (i >= len_q)
-            continue;
-        T *dq_row = (T *)a.dq + seq.q_off + (int64_t)i * p.q_row_stride + h * p.q_head_stride;
-#pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
-            const int col = nb * 8 + (lane % 4) * 2;
-            if (col < D)
-                *reinterpret_cast<uint32_t *>(dq_row + col) = ops::pack(dq[nb][2 * r], dq[nb][2 * r + 1]);
-        }
-    }
+    store_dq<T>(dq, a, seq, h, m0 + row0);
 }
+
+#include "fad_bwd_wgmma.cuh" /* the sm_90a variants of dkdv_kernel and dq_kernel */
 
 /* ------------------------------------------------------------------------ */
 /* host side: the one dispatch point                                          */
 /* ------------------------------------------------------------------------ */
 
+/* The sm_90a variants (fad_bwd_wgmma.cuh): D 64 and 128 without a score mod,
+ * where fad_use_wgmma allows them; the same bits as the mma.sync kernels. */
+template <typename T, int kHeadDim, bool kMod>
+static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if constexpr (kHeadDim <= 128 && !kMod) {
+        using C = bwd_wg_cfg<kHeadDim>;
+        static int dkdv_set[FAD_MAX_DEVICES], dq_set[FAD_MAX_DEVICES];
+        fad_status st = allow_smem(dkdv_wgmma_kernel<T, kHeadDim>, dkdv_set, C::kDkdvSmem, msg, msg_len);
+        if (st == FAD_OK)
+            st = allow_smem(dq_wgmma_kernel<T, kHeadDim>, dq_set, C::kDqSmem, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        const fad_fwd_params &p = a.p;
+        a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
+        a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
+        const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
+        const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
+        if (dkdv_ctas > 0) {
+            dkdv_wgmma_kernel<T, kHeadDim><<<(unsigned)dkdv_ctas, C::kDkdvThreads, C::kDkdvSmem, stream>>>(a);
+            CUDA_TRY(cudaGetLastError());
+        }
+        if (dq_ctas > 0) {
+            dq_wgmma_kernel<T, kHeadDim><<<(unsigned)dq_ctas, C::kDqThreads, C::kDqSmem, stream>>>(a);
+            CUDA_TRY(cudaGetLastError());
+        }
+        return FAD_OK;
+    } else {
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma backward for D %d", kHeadDim);
+    }
+}
+
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = bwd_cfg<kHeadDim>;
-    static int smem_set[FAD_MAX_DEVICES];
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < FAD_MAX_DEVICES && !smem_set[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(dkdv_kernel<T, kHeadDim, kMod>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kDkdvSmem));
-        CUDA_TRY(cudaFuncSetAttribute(dq_kernel<T, kHeadDim, kMod>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kDqSmem));
-        smem_set[dev] = 1;
-    }
+    static int dkdv_set[FAD_MAX_DEVICES], dq_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(dkdv_kernel<T, kHeadDim, kMod>, dkdv_set, C::kDkdvSmem, msg, msg_len);
+    if (st == FAD_OK)
+        st = allow_smem(dq_kernel<T, kHeadDim, kMod>, dq_set, C::kDqSmem, msg, msg_len);
+    int wgmma = 0;
+    if (st == FAD_OK && kHeadDim <= 128 && !kMod)
+        st = fad_use_wgmma(&wgmma, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     const fad_fwd_params &p = a.p;
     const int64_t rows4 = (int64_t)(p.seqlen_q + 3) / 4 * p.batch * p.num_heads;
     dsum_kernel<T><<<(unsigned)rows4, 128, 0, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
+    if (wgmma)
+        return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
     a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
     a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;

@@ -180,18 +180,6 @@ __device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
     }
 }
 
-/* The A fragment of P for key block kk (16 keys) of one m16 row tile, packed
- * to the input dtype straight from the S accumulators: blocks 2kk and 2kk+1
- * of the accumulator are exactly the A layout's two column halves. */
-template <typename T, int kNB>
-__device__ __forceinline__ void p_fragment(const float (&s)[kNB][4], int kk, uint32_t (&pf)[4])
-{
-    pf[0] = dtype_ops<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-    pf[1] = dtype_ops<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-    pf[2] = dtype_ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pf[3] = dtype_ops<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-}
-
 /* The softmax step of one kBlockN-key tile, between the two products: S (raw
  * dot products) -> scores, mask, the tile's row max, the online-softmax step
  * of the current split (m_s, l_s per thread, acc = its o, rescaled), and S
@@ -1252,19 +1240,6 @@ extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t 
     return FAD_OK;
 }
 
-/* Once per device and kernel: allow the dynamic shared memory it needs. */
-template <typename Kernel>
-static fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, size_t msg_len)
-{
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < FAD_MAX_DEVICES && !set[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        set[dev] = 1;
-    }
-    return FAD_OK;
-}
-
 /* Compute capability major of the current device: 9 is sm_90 (H100, H200;
  * no other 9.x exists), which runs programmatic dependent launch and, from
  * an sm_90a build, the wgmma kernels. */
@@ -1321,15 +1296,16 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     return FAD_OK;
 }
 
-/* The prefill kernel's sm_90a variant runs when this build has sm_90a code
- * (setup.py defines FAD_SM90A) and the device is sm_90, for the compile-time
- * variants that have it (launch: D 64 or 128, no softcap, ALiBi or paged KV).
+/* The sm_90a variants (the prefill kernel's, and the backward's in fad_bwd.cu)
+ * run when this build has sm_90a code (setup.py defines FAD_SM90A) and the
+ * device is sm_90, for the compile-time variants that have them (D 64 or 128,
+ * no softcap or ALiBi; the prefill kernel: no paged KV).
  * FLASH_ATTN_DET_WGMMA=0 in the environment (read once) turns it off, for A/B
  * runs and for the test that compares the two variants' bits. */
 #ifndef FAD_SM90A
 #define FAD_SM90A 0
 #endif
-static fad_status use_wgmma(int *use, char *msg, size_t msg_len)
+extern "C" fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len)
 {
     static int env_off = -1;
     if (env_off < 0) {
@@ -1387,7 +1363,7 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
          * (benchmarks/NOTES.md, "Prefill on wgmma"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
-        fad_status st = kHasWgmma ? use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
+        fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
         if (st == FAD_OK)
             st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
                        : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);

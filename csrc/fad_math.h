@@ -67,6 +67,34 @@ FAD_HD fad_key_range fad_row_keys(int i, int len_q, int len_k, int window_left, 
     return r;
 }
 
+/* The same rule per (row, key) pair, for kernels that mask element by
+ * element across many rows (the backward's dK/dV tiles, where each thread's
+ * elements belong to 16 rows): key j lies in fad_row_keys(i) iff j < len_k
+ * and lo_d <= j - diag(i) <= hi_d, diag(i) = i + len_k - len_q, the bounds
+ * open (INT_MIN / INT_MAX) where a window side is unbounded. 32-bit: the
+ * checks keep lengths far below 2^30. */
+typedef struct fad_band {
+    int diag0;      /* len_k - len_q: diag(i) - i */
+    int lo_d, hi_d; /* allowed j - diag(i) */
+    int len_k;
+} fad_band;
+
+FAD_HD fad_band fad_make_band(int len_q, int len_k, int window_left, int window_right)
+{
+    fad_band b;
+    b.diag0 = len_k - len_q;
+    b.lo_d = window_left < 0 ? (int)(-2147483647 - 1) : -window_left;
+    b.hi_d = window_right < 0 ? 2147483647 : window_right;
+    b.len_k = len_k;
+    return b;
+}
+
+FAD_HD int fad_band_masked(fad_band b, int i, int j)
+{
+    const int d = j - i - b.diag0;
+    return j >= b.len_k || d < b.lo_d || d > b.hi_d;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Split plan: split s of a sequence covers keys [s*S, min((s+1)*S, len_k)). */
 /* ------------------------------------------------------------------------ */

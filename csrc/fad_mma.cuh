@@ -29,6 +29,19 @@
                             cudaGetErrorString(err_));                                       \
     } while (0)
 
+/* Once per device and kernel: allow the dynamic shared memory it needs. */
+template <typename Kernel>
+static inline fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char *msg, size_t msg_len)
+{
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < FAD_MAX_DEVICES && !set[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        set[dev] = 1;
+    }
+    return FAD_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* dtype traits: packing fp32 pairs and the matching mma instruction         */
 /* ------------------------------------------------------------------------ */
@@ -264,6 +277,18 @@ __device__ __forceinline__ void load_tile_lean(T *smem, const T *g, int row_stri
                        g + (ok ? row * row_stride + col : 0), ok ? 16 : 0);
         }
     }
+}
+
+/* The A fragment of P (or dS) for key block kk (16 keys) of one m16 row
+ * tile, packed to the input dtype straight from the accumulators: blocks 2kk
+ * and 2kk+1 of the accumulator are exactly the A layout's two column halves. */
+template <typename T, int kNB>
+__device__ __forceinline__ void p_fragment(const float (&s)[kNB][4], int kk, uint32_t (&pf)[4])
+{
+    pf[0] = dtype_ops<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+    pf[1] = dtype_ops<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+    pf[2] = dtype_ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[3] = dtype_ops<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 /* Sum over the 4 lanes that hold one row, in a fixed order. */

@@ -91,17 +91,20 @@ __device__ __forceinline__ void fence_async_smem() {}
                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 /* d (m64 x nN, fp32) += A (shared, K-major) * B (shared, K-major), N = 8 * NB.
- * The accumulate predicate is always set (d starts from zeros the caller
- * wrote), so every product is added exactly as mma.sync adds it. */
-#define FAD_WGMMA_SS(TY, CT, NB, N, ACC, REGS, OPS)                                          \
+ * accumulate = 1 (the forward: d starts from zeros the caller wrote, so every
+ * product is added exactly as mma.sync adds it) or 0: d = A * B, d's old
+ * values unread (the backward's first k-chunk: the same values, up to the
+ * sign of an exact zero, with no zeroing of the registers, which made ptxas
+ * wait for the previous wgmma group before issuing this one). */
+#define FAD_WGMMA_SS(TY, CT, NB, N, ACC, REGS, OPS, ACCUM)                                   \
     __device__ __forceinline__ void wgmma_ss(float (&d)[NB][4], uint64_t desc_a,              \
-                                             uint64_t desc_b, const CT *)                     \
+                                             uint64_t desc_b, const CT *, int accumulate = 1) \
     {                                                                                        \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUM ", 0;\n"                      \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS    \
                      ", " OPS ", p, 1, 1, 0, 0;\n}\n"                                       \
                      : ACC                                                                   \
-                     : "l"(desc_a), "l"(desc_b));                                            \
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));                           \
     }
 /* d (m64 x nN, fp32) += A (registers: the m16n8k16 A fragment of each warp's
  * 16 rows) * B (shared): wgmma_rs_kmajor for B stored [n][k] (K, for Q K^T),
@@ -118,8 +121,8 @@ __device__ __forceinline__ void fence_async_smem() {}
     }
 
 #if FAD_HAS_WGMMA
-FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33")
-FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33")
+FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
+FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
 #define FAD_A32 "{%32, %33, %34, %35}, %36"
 #define FAD_A64 "{%64, %65, %66, %67}, %68"
 FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
@@ -132,7 +135,7 @@ FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, FA
 /* Other targets compile the sm_90a kernels too (one template set); the host
  * launches them only on sm_90 from an sm_90a build (fad_fwd.cu: use_wgmma). */
 template <int NB, typename CT>
-__device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *) { __trap(); }
+__device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_rs_kmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *) { __trap(); }
 template <int NB, typename CT>

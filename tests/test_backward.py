@@ -209,3 +209,54 @@ def test_gpu_packed_grads_equal_unpacked():
     fad.flash_attn_qkvpacked_func(qkv_g, causal=True).backward(dout)
     _, dq, dk, dv = grads(fad.flash_attn_func, *qkv.unbind(2), dout, causal=True)
     assert torch.equal(qkv_g.grad, torch.stack((dq, dk, dv), dim=2))
+
+
+# The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
+# D <= 128 without softcap or ALiBi) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns
+# them off for the process. Same chains in the same order on the same fragments, so both
+# must give the same bits. Elsewhere both processes run the same kernels.
+_BWD_VARIANT_CASES = [
+    dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True),
+    dict(B=2, Sq=333, Sk=1000, H=4, Hk=1, D=64, dtype="float16"),
+    dict(B=1, Sq=257, Sk=300, H=2, Hk=2, D=96, dtype="bfloat16", window_size=(64, 16)),
+    dict(B=2, Sq=500, Sk=200, H=3, Hk=1, D=40, dtype="float16", causal=True),  # rows with no key
+    dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, dtype="bfloat16", softcap=5.0),  # both mma.sync
+]
+
+
+def _bwd_variant_grads():
+    outs = []
+    for i, case in enumerate(_BWD_VARIANT_CASES):
+        case = dict(case)
+        B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+        dtype = getattr(torch, case.pop("dtype"))
+        q, k, v, dout = _gpu_inputs(500 + i, [(B, Sq, H, D), (B, Sk, Hk, D), (B, Sk, Hk, D),
+                                              (B, Sq, H, D)], dtype)
+        outs.append([t.cpu() for t in grads(fad.flash_attn_func, q, k, v, dout, **case)])
+    lens = [300, 1, 77, 520]
+    cu = torch.tensor([0, 300, 301, 378, 898], dtype=torch.int32, device="cuda")
+    q, dout = _gpu_inputs(550, [(898, 4, 64)] * 2)
+    k, v = _gpu_inputs(551, [(898, 2, 64)] * 2)
+    outs.append([t.cpu() for t in grads(
+        lambda q, k, v: fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens),
+                                                   causal=True), q, k, v, dout)])
+    return outs
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "mma_sync.pt"
+    code = ("import sys, torch; sys.path.insert(0, %r); import test_backward; "
+            "torch.save(test_backward._bwd_variant_grads(), %r)" % (os.path.dirname(__file__),
+                                                                     str(path)))
+    env = dict(os.environ, FLASH_ATTN_DET_WGMMA="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    theirs = torch.load(path)
+    mine = _bwd_variant_grads()
+    assert len(mine) == len(theirs) == len(_BWD_VARIANT_CASES) + 1
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
+            assert torch.equal(x, y), f"case {i}: {name} differs between wgmma and mma.sync"
