@@ -66,15 +66,24 @@
 #ifndef FAD_BWD_WG_DQ_DEFER
 #define FAD_BWD_WG_DQ_DEFER 1
 #endif
+/* FAD_BWD_WG_D64_STEP_M / FAD_BWD_WG_D64_TILE_N: at D64, query rows per
+ * dkdv step / keys per dq tile (64 or 128: the wgmma N of S^T, dP^T / of S,
+ * dP). Changes no bit. */
+#ifndef FAD_BWD_WG_D64_STEP_M
+#define FAD_BWD_WG_D64_STEP_M 128
+#endif
+#ifndef FAD_BWD_WG_D64_TILE_N
+#define FAD_BWD_WG_D64_TILE_N 128
+#endif
 
 template <int kHeadDim> struct bwd_wg_cfg {
     static constexpr int kDkdvThreads = FAD_BWD_WG_DKDV_WGS * 128;
     static constexpr int kDqWGs = kHeadDim <= 64 ? FAD_BWD_WG_DQ_WGS_D64 : FAD_BWD_WG_DQ_WGS_D128;
     static constexpr int kDqThreads = kDqWGs * 128;
     static constexpr int kKeys = FAD_BWD_WG_DKDV_WGS * 64; /* dkdv: keys per CTA */
-    static constexpr int kStepM = 64;                      /* dkdv: query rows per step */
+    static constexpr int kStepM = kHeadDim <= 64 ? FAD_BWD_WG_D64_STEP_M : 64; /* dkdv: query rows per step */
     static constexpr int kRows = kDqWGs * 64;              /* dq: query rows per CTA */
-    static constexpr int kTileN = 64;                      /* dq: keys per step */
+    static constexpr int kTileN = kHeadDim <= 64 ? FAD_BWD_WG_D64_TILE_N : 64; /* dq: keys per step */
     static constexpr int kDB = kHeadDim / 8; /* n8 blocks of a dK / dV / dQ row */
     static constexpr bool kDkdvDefer = kHeadDim <= FAD_BWD_WG_DKDV_DEFER_MAX_D;
     static constexpr bool kDqDefer = FAD_BWD_WG_DQ_DEFER;

@@ -123,6 +123,8 @@ __device__ __forceinline__ void fence_async_smem() {}
 #if FAD_HAS_WGMMA
 FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
 FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
+FAD_WGMMA_SS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
+FAD_WGMMA_SS("f16", __half, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
 #define FAD_A32 "{%32, %33, %34, %35}, %36"
 #define FAD_A64 "{%64, %65, %66, %67}, %68"
 FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
