@@ -27,7 +27,10 @@
  *
  * Tensor cores: mma.sync.m16n8k16, operands from XOR-swizzled shared memory
  * via ldmatrix (.trans where the contraction runs over the tile's rows), P and
- * dS fed from the accumulators straight back as A operands.
+ * dS fed from the accumulators straight back as A operands. On sm_90 (from an
+ * sm_90a build) D <= 128 without softcap/ALiBi runs the wgmma variants of the
+ * two matmul kernels instead (fad_bwd_wgmma.cuh): the same chains, the same
+ * bits, 1.7-1.8x faster on the H100 (benchmarks/NOTES.md, "Backward v2").
  */
 #include "fad_mma.cuh"
 #include "fad_seq.h"
