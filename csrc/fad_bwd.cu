@@ -608,7 +608,11 @@ dq_kernel(const __grid_constant__ bwd_args a)
 /* ------------------------------------------------------------------------ */
 
 /* The sm_90a variants (fad_bwd_wgmma.cuh): D 64 and 128 without a score mod,
- * where fad_use_wgmma allows them; the same bits as the mma.sync kernels. */
+ * where fad_use_wgmma allows them; the same bits as the mma.sync kernels, so
+ * which one runs may depend on anything, the grid size included. Their CTAs
+ * are twice as large (128 keys for dK/dV), so on a grid of fewer dK/dV CTAs
+ * than SMs the mma.sync kernels run instead (measured: a B8 L256 training
+ * step, benchmarks/NOTES.md, "Backward v2"), unless forced. */
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -650,9 +654,18 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     int wgmma = 0;
     if (st == FAD_OK && kHeadDim <= 128 && !kMod)
         st = fad_use_wgmma(&wgmma, msg, msg_len);
+    const fad_fwd_params &p = a.p;
+    if constexpr (kHeadDim <= 128 && !kMod) {
+        int sms = 0;
+        if (st == FAD_OK && wgmma == 1)
+            st = fad_cuda_num_sms(&sms, msg, msg_len);
+        const int64_t ctas = (int64_t)((p.seqlen_k + bwd_wg_cfg<kHeadDim>::kKeys - 1) /
+                                       bwd_wg_cfg<kHeadDim>::kKeys) * p.batch * p.num_heads_k;
+        if (wgmma == 1 && ctas < sms)
+            wgmma = 0;
+    }
     if (st != FAD_OK)
         return st;
-    const fad_fwd_params &p = a.p;
     const int64_t rows4 = (int64_t)(p.seqlen_q + 3) / 4 * p.batch * p.num_heads;
     dsum_kernel<T><<<(unsigned)rows4, 128, 0, stream>>>(a);
     CUDA_TRY(cudaGetLastError());

@@ -33,6 +33,7 @@
  * compares the variants), so the bits are the same on either.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "fad_mma.cuh"
 #include "fad_seq.h"
@@ -1300,24 +1301,26 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
  * run when this build has sm_90a code (setup.py defines FAD_SM90A) and the
  * device is sm_90, for the compile-time variants that have them (D 64 or 128,
  * no softcap or ALiBi; the prefill kernel: no paged KV).
- * FLASH_ATTN_DET_WGMMA=0 in the environment (read once) turns it off, for A/B
- * runs and for the test that compares the two variants' bits. */
+ * FLASH_ATTN_DET_WGMMA in the environment (read once): "0" turns them off, for
+ * A/B runs and for the tests that compare the two variants' bits; "force"
+ * (*use = 2) also runs the backward's variants on grids too small for them
+ * to pay (fad_bwd.cu), which those tests need. */
 #ifndef FAD_SM90A
 #define FAD_SM90A 0
 #endif
 extern "C" fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len)
 {
-    static int env_off = -1;
-    if (env_off < 0) {
+    static int env = -1; /* 0 off, 1 default, 2 force */
+    if (env < 0) {
         const char *e = getenv("FLASH_ATTN_DET_WGMMA");
-        env_off = e && e[0] == '0';
+        env = e && e[0] == '0' ? 0 : e && strcmp(e, "force") == 0 ? 2 : 1;
     }
     *use = 0;
-    if (!FAD_SM90A || env_off)
+    if (!FAD_SM90A || env == 0)
         return FAD_OK;
     int major = 0;
     fad_status st = device_major(&major, msg, msg_len);
-    *use = major == 9;
+    *use = major == 9 ? env : 0;
     return st;
 }
 

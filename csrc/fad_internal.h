@@ -148,8 +148,9 @@ fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, .
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
                                struct CUstream_st *stream, char *msg, size_t msg_len);
-/* 1 in *use when the sm_90a (wgmma) kernel variants may run on the current
- * device: an sm_90a build, an sm_90 GPU, FLASH_ATTN_DET_WGMMA not "0". */
+/* Nonzero in *use when the sm_90a (wgmma) kernel variants may run on the
+ * current device: an sm_90a build, an sm_90 GPU, FLASH_ATTN_DET_WGMMA not "0";
+ * 2 when it is "force" (no size rule: fad_bwd.cu). */
 fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len);
 /* The backward's kernels (fad_bwd.cu); bp->fwd resolved, dsum: one fp32 per flat row. */
 fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,

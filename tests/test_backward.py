@@ -212,15 +212,18 @@ def test_gpu_packed_grads_equal_unpacked():
 
 
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
-# D <= 128 without softcap or ALiBi) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns
-# them off for the process. Same chains in the same order on the same fragments, so both
-# must give the same bits. Elsewhere both processes run the same kernels.
+# D <= 128 without softcap or ALiBi, on grids of at least one dK/dV CTA per SM) beside the
+# mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
+# every grid size (these cases are small). Same chains in the same order on the same fragments,
+# so both must give the same bits; the default process, which picks by grid size, must too.
+# Elsewhere every process runs the same kernels.
 _BWD_VARIANT_CASES = [
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True),
     dict(B=2, Sq=333, Sk=1000, H=4, Hk=1, D=64, dtype="float16"),
     dict(B=1, Sq=257, Sk=300, H=2, Hk=2, D=96, dtype="bfloat16", window_size=(64, 16)),
     dict(B=2, Sq=500, Sk=200, H=3, Hk=1, D=40, dtype="float16", causal=True),  # rows with no key
     dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, dtype="bfloat16", softcap=5.0),  # both mma.sync
+    dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True),  # >= 1 wave
 ]
 
 
@@ -248,15 +251,21 @@ def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
     import os
     import subprocess
     import sys
-    path = tmp_path / "mma_sync.pt"
-    code = ("import sys, torch; sys.path.insert(0, %r); import test_backward; "
-            "torch.save(test_backward._bwd_variant_grads(), %r)" % (os.path.dirname(__file__),
-                                                                     str(path)))
-    env = dict(os.environ, FLASH_ATTN_DET_WGMMA="0")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    theirs = torch.load(path)
-    mine = _bwd_variant_grads()
-    assert len(mine) == len(theirs) == len(_BWD_VARIANT_CASES) + 1
-    for i, (a, b) in enumerate(zip(mine, theirs)):
-        for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
-            assert torch.equal(x, y), f"case {i}: {name} differs between wgmma and mma.sync"
+    results = {}
+    for setting in ("0", "force", None):
+        path = tmp_path / f"grads_{setting}.pt"
+        code = ("import sys, torch; sys.path.insert(0, %r); import test_backward; "
+                "torch.save(test_backward._bwd_variant_grads(), %r)" % (os.path.dirname(__file__),
+                                                                         str(path)))
+        env = dict(os.environ)
+        env.pop("FLASH_ATTN_DET_WGMMA", None)
+        if setting is not None:
+            env["FLASH_ATTN_DET_WGMMA"] = setting
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        results[setting] = torch.load(path)
+    mma_sync = results["0"]
+    assert len(mma_sync) == len(_BWD_VARIANT_CASES) + 1
+    for setting in ("force", None):
+        for i, (a, b) in enumerate(zip(results[setting], mma_sync)):
+            for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
+                assert torch.equal(x, y), f"case {i}: {name} differs ({setting} vs mma.sync)"
