@@ -367,7 +367,9 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     float lse2[2], dsum[2];
     fad_key_range rk[2];
     dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
-    /* A tile needs no mask when it lies inside every row of this warpgroup. */
+    /* A tile needs no mask when it lies inside every row of this warpgroup
+     * (its last row: the last below len_q, or wg_m0 when it has none; such
+     * rows have lse +inf, so their P is 0 whatever the mask). */
     const int wg_m0 = m0 + wg * 64;
     const fad_key_range wg_first = fad_row_keys(wg_m0, len_q, len_k, wl, wr);
     const fad_key_range wg_last = fad_row_keys(min(wg_m0 + 64, max(len_q, wg_m0 + 1)) - 1, len_q, len_k, wl, wr);
