@@ -179,13 +179,38 @@ FAD_HD float fad_exp_score(float s, float exp_scale, float base)
 /* ------------------------------------------------------------------------ */
 
 /* Given the old running max and the tile's max, returns the new max and the
- * factor the old (l, o) are multiplied by. Exactly 1 when the max does not
- * move, so a fully masked tile leaves the state untouched. */
+ * factor the old (l, o) are multiplied by. The running max only moves when the
+ * tile's max exceeds it by more than FAD_RESCALE_SLACK (log2 units), as in
+ * FlashAttention-4; otherwise the old max stays the reference and the factor
+ * is exactly 1, so the O(D) rescale of o is skipped. Any reference max gives
+ * the same softmax: a tile's exponents are then at most 2^slack = 256, far
+ * inside the range of fp32 and of the fp16/bf16 P fed to P V. The skip is
+ * what keeps deterministic mode as cheap as fast mode: every split starts a
+ * fresh state, and with the exact rule (slack 0) nearly every tile of an
+ * 8-tile split moves the max of some row of a warp (NOTES.md, "Prefill v4").
+ *
+ * A row that has seen no key (m_old = -inf) has l = 0 and o = 0 (+-0), which
+ * any finite factor maps to themselves bit for bit: it gets 1 too, so the
+ * first tile of a split rescales nothing either.
+ *
+ * The rule depends on nothing but the row's own scores on the fixed tile walk,
+ * so it keeps every invariance; it is shared by the CPU path and all kernels.
+ * A fully masked tile (m_tile = -inf) leaves the state untouched. */
+#ifndef FAD_RESCALE_SLACK
+#define FAD_RESCALE_SLACK 8.f
+#endif
 FAD_HD float fad_rescale(float m_old, float m_tile, float *m_new)
 {
-    float m = fmaxf(m_old, m_tile);
-    *m_new = m;
-    return m == m_old ? 1.f : fad_exp2(m_old - m); /* m > m_old here, so m is finite */
+    if (m_old == -INFINITY) {
+        *m_new = fmaxf(m_old, m_tile); /* (fmaxf: a NaN tile max leaves -inf) */
+        return 1.f;
+    }
+    if (!(m_tile > FAD_ADD(m_old, FAD_RESCALE_SLACK))) {
+        *m_new = m_old;
+        return 1.f;
+    }
+    *m_new = m_tile;
+    return fad_exp2(m_old - m_tile); /* m_tile > m_old here, m_old finite */
 }
 
 /* The max a tile's exponents are taken against: 0 when the row has seen no

@@ -13,6 +13,8 @@ requires_cuda = pytest.mark.skipif(
 
 DTYPES = [torch.float16, torch.bfloat16]
 
+LOG2E = 1.4426950408889634
+
 # Unit roundoff of the output dtypes (round to nearest even).
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
@@ -44,6 +46,23 @@ def make_qkv(gen, B, Sq, Sk, H, Hk, D, dtype, device="cpu", q_scale=1.0):
     k = randn(gen, (B, Sk, Hk, D), dtype, device)
     v = randn(gen, (B, Sk, Hk, D), dtype, device)
     return q, k, v
+
+
+def rising_scores(q, k, step_log2=7.5, tile=64, period=4):
+    """q, k with every row's score max rising by about step_log2 (log2 units, at the default
+    softmax scale) per tile of keys, for `period` tiles, then starting over (so the logits
+    stay small enough for fp32 scores to be accurate): channel 0 carries q = 1, k = ramp(j).
+    The online softmax keeps a stale max while a tile's max rises by at most 8
+    (fad_rescale), so steps of 7.5 plus noise exercise both the stale max (exponents up to
+    ~2^8) and the rescale; random data alone almost never moves a row's max by 8 after the
+    row's first tile."""
+    q, k = q.clone(), k.clone()
+    D, Sk = q.shape[-1], k.shape[1]
+    steps = torch.arange(Sk) // tile % period
+    ramp = steps.to(torch.float32) * (step_log2 / (D ** -0.5 * LOG2E))
+    q[..., 0] = 1.0
+    k[..., 0] = ramp.to(k.dtype).to(k.device).view(1, Sk, 1)
+    return q, k
 
 
 def make_alibi(gen, shape, device="cpu"):

@@ -9,7 +9,7 @@ from flash_attn_det import (_C, flash_attn_func, get_deterministic_mode, get_spl
 from flash_attn_det.testing import attention_ref, force_schedule
 
 from conftest import (DTYPES, assert_close, assert_lse_close, make_alibi, make_gen, make_qkv,
-                      randn, raw_fwd, requires_cuda, row_mask_count)
+                      randn, raw_fwd, requires_cuda, rising_scores, row_mask_count)
 
 # The CPU path accumulates in fp32 and rounds once to fp16/bf16: its error is
 # the output rounding (<= 1 unit roundoff relative) plus a few fp32 ulps.
@@ -226,6 +226,20 @@ def test_multiple_splits(split_size, kw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [True, False])
+def test_rising_running_max(dtype, D, causal, det):
+    """Scores whose max rises ~7.5 log2 units per tile: the stale-max and the rescale
+    branches of the online softmax both run, and the result still matches float64."""
+    set_deterministic_mode(det, split_size=256)
+    g = make_gen(D + causal)
+    q, k, v = make_qkv(g, 2, 200, 700, 2, 1, D, dtype)
+    q, k = rising_scores(q, k)
+    run_and_check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fast_mode_correct(dtype):
     set_deterministic_mode(False)
     g = make_gen(19)
@@ -337,12 +351,15 @@ def test_head_alone_vs_among_heads():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split_size", SPLITS)
-def test_prefill_vs_decode(dtype, split_size):
+@pytest.mark.parametrize("rising", [False, True])
+def test_prefill_vs_decode(dtype, split_size, rising):
     """Causal Sq=Sk=N: row t of the full call == a call with q = row t alone, k/v = keys [0, t]."""
     set_deterministic_mode(True, split_size=split_size)
     g = make_gen(103)
     N = 300
     q, k, v = make_qkv(g, 2, N, N, 4, 2, 64, dtype)
+    if rising:
+        q, k = rising_scores(q, k)
     full, full_lse = _both(q, k, v, causal=True)
     for t in [0, 1, 63, 64, 127, 128, 129, 255, 256, 299]:
         o, l = _both(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], causal=True)

@@ -8,7 +8,7 @@ from flash_attn_det import _C, flash_attn_func, set_deterministic_mode
 from flash_attn_det.testing import attention_ref, force_schedule
 
 from conftest import (DTYPES, HAS_CUDA, assert_close, assert_lse_close, make_alibi, make_gen,
-                      make_qkv, randn, raw_fwd, row_mask_count)
+                      make_qkv, randn, raw_fwd, rising_scores, row_mask_count)
 
 pytestmark = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA GPU and a flash_attn_det build with the CUDA path")
@@ -152,6 +152,20 @@ def test_no_keys_and_empty():
     q0 = randn(g, (0, 70, 4, 64), torch.bfloat16, DEV)
     k0 = randn(g, (0, 30, 4, 64), torch.bfloat16, DEV)
     assert flash_attn_func(q0, k0, k0).shape == q0.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [True, False])
+def test_rising_running_max(dtype, D, causal, det):
+    """Scores whose max rises ~7.5 log2 units per tile: the stale-max and the rescale
+    branches of the online softmax both run on every kernel, and match float64."""
+    set_deterministic_mode(det)
+    g = make_gen(D + causal)
+    q, k, v = make_qkv(g, 2, 700, 2100, 4, 2, D, dtype, DEV)
+    q, k = rising_scores(q, k)
+    run_and_check(q, k, v, causal=causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -398,12 +412,16 @@ def test_schedules_bit_equal(D, kw):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("window", [(-1, 0), (1000, 0)])
-def test_prefill_decode_chunked(dtype, D, window):
+@pytest.mark.parametrize("rising", [False, True])
+def test_prefill_decode_chunked(dtype, D, window, rising):
     """Causal: row t of the full prefill == decode of row t alone over keys [0, t]
-    == the same row in any chunk [a, b) run over keys [0, b)."""
+    == the same row in any chunk [a, b) run over keys [0, b). rising: scores whose max
+    moves by more than the rescale slack from tile to tile (conftest.rising_scores)."""
     g = make_gen(103)
     N = 3000
     q, k, v = make_qkv(g, 2, N, N, 8, 2, D, dtype, DEV)
+    if rising:
+        q, k = rising_scores(q, k)
     full, full_lse = both(q, k, v, causal=True, window_size=window)
     for t in [0, 1, 63, 64, 127, 128, 511, 512, 513, 1000, 2047, 2999]:
         for sched in ("auto", "one_cta", "cta_per_split"):
