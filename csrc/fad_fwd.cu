@@ -425,8 +425,11 @@ template <int kMT, int kDB> struct r_in_regs {
 /* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
  * fad_merge_* -- into R's o (to_R), or, for the last split, into acc, ready
  * to normalise. Before the first fold R is the empty state (o = 0), exactly
- * what the combine kernel starts from. Every lane must call it (quad_sum).
- * Where R lives does not change a bit: the same operations on the same values. */
+ * what the combine kernel starts from. Every lane must call it (quad_sum,
+ * __any_sync). Where R lives does not change a bit: the same operations on the
+ * same values. fad_merge_value is o_R * wa + o_s * wb; R's weight wa is 1
+ * unless some row's max moved past R's (or R is empty), so the multiply by
+ * it is skipped, exactly, when no row of the warp needs it. */
 template <int kMT, int kDB, class RO>
 __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
                                            const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
@@ -434,30 +437,48 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
                                            bool to_R)
 {
     fad_merge_w w[2 * kMT];
+    bool scales_R = false;
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
         w[r] = fad_merge_weights(mR[r], m_s[r]);
         lR[r] = fad_merge_value(lR[r], quad_sum(l_s[r]), w[r]);
         mR[r] = w[r].m;
+        scales_R |= w[r].wa != 1.f;
     }
+    /* v = o_R * wa + o_s * wb, o_R = 0 before the first fold (R not yet written). */
+    auto merge = [&](auto o_R) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; mt++)
+        for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
+            for (int nb = 0; nb < kDB; nb++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float &slot = R.at(mt, nb, e);
-                const float v = fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], w[2 * mt + e / 2]);
-                if (to_R)
-                    slot = v;
-                else
-                    acc[mt][nb][e] = v;
+                for (int e = 0; e < 4; e++) {
+                    const float v = FAD_FMA(acc[mt][nb][e], w[2 * mt + e / 2].wb, o_R(mt, nb, e));
+                    if (to_R)
+                        R.at(mt, nb, e) = v;
+                    else
+                        acc[mt][nb][e] = v;
+                }
+                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+                 * ahead of the FMAs (that many live registers spill the loop). */
+                if (RO::kSmem)
+                    __syncwarp();
             }
-            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-             * ahead of the FMAs (that many live registers spill the loop). */
-            if (RO::kSmem)
-                __syncwarp();
-        }
+    };
+    if (!have_R) {
+        merge([](int, int, int) { return 0.f; });
+    } else {
+        /* o_R * wa in place (R is read by this fold only), where some row needs it. */
+        if (__any_sync(0xffffffffu, scales_R))
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
+        merge([&](int mt, int nb, int e) { return R.at(mt, nb, e); });
+    }
     have_R = true;
 }
 

@@ -221,24 +221,40 @@ FAD_HD float fad_exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 /* Merging two partial states: the only cross-split reduction there is.      */
 /* ------------------------------------------------------------------------ */
 
+/* The merged max is the left state's, as long as the right one's exceeds it
+ * by at most FAD_RESCALE_SLACK: the same stale-max rule as fad_rescale, so
+ * that folding split after split into a row's result R (left) keeps R's max
+ * and scales only the new split (right). One of the two weights is exactly 1.
+ * An empty left state (-inf) takes the right one's max and weighs 0.
+ * A merged max may lie below the true max by up to twice the slack (each
+ * state's own max may already be stale): values up to 2^16 times their
+ * normalised size, in fp32 (P is rounded to fp16/bf16 only inside a split,
+ * against that split's own max). */
 typedef struct fad_merge_w {
     float m;      /* merged max */
-    float wa, wb; /* weights of the left and right state */
+    float wa, wb; /* weights of the left and right state; one of them is 1 */
 } fad_merge_w;
 
 FAD_HD fad_merge_w fad_merge_weights(float ma, float mb)
 {
     fad_merge_w w;
-    w.m = fmaxf(ma, mb);
-    w.wa = ma == w.m ? 1.f : fad_exp2(ma - w.m);
-    w.wb = mb == w.m ? 1.f : fad_exp2(mb - w.m);
+    if (ma == -INFINITY || mb > FAD_ADD(ma, FAD_RESCALE_SLACK)) {
+        w.m = fmaxf(ma, mb); /* mb, or -inf when both are */
+        w.wa = ma == w.m ? 1.f : fad_exp2(ma - w.m);
+        w.wb = 1.f;
+    } else {
+        w.m = ma;
+        w.wa = 1.f;
+        w.wb = mb == ma ? 1.f : fad_exp2(mb - ma); /* 0 for an empty right state */
+    }
     return w;
 }
 
-/* a * wa + b * wb with one fixed rounding sequence (used for l and each o). */
+/* a * wa + b * wb as a * wa (rounded; exact in the common case wa = 1, which
+ * lets a kernel skip it) plus b * wb in one FMA. */
 FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 {
-    return FAD_FMA(a, w.wa, FAD_MUL(b, w.wb));
+    return FAD_FMA(b, w.wb, FAD_MUL(a, w.wa));
 }
 
 /* ------------------------------------------------------------------------ */
