@@ -445,40 +445,38 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
         mR[r] = w[r].m;
         scales_R |= w[r].wa != 1.f;
     }
-    /* v = o_R * wa + o_s * wb, o_R = 0 before the first fold (R not yet written). */
-    auto merge = [&](auto o_R) {
+    /* o_R * wa in place (R is read by this fold only), where some row of the
+     * warp needs it. Before the first fold o_R is 0: in registers R starts
+     * zeroed; in shared memory (which may still hold Q then) it is unwritten
+     * and read as 0 below. */
+    if (have_R && __any_sync(0xffffffffu, scales_R))
 #pragma unroll
         for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-            for (int nb = 0; nb < kDB; nb++) {
+            for (int nb = 0; nb < kDB; nb++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float v = FAD_FMA(acc[mt][nb][e], w[2 * mt + e / 2].wb, o_R(mt, nb, e));
-                    if (to_R)
-                        R.at(mt, nb, e) = v;
-                    else
-                        acc[mt][nb][e] = v;
-                }
-                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-                 * ahead of the FMAs (that many live registers spill the loop). */
-                if (RO::kSmem)
-                    __syncwarp();
+                for (int e = 0; e < 4; e++)
+                    R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
+    /* v = o_R * wa + o_s * wb */
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float &slot = R.at(mt, nb, e);
+                const float o_R = !RO::kSmem || have_R ? slot : 0.f;
+                const float v = FAD_FMA(acc[mt][nb][e], w[2 * mt + e / 2].wb, o_R);
+                if (to_R)
+                    slot = v;
+                else
+                    acc[mt][nb][e] = v;
             }
-    };
-    if (!have_R) {
-        merge([](int, int, int) { return 0.f; });
-    } else {
-        /* o_R * wa in place (R is read by this fold only), where some row needs it. */
-        if (__any_sync(0xffffffffu, scales_R))
-#pragma unroll
-            for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-                for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
-        merge([&](int mt, int nb, int e) { return R.at(mt, nb, e); });
-    }
+            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+             * ahead of the FMAs (that many live registers spill the loop). */
+            if (RO::kSmem)
+                __syncwarp();
+        }
     have_R = true;
 }
 
@@ -708,7 +706,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];
-    float oR[C::kRInRegs ? kMT : 1][C::kRInRegs ? kDB : 1][4];
+    float oR[C::kRInRegs ? kMT : 1][C::kRInRegs ? kDB : 1][4] = {}; /* the empty state's o */
     bool have_R = false;
     /* Current split: o in registers, l per thread (quad-summed when the split ends). */
     float acc[kMT][kDB][4] = {}, m_s[kRows], l_s[kRows];
