@@ -428,8 +428,8 @@ template <int kMT, int kDB> struct r_in_regs {
  * what the combine kernel starts from. Every lane must call it (quad_sum,
  * __any_sync). Where R lives does not change a bit: the same operations on the
  * same values. fad_merge_value is o_R * wa + o_s * wb; R's weight wa is 1
- * unless some row's max moved past R's (or R is empty), so the multiply by
- * it is skipped, exactly, when no row of the warp needs it. */
+ * unless some row's max moved past R's (or R is empty), so in registers the
+ * multiply by it is skipped, exactly, when no row of the warp needs it. */
 template <int kMT, int kDB, class RO>
 __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
                                            const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
@@ -445,19 +445,21 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
         mR[r] = w[r].m;
         scales_R |= w[r].wa != 1.f;
     }
-    /* o_R * wa in place (R is read by this fold only), where some row of the
-     * warp needs it. Before the first fold o_R is 0: in registers R starts
-     * zeroed; in shared memory (which may still hold Q then) it is unwritten
-     * and read as 0 below. */
-    if (have_R && __any_sync(0xffffffffu, scales_R))
+    /* In registers (R starts zeroed: the empty state's o), R's o * wa is
+     * applied in place where some row of the warp needs it, and each value is
+     * then one FMA. In shared memory (unwritten before the first fold, and
+     * maybe still holding Q) the plain fad_merge_value with a select: a second
+     * unrolled loop there made the D256 tile loop 25% slower, fast mode too. */
+    if constexpr (!RO::kSmem) {
+        if (__any_sync(0xffffffffu, scales_R))
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
+            for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-            for (int nb = 0; nb < kDB; nb++)
+                for (int nb = 0; nb < kDB; nb++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
-    /* v = o_R * wa + o_s * wb */
+                    for (int e = 0; e < 4; e++)
+                        R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
@@ -465,8 +467,9 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float &slot = R.at(mt, nb, e);
-                const float o_R = !RO::kSmem || have_R ? slot : 0.f;
-                const float v = FAD_FMA(acc[mt][nb][e], w[2 * mt + e / 2].wb, o_R);
+                const fad_merge_w &we = w[2 * mt + e / 2];
+                const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
+                                          : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
                 if (to_R)
                     slot = v;
                 else

@@ -250,11 +250,14 @@ FAD_HD fad_merge_w fad_merge_weights(float ma, float mb)
     return w;
 }
 
-/* a * wa + b * wb as a * wa (rounded; exact in the common case wa = 1, which
- * lets a kernel skip it) plus b * wb in one FMA. */
+/* a + b * wb: the merged value once a has been multiplied by wa (exact, and
+ * skippable, in the common case wa = 1). */
+FAD_HD float fad_merge_keep_a(float a, float b, float wb) { return FAD_FMA(b, wb, a); }
+
+/* a * wa + b * wb as a * wa (rounded) plus b * wb in one FMA. */
 FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 {
-    return FAD_FMA(b, w.wb, FAD_MUL(a, w.wa));
+    return fad_merge_keep_a(FAD_MUL(a, w.wa), b, w.wb);
 }
 
 /* ------------------------------------------------------------------------ */
