@@ -184,10 +184,10 @@ FAD_HD float fad_exp_score(float s, float exp_scale, float base)
  * FlashAttention-4; otherwise the old max stays the reference and the factor
  * is exactly 1, so the O(D) rescale of o is skipped. Any reference max gives
  * the same softmax: a tile's exponents are then at most 2^slack = 256, far
- * inside the range of fp32 and of the fp16/bf16 P fed to P V. The skip is
- * what keeps deterministic mode as cheap as fast mode: every split starts a
- * fresh state, and with the exact rule (slack 0) nearly every tile of an
- * 8-tile split moves the max of some row of a warp (NOTES.md, "Prefill v4").
+ * inside the range of fp32 and of the fp16/bf16 P fed to P V. The skip
+ * matters most in deterministic mode: every split starts a fresh state, and
+ * with the exact rule (slack 0) nearly every tile of an 8-tile split moves
+ * the max of some row of a warp (NOTES.md, "Prefill v4").
  *
  * A row that has seen no key (m_old = -inf) has l = 0 and o = 0 (+-0), which
  * any finite factor maps to themselves bit for bit: it gets 1 too, so the
