@@ -6,7 +6,11 @@
 (scripts/device_all.sh's `ncu` stage). Cases: prefill B8 L4k H16 D128 non-causal (flash_attn_det
 deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (flash_attn_det).
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
+`python3 scripts/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
+fast mode on one non-causal prefill shape (where the two modes' costs differ).
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -25,7 +29,18 @@ def profiled(tag, fn):
     torch.cuda.profiler.stop()
 
 
+def det_vs_fast(D, L, B, H):
+    q = torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    for det in (True, False):
+        fad.set_deterministic_mode(det)
+        profiled(f"prefill D{D} L{L} B{B} H{H} {'det' if det else 'fast'}",
+                 lambda: fad.flash_attn_func(q, k, v))
+
+
 def main():
+    if sys.argv[1:2] == ["detfast"]:
+        return det_vs_fast(*(int(x) for x in sys.argv[2:6]))
     dev, bf = "cuda", torch.bfloat16
     fad.set_deterministic_mode(True)
     B, L, H, D = 8, 4096, 16, 128
