@@ -342,11 +342,15 @@ __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
 
 /* O += P V: P (the softmax'd s) packed to A fragments pf (the caller keeps
  * them, untouched, until the wait), V at v_addr, a swz128 tile of kBlockN
- * rows read MN-major. */
+ * rows read MN-major. acc_live = false: O = P V, acc's old values unread (a
+ * split's first tile: what adding to zeros gives, up to the sign of an exact
+ * zero, with no zeroing of acc at each split start -- ~114 instructions per
+ * split at D128, most of deterministic mode's cost over fast mode). */
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
                                                const float (&s)[1][kBlockN / 8][4],
-                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr)
+                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
+                                               bool acc_live)
 {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++)
@@ -356,7 +360,8 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
-        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr);
+        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr,
+                         kk > 0 || acc_live);
     wgmma_commit();
 }
 
@@ -371,7 +376,7 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
                   const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
                   uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
                   const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
-                  const WhileS &while_s)
+                  bool acc_live, const WhileS &while_s)
 {
     float s[1][kBlockN / 8][4] = {};
     issue_qk_wgmma<T, kHeadDim, kBlockN, kQRows, kQInRegs>(s, qf, q_addr, k_addr);
@@ -381,20 +386,28 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
     softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
                        window_right);
     uint32_t pf[kBlockN / 16][4];
-    issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, v_addr);
+    issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, v_addr, acc_live);
     wgmma_wait<0>();
     wgmma_fence_operand(acc[0]);
     wgmma_fence_operand(pf);
 }
 
-/* A fresh online-softmax state for a split that starts. */
-template <int kMT, int kDB>
-__device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m_s)[2 * kMT],
-                                            float (&l_s)[2 * kMT])
+/* A fresh online-softmax state for a split that starts: (m, l) only (the
+ * wgmma variant overwrites acc at the split's first P V) ... */
+template <int kMT>
+__device__ __forceinline__ void start_split_ml(float (&m_s)[2 * kMT], float (&l_s)[2 * kMT])
 {
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++)
         m_s[r] = -INFINITY, l_s[r] = 0.f;
+}
+
+/* ... or (m, l, o). */
+template <int kMT, int kDB>
+__device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m_s)[2 * kMT],
+                                            float (&l_s)[2 * kMT])
+{
+    start_split_ml<kMT>(m_s, l_s);
 #pragma unroll
     for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
@@ -721,6 +734,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
      * division per tile: registers are scarce in the loop). */
     const bool walked = t_first < t_last;
     int split_left = (S - t_first % S) / kBlockN;
+    bool acc_live = false; /* (wgmma) acc holds this split's o: false until its first P V */
     auto fold = [&](bool to_R) {
         if constexpr (C::kRInRegs)
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
@@ -802,10 +816,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_addr, k_addr,
                 k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right, [&]() {
+                p.window_left, p.window_right, acc_live, [&]() {
                     if constexpr (FAD_WG_LOADS_DURING_S)
                         load_next();
                 });
+            acc_live = true;
         } else {
             attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
@@ -822,7 +837,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 __syncthreads();
             fold(true); /* never in a partial CTA: it walks one split */
             split_left = S / kBlockN;
-            start_split(acc, m_s, l_s);
+            if constexpr (kWgmma)
+                start_split_ml<kMT>(m_s, l_s), acc_live = false;
+            else
+                start_split(acc, m_s, l_s);
         }
     }
     cp_async_wait_all();

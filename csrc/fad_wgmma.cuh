@@ -108,16 +108,19 @@ __device__ __forceinline__ void fence_async_smem() {}
     }
 /* d (m64 x nN, fp32) += A (registers: the m16n8k16 A fragment of each warp's
  * 16 rows) * B (shared): wgmma_rs_kmajor for B stored [n][k] (K, for Q K^T),
- * wgmma_rs_mnmajor for B stored [k][n] (V, for P V: trans-b). */
-#define FAD_WGMMA_RS(NAME, TRANS, TY, CT, NB, N, ACC, REGS, OPS)                             \
+ * wgmma_rs_mnmajor for B stored [k][n] (V, for P V: trans-b). accumulate as
+ * in wgmma_ss (0: d = A * B; the forward's first P V of a split, so that acc
+ * is never zeroed). */
+#define FAD_WGMMA_RS(NAME, TRANS, TY, CT, NB, N, ACC, REGS, OPS, ACCUM)                      \
     __device__ __forceinline__ void NAME(float (&d)[NB][4], const uint32_t (&a)[4],           \
-                                         uint64_t desc_b, const CT *)                         \
+                                         uint64_t desc_b, const CT *, int accumulate = 1)     \
     {                                                                                        \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUM ", 0;\n"                      \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS    \
                      ", " OPS ", p, 1, 1, " #TRANS ";\n}\n"                                 \
                      : ACC                                                                   \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),              \
+                       "r"(accumulate));                                                     \
     }
 
 #if FAD_HAS_WGMMA
@@ -127,21 +130,21 @@ FAD_WGMMA_SS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%6
 FAD_WGMMA_SS("f16", __half, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
 #define FAD_A32 "{%32, %33, %34, %35}, %36"
 #define FAD_A64 "{%64, %65, %66, %67}, %68"
-FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
-FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
-FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
-FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, FAD_A64)
-FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, FAD_A32)
-FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, FAD_A64)
+FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32, "%37")
+FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, FAD_A32, "%37")
+FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32, "%37")
+FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, FAD_A64, "%69")
+FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, FAD_A32, "%37")
+FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, FAD_A64, "%69")
 #else
 /* Other targets compile the sm_90a kernels too (one template set); the host
  * launches them only on sm_90 from an sm_90a build (fad_fwd.cu: use_wgmma). */
 template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>
-__device__ __forceinline__ void wgmma_rs_kmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *) { __trap(); }
+__device__ __forceinline__ void wgmma_rs_kmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>
-__device__ __forceinline__ void wgmma_rs_mnmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *) { __trap(); }
+__device__ __forceinline__ void wgmma_rs_mnmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *, int = 1) { __trap(); }
 #endif
 
 /* Ties the accumulators to this point of the program: the compiler sees a
