@@ -345,7 +345,7 @@ __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
  * rows read MN-major. acc_live = false: O = P V, acc's old values unread (a
  * split's first tile: what adding to zeros gives, up to the sign of an exact
  * zero, with no zeroing of acc at each split start -- ~114 instructions per
- * split at D128, about half of what deterministic mode added over fast mode). *
+ * split at D128, about half of what deterministic mode added over fast mode). */
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
                                                const float (&s)[1][kBlockN / 8][4],
