@@ -181,6 +181,20 @@ __device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
     }
 }
 
+/* x *= f[row] over a thread's accumulator fragments (row 2 mt + e / 2): the
+ * online-softmax rescale of o, and the fold's rescale of R. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void scale_rows(float (&x)[kMT][kDB][4], const float (&f)[2 * kMT])
+{
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                x[mt][nb][e] = FAD_MUL(x[mt][nb][e], f[2 * mt + e / 2]);
+}
+
 /* The softmax step of one kBlockN-key tile, between the two products: S (raw
  * dot products) -> scores, mask, the tile's row max, the online-softmax step
  * of the current split (m_s, l_s per thread, acc = its o, rescaled), and S
@@ -234,13 +248,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
     /* Multiplying by 1 is exact, so skipping it changes no bit. */
     if (!__all_sync(0xffffffffu, all_one))
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], scale[2 * mt + e / 2]);
+        scale_rows(acc, scale);
 }
 
 /* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
@@ -464,14 +472,13 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
      * maybe still holding Q) the plain fad_merge_value with a select: a second
      * unrolled loop there made the D256 tile loop 25% slower, fast mode too. */
     if constexpr (!RO::kSmem) {
-        if (__any_sync(0xffffffffu, scales_R))
+        if (__any_sync(0xffffffffu, scales_R)) {
+            float wa[2 * kMT];
 #pragma unroll
-            for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-                for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        R.at(mt, nb, e) = FAD_MUL(R.at(mt, nb, e), w[2 * mt + e / 2].wa);
+            for (int r = 0; r < 2 * kMT; r++)
+                wa[r] = w[r].wa;
+            scale_rows(R.o, wa);
+        }
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; mt++)
