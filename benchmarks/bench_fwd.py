@@ -15,9 +15,10 @@ the CPU to exercise the harness on a machine without a GPU (timings meaningless)
 
 Protocol (benchmarks/NOTES.md, "Method"): fresh torch.randn inputs, the same for
 every impl of a config; rotation among several input sets when one set fits in L2;
-warm-up, then --iters calls timed one by one with CUDA events; the median is
-reported (min, p20, p80 also in the JSONL). TFLOP/s = 4*B*H*Lq*Lk*D / t, halved for
-causal (Lq == Lk). Peak extra memory: max_memory_allocated during one call minus
+per impl, warm-up, then --iters calls timed one by one with CUDA events, and the
+impls of a config take --rounds such turns one after the other; the median of
+all of an impl's calls is reported (min, p20, p80 also in the JSONL).
+TFLOP/s = 4*B*H*Lq*Lk*D / t, halved for causal (Lq == Lk). Peak extra memory: max_memory_allocated during one call minus
 memory allocated before it (inputs) minus the output. SDPA gets (B, H, L, D)
 transposed views of the same tensors, enable_gqa=True for GQA. An (impl, config)
 that errors is recorded with its error and skipped.
@@ -130,7 +131,8 @@ def markdown_report(records, env, title):
              f"{env.get('flash_attn_det')} | commit {env.get('git_commit')} | "
              f"{env.get('date', '')}", "",
              "TFLOP/s = 4*B*H*Lq*Lk*D / median time (halved for causal); CUDA-event timings "
-             "(perf_counter on CPU). "
+             "(perf_counter on CPU), the impls of a config taking turns "
+             f"({records[0].get('rounds', 1) if records else 1} rounds). "
              "det/flash, det/cuDNN: fad_det TFLOP/s / SDPA-flash (cuDNN) TFLOP/s "
              "(1.00 = parity, 0.50 = 2x slower). det vs fast: fad_det time / fad_fast time - 1.",
              "",
@@ -233,8 +235,13 @@ def parse_args(argv=None):
                     help="output folder (default benchmarks/results)")
     ap.add_argument("--tag", help="output file name without extension "
                                   "(default fwd_<preset>_<timestamp>)")
-    ap.add_argument("--iters", type=int, default=50, help="timed iterations (default 50)")
-    ap.add_argument("--warmup", type=int, default=10, help="warm-up calls (default 10)")
+    ap.add_argument("--iters", type=int, default=10,
+                    help="timed calls per impl and round (default 10)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="warm-up calls per impl and round (default 5)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="turns the impls of a config take, one after the other; the median "
+                         "is over all rounds' calls (default 5)")
     ap.add_argument("--impls", help="comma-separated subset of: " + ",".join(common.IMPL_ORDER))
     ap.add_argument("--filter", help="only configs whose label contains this text, "
                                      "e.g. 'D128' or 'L4096 B8'")
@@ -248,8 +255,8 @@ def parse_args(argv=None):
                     help="tiny matrix on the CPU to test the harness without a GPU "
                          "(timings meaningless)")
     args = ap.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        ap.error("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
+        ap.error("--iters and --rounds must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -299,11 +306,13 @@ def main(argv=None):
     base = os.path.join(args.out, tag)
     meta = {"device": env["device"], "torch": env["torch"],
             "flash_attn_det": env["flash_attn_det"], "git_commit": env["git_commit"],
-            "date": env["date"], "preset": preset, "split_size": args.split_size or 512}
+            "date": env["date"], "preset": preset, "split_size": args.split_size or 512,
+            "iters_per_round": args.iters, "warmup_per_round": args.warmup}
     writer = common.JsonlWriter(base + ".jsonl", meta)
     log(f"bench_fwd: {len(configs)} configs x {len(impls)} impls "
         f"({', '.join(i.name for i in impls)}) on {env['device']}, torch {env['torch']}, "
-        f"commit {env['git_commit']}; iters {args.iters}, warm-up {args.warmup}")
+        f"commit {env['git_commit']}; {args.rounds} rounds of {args.warmup} warm-up and "
+        f"{args.iters} timed calls per impl")
     log(f"writing {base}.jsonl")
 
     records, logged = [], set()
@@ -320,14 +329,12 @@ def main(argv=None):
                     records.append({**rec, **meta})
                 log(f"    inputs failed: {common.short_error(exc)}")
                 continue
-            ref, parts = None, []
-            for impl in impls:
-                rec, out = common.measure(impl, cfg, sets, device, args.iters, args.warmup, ref)
-                if ref is None and out is not None:
-                    ref = out  # later impls report max_abs_diff against the first that ran
-                    rec["reference_of_diffs"] = True
-                del out
+            parts = []
+            recs = common.measure_rounds(impls, cfg, sets, device, args.iters, args.warmup,
+                                         args.rounds)
+            for impl, rec in zip(impls, recs):
                 writer.write(rec)
+                rec.pop("_times", None)
                 records.append({**rec, **meta})
                 parts.append(f"{impl.name} {common.fmt_num(rec['tflops'])}" if "tflops" in rec
                              else f"{impl.name} ERR")
@@ -336,7 +343,7 @@ def main(argv=None):
                     log(f"    {impl.name}: {rec['error'][:200]} (not repeated below)")
             log("    TFLOP/s: " + " | ".join(parts) + (f"  ({len(sets)} input sets)"
                                                        if len(sets) > 1 else ""))
-            del sets, ref
+            del sets, recs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     writer.close()

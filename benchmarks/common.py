@@ -7,6 +7,7 @@
     time_ms()         CUDA-event timing (perf_counter on CPU): warm-up, iterations, median
     peak_extra_mb()   peak memory of one call beyond its inputs and output
     measure()         all of the above for one (impl, config) -> one JSON-able record
+    measure_rounds()  measure() for every impl of a config, the impls taking turns
     attn_flops()      4*B*H*Lq*Lk*D, halved for causal when Lq == Lk
     env_info(), JsonlWriter, markdown_table(), log()
 
@@ -370,6 +371,41 @@ def peak_extra_mb(fn, args, device):
     return (peak - before - out_bytes) / MB
 
 
+def _set_times(rec, times):
+    """rec's timing fields from all of its per-call times (kept in rec['_times']
+    for measure_rounds; JsonlWriter drops fields that start with '_')."""
+    rec["_times"] = list(times)
+    rec.update(summarize_ms(times))
+    rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
+
+
+def measure_rounds(impls, cfg, arg_sets, device, iters, warmup, rounds=1):
+    """measure() for each impl of one config, then rounds - 1 more turns in which
+    each impl that worked gets the same warm-up and iters more timed calls; the
+    median is over all of an impl's calls. Taking turns puts every impl under the
+    same drift of clocks and temperature during the config, so a ratio between two
+    of them (det vs fast: a few percent) is not set by which one ran first.
+    Records carry max_abs_diff against the first impl that produced an output."""
+    recs, ref = [], None
+    for impl in impls:
+        rec, out = measure(impl, cfg, arg_sets, device, iters, warmup, ref)
+        if ref is None and out is not None:
+            ref = out  # later impls report max_abs_diff against the first that ran
+            rec["reference_of_diffs"] = True
+        del out
+        recs.append(rec)
+    for _ in range(rounds - 1):
+        for impl, rec in zip(impls, recs):
+            if "error" in rec:
+                continue
+            with impl.context():
+                fn = lambda q, k, v: impl.call(q, k, v, cfg.causal)  # noqa: E731
+                _set_times(rec, rec["_times"] + time_ms(fn, arg_sets, iters, warmup, device))
+    for rec in recs:
+        rec["rounds"] = rounds
+    return recs
+
+
 def measure(impl, cfg, arg_sets, device, iters, warmup, ref=None):
     """One (impl, config) record. Errors are caught and recorded, never raised.
     ref: an output in (B, L, H, D) of arg_sets[0] to report max_abs_diff against.
@@ -387,8 +423,7 @@ def measure(impl, cfg, arg_sets, device, iters, warmup, ref=None):
                 out0 = impl.to_bshd(fn(*arg_sets[0]))  # probe: errors surface here
                 sync(device)
                 times = time_ms(fn, arg_sets, iters, warmup, device)
-                rec.update(summarize_ms(times))
-                rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
+                _set_times(rec, times)
                 rec["peak_extra_mb"] = peak_extra_mb(fn, arg_sets[0], device)
             if not torch.isfinite(out0).all():
                 rec["warning"] = "output has non-finite values"
@@ -421,6 +456,7 @@ class JsonlWriter:
         self._f = open(path, "a")
 
     def write(self, rec):
+        rec = {k: v for k, v in rec.items() if not k.startswith("_")}  # (raw times)
         self._f.write(json.dumps({**rec, **self.common}, default=str) + "\n")
         self._f.flush()
 
