@@ -742,25 +742,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const bool walked = t_first < t_last;
     int split_left = (S - t_first % S) / kBlockN;
     bool acc_live = false; /* (wgmma) acc holds this split's o: false until its first P V */
-    /* R in registers: the ended split's fold waits for the next tile's S to be
-     * issued, so that its ~70 instructions and their shuffle / exp2 latency run
-     * beside the tensor cores rather than in a gap between two tiles. */
-    constexpr bool kFoldDuringS = C::kRInRegs && FAD_WG_FOLD_DURING_S;
-    bool fold_due = false;
     auto fold = [&](bool to_R) {
         if constexpr (C::kRInRegs)
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
         else
             fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, to_R);
-    };
-    /* The fold of a split into R that ends before the last tile, and the
-     * fresh state of the split that follows. */
-    auto fold_and_restart = [&]() {
-        fold(true); /* never in a partial CTA: it walks one split */
-        if constexpr (kWgmma)
-            start_split_ml<kMT>(m_s, l_s); /* acc_live was cleared at the split's end */
-        else
-            start_split(acc, m_s, l_s);
     };
 
     /* Loads K and V tile t0 into stage st. */
@@ -840,8 +826,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 p.window_left, p.window_right, acc_live, [&]() {
                     if constexpr (FAD_WG_LOADS_DURING_S)
                         load_next();
-                    if (kFoldDuringS && fold_due) /* (CTA-uniform) */
-                        fold_and_restart(), fold_due = false;
                 });
             acc_live = true;
         } else {
@@ -858,12 +842,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             /* sQ inside sR: every warp must have read Q before sR is written */
             if (C::kSmemQ == 0 && t0 == t_first)
                 __syncthreads();
+            fold(true); /* never in a partial CTA: it walks one split */
             split_left = S / kBlockN;
-            acc_live = false;
-            if constexpr (kFoldDuringS)
-                fold_due = true; /* the next tile follows: it folds while its S runs */
+            if constexpr (kWgmma)
+                start_split_ml<kMT>(m_s, l_s), acc_live = false;
             else
-                fold_and_restart();
+                start_split(acc, m_s, l_s);
         }
     }
     cp_async_wait_all();

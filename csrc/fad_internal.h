@@ -51,13 +51,6 @@ extern "C" {
 #ifndef FAD_WG_LOADS_DURING_S
 #define FAD_WG_LOADS_DURING_S 1
 #endif
-/* FAD_WG_FOLD_DURING_S: 1 = where R is held in registers (sm_90a), a split's
- * fold into R runs while the next tile's S = Q K^T is on the tensor cores
- * instead of between the split's last P V and that S (0). Same operations on
- * the same values: the bits do not change. */
-#ifndef FAD_WG_FOLD_DURING_S
-#define FAD_WG_FOLD_DURING_S 1
-#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__
