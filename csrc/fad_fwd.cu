@@ -472,7 +472,8 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
      * maybe still holding Q) the plain fad_merge_value with a select: a second
      * unrolled loop there made the D256 tile loop 25% slower, fast mode too. */
     if constexpr (!RO::kSmem) {
-        if (__any_sync(0xffffffffu, scales_R)) {
+        /* (An empty R is +0: scaling it by wa in [0, 1] changes no bit.) */
+        if (have_R && __any_sync(0xffffffffu, scales_R)) {
             float wa[2 * kMT];
 #pragma unroll
             for (int r = 0; r < 2 * kMT; r++)

@@ -237,16 +237,17 @@ typedef struct fad_merge_w {
 
 FAD_HD fad_merge_w fad_merge_weights(float ma, float mb)
 {
+    /* Written as selects, not branches: the fold at each split's end runs it
+     * for every row of the warp, and the branchy form cost a divergence
+     * region per row there (NOTES.md, "Prefill v5"). */
+    const int moves = (ma == -INFINITY) | (mb > FAD_ADD(ma, FAD_RESCALE_SLACK));
     fad_merge_w w;
-    if (ma == -INFINITY || mb > FAD_ADD(ma, FAD_RESCALE_SLACK)) {
-        w.m = fmaxf(ma, mb); /* mb, or -inf when both are */
-        w.wa = ma == w.m ? 1.f : fad_exp2(ma - w.m);
-        w.wb = 1.f;
-    } else {
-        w.m = ma;
-        w.wa = 1.f;
-        w.wb = mb == ma ? 1.f : fad_exp2(mb - ma); /* 0 for an empty right state */
-    }
+    w.m = moves ? fmaxf(ma, mb) : ma; /* moves: mb, or -inf when both are */
+    const float lower = moves ? ma : mb; /* the state whose weight may be below 1 */
+    /* 0 for an empty state against a non-empty one; 1, not NaN, for two empty ones */
+    const float e = lower == w.m ? 1.f : fad_exp2(lower - w.m);
+    w.wa = moves ? e : 1.f;
+    w.wb = moves ? 1.f : e;
     return w;
 }
 
