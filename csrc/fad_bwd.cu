@@ -262,6 +262,22 @@ __device__ __forceinline__ void dq_row_state(const bwd_args &a, const fad_seq &s
     }
 }
 
+/* The dQ prologue's copies: Q and dO rows m0 .. m0 + kM of head h into sQ
+ * and sdO (cp.async, issued, not committed; kSw128: the wgmma tile layout). */
+template <typename T, int kHeadDim, int kM, int kThreads, bool kSw128 = false>
+__device__ __forceinline__ void load_q_do(T *sQ, T *sdO, const bwd_args &a, const fad_seq &seq,
+                                          int h, int m0)
+{
+    const fad_fwd_params &p = a.p;
+    const int rows = seq.len_q - m0;
+    load_tile<T, kHeadDim, kM, kThreads, kSw128>(
+        sQ, (const T *)p.q + seq.q_off + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride,
+        (int)p.q_row_stride, rows, p.head_dim);
+    load_tile<T, kHeadDim, kM, kThreads, kSw128>(
+        sdO, (const T *)a.dout + seq.o_off + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
+        (int)p.out_row_stride, rows, p.head_dim);
+}
+
 /* The work of one dkdv CTA: kv head hk (its group of query heads) of
  * sequence b, keys [n0, n0 + kN), dK/dV columns from col0 (one of
  * col_split slices of col_width columns), and the row tiles [mt_first, mt_first +
@@ -419,10 +435,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++) {
             uint32_t pf[4];
-            pf[0] = ops::pack(pt[2 * kk][0], pt[2 * kk][1]);
-            pf[1] = ops::pack(pt[2 * kk][2], pt[2 * kk][3]);
-            pf[2] = ops::pack(pt[2 * kk + 1][0], pt[2 * kk + 1][1]);
-            pf[3] = ops::pack(pt[2 * kk + 1][2], pt[2 * kk + 1][3]);
+            p_fragment<T>(pt, kk, pf);
 #pragma unroll
             for (int j = 0; j < C::kDCols / 16; j++) {
                 uint32_t bf[4];
@@ -459,10 +472,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++) {
             uint32_t sf[4];
-            sf[0] = ops::pack(ds[2 * kk][0], ds[2 * kk][1]);
-            sf[1] = ops::pack(ds[2 * kk][2], ds[2 * kk][3]);
-            sf[2] = ops::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]);
-            sf[3] = ops::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3]);
+            p_fragment<T>(ds, kk, sf);
 #pragma unroll
             for (int j = 0; j < C::kDCols / 16; j++) {
                 uint32_t bf[4];
@@ -510,12 +520,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
         load_tile<T, kHeadDim, kN, C::kThreads>(sV + st * C::kKvElems, v_g + (int64_t)t0 * p.v_row_stride,
                                                 (int)p.v_row_stride, len_k - t0, D);
     };
-    load_tile<T, kHeadDim, kM, C::kThreads>(
-        sQ, (const T *)p.q + seq.q_off + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride,
-        (int)p.q_row_stride, len_q - m0, D);
-    load_tile<T, kHeadDim, kM, C::kThreads>(
-        sdO, (const T *)a.dout + seq.o_off + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
-        (int)p.out_row_stride, len_q - m0, D);
+    load_q_do<T, kHeadDim, kM, C::kThreads>(sQ, sdO, a, seq, h, m0);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
@@ -583,10 +588,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
         for (int kk = 0; kk < kN / 16; kk++) {
             uint32_t sf[4];
-            sf[0] = ops::pack(ds[2 * kk][0], ds[2 * kk][1]);
-            sf[1] = ops::pack(ds[2 * kk][2], ds[2 * kk][3]);
-            sf[2] = ops::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]);
-            sf[3] = ops::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3]);
+            p_fragment<T>(ds, kk, sf);
 #pragma unroll
             for (int j = 0; j < kHeadDim / 16; j++) {
                 uint32_t bf[4];

@@ -352,12 +352,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         load_tile_lean<T, kHeadDim, kN, C::kDqThreads, true>(sV + st * C::kKvElems, v_g + (int64_t)t0 * p.v_row_stride,
                                                       (int)p.v_row_stride, len_k - t0, D);
     };
-    load_tile<T, kHeadDim, kM, C::kDqThreads, true>(
-        sQ, (const T *)p.q + seq.q_off + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride,
-        (int)p.q_row_stride, len_q - m0, D);
-    load_tile<T, kHeadDim, kM, C::kDqThreads, true>(
-        sdO, (const T *)a.dout + seq.o_off + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
-        (int)p.out_row_stride, len_q - m0, D);
+    load_q_do<T, kHeadDim, kM, C::kDqThreads, true>(sQ, sdO, a, seq, h, m0);
     if (t_first < t_last)
         load_kv(t_first, 0);
     cp_async_commit();
