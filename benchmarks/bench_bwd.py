@@ -6,9 +6,10 @@ build_ext --inplace`):
     python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
 
 Protocol as bench_fwd.py (benchmarks/NOTES.md, "Method"): fresh random inputs, the same
-for every impl; one forward per impl builds the autograd graph, then --iters backward
-calls (torch.autograd.grad with retain_graph, the same dout) are timed one by one with
-CUDA events; the median is reported. TFLOP/s = 2.5 x the forward's 4*B*H*L^2*D (halved
+for every impl; one forward per impl builds the autograd graph, then the impls take
+--rounds turns of --warmup + --iters backward calls (torch.autograd.grad with
+retain_graph, the same dout), timed one by one with CUDA events; the median of an
+impl's calls is reported. TFLOP/s = 2.5 x the forward's 4*B*H*L^2*D (halved
 for causal), FA2's convention for the backward's 5 matmuls, whatever an impl computes.
 Writes <tag>.jsonl and <tag>.md under --out.
 """
@@ -41,7 +42,10 @@ def preset_configs(name):
     raise ValueError(f"unknown preset {name!r}")
 
 
-def measure_bwd(impl, cfg, device, iters, warmup, seed=0):
+def prepare_bwd(impl, cfg, device, seed=0):
+    """(record, fn): fn() runs impl's backward once (torch.autograd.grad with
+    retain_graph, the same dout) after one forward that built the graph; fn is
+    None when the impl failed (the record says why)."""
     rec = dict(impl=impl.name, **cfg.fields(), flops=BWD_FLOP_FACTOR * common.attn_flops(cfg))
     try:
         q, k, v = (t.requires_grad_(True) for t in common.make_input_sets(cfg, device, n=1,
@@ -51,13 +55,35 @@ def measure_bwd(impl, cfg, device, iters, warmup, seed=0):
         dout = torch.randn(q.shape, generator=gen, device=device).to(q.dtype)
         with impl.context():
             out = impl.to_bshd(impl.call(q, k, v, cfg.causal))
-            fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-            times = common.time_ms(fn, [()], iters, warmup, device)
-        rec.update(common.summarize_ms(times))
-        rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
+        return rec, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     except Exception as exc:
         rec["error"] = common.short_error(exc)
-    return rec
+        return rec, None
+
+
+def measure_bwd_rounds(impls, cfg, device, iters, warmup, rounds):
+    """Records for every impl of cfg: the impls take `rounds` turns of `warmup`
+    + `iters` timed backward calls each, one after the other, and the median is
+    over all of an impl's calls (bench_fwd's protocol: a drift of clocks during
+    the config falls on every impl alike)."""
+    preps = [prepare_bwd(impl, cfg, device) for impl in impls]
+    times = [[] for _ in impls]
+    for _ in range(rounds):
+        for n, (impl, (rec, fn)) in enumerate(zip(impls, preps)):
+            if fn is None or "error" in rec:
+                continue
+            try:
+                with impl.context():
+                    times[n] += common.time_ms(fn, [()], iters, warmup, device)
+            except Exception as exc:
+                rec["error"] = common.short_error(exc)
+    records = []
+    for (rec, _), ts in zip(preps, times):
+        if "error" not in rec:
+            rec.update(common.summarize_ms(ts), rounds=rounds)
+            rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
+        records.append(rec)
+    return records
 
 
 def markdown(records, env):
@@ -83,8 +109,10 @@ def markdown(records, env):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="quick", choices=["quick", "issue", "cpu-smoke"])
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="turns the impls of a config take, one after the other (default 4)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
@@ -98,11 +126,10 @@ def main(argv=None):
     configs = preset_configs(args.preset)
     for n, cfg in enumerate(configs):
         log(f"[{n + 1}/{len(configs)}] {cfg.label()}")
-        for impl in impls:
-            rec = measure_bwd(impl, cfg, device, args.iters, args.warmup)
+        for rec in measure_bwd_rounds(impls, cfg, device, args.iters, args.warmup, args.rounds):
             writer.write(rec)
             records.append(rec)
-            torch.cuda.empty_cache() if device.type == "cuda" else None
+        torch.cuda.empty_cache() if device.type == "cuda" else None
     writer.close()
     md = markdown(records, env)
     with open(os.path.join(args.out, tag + ".md"), "w") as f:
