@@ -63,7 +63,8 @@ typedef struct fad_fwd_params {
     const void *k;             /* (B, Sk, Hkv, D), dtype */
     const void *v;             /* (B, Sk, Hkv, D), dtype */
     void *out;                 /* (B, Sq, Hq, D), dtype; written */
-    float *softmax_lse;        /* (B, Hq, Sq) contiguous float32, natural log; written */
+    float *softmax_lse;        /* (B, Hq, Sq) contiguous float32, natural log; written, or
+                                  NULL: not computed (the forward; the backward needs it) */
     const float *alibi_slopes; /* NULL, or float32 (Hq,) or (B, Hq) */
 
     /* --- strides in elements (not bytes); the last dim is contiguous --- */

@@ -137,8 +137,8 @@ static fad_status check_pointers(const fad_fwd_params *p, char *msg, size_t msg_
 {
     if (fad_fwd_is_empty(p))
         return FAD_OK; /* empty tensors may have NULL data */
-    if (!p->q || !p->out || !p->softmax_lse)
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "q, out, softmax_lse: NULL pointer");
+    if (!p->q || !p->out)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "q, out: NULL pointer");
     if ((p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0 && (!p->k || !p->v))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "k, v: NULL pointer");
     return FAD_OK;
@@ -346,6 +346,9 @@ fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len
                         "not supported");
     if (fad_fwd_is_empty(p))
         return FAD_OK;
+    if (!p->softmax_lse)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "softmax_lse: NULL pointer (the backward needs the forward's)");
     const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;
     const void *grads[4] = {bp->dout, bp->dq, bp->dk, bp->dv};
     static const char *names[4] = {"dout", "dq", "dk", "dv"};

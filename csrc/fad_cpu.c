@@ -161,7 +161,8 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
         float y = FAD_MUL(orow[d], inv);
         out[d] = bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
     }
-    *lse = fad_lse(mr, lr);
+    if (lse)
+        *lse = fad_lse(mr, lr);
 }
 
 float *fad_kv_buffer(const fad_fwd_params *p)
@@ -288,7 +289,8 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
                         q[d] = c.load(qr[d]);
                     attend_row(&c, b, h, i, q, kf, vf,
                                O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride,
-                               p->softmax_lse + seq.row0 + h * lse_head_stride + i);
+                               p->softmax_lse ? p->softmax_lse + seq.row0 + h * lse_head_stride + i
+                                              : NULL);
                 }
         }
     }

@@ -603,7 +603,7 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
     uint16_t *o = (uint16_t *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
     for (int c = lane; c < p.head_dim; c += lanes)
         o[c] = 0x7fff; /* a quiet NaN in fp16 and bf16 alike */
-    if (lane == 0)
+    if (lane == 0 && p.softmax_lse)
         p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
 }
 
@@ -881,7 +881,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if (row < len_q)
             store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + lse_row0 + row, D, 0, true, poison);
+                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison);
     }
 }
 
@@ -1149,7 +1149,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride,
                       p.softmax_lse + seq.row0 + h * head_stride + i, D, cw * kColBlocks * 16,
-                      cw == 0, poison);
+                      cw == 0 && p.softmax_lse, poison);
         }
     }
 }
@@ -1250,7 +1250,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
             out[col[c]] = *reinterpret_cast<T *>(&two);
         }
-    if (lane == 0 && part == 0)
+    if (lane == 0 && part == 0 && p.softmax_lse)
         p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
 }
 

@@ -204,6 +204,16 @@ static int check_contiguous(const DLTensor *t, const char *name)
     return 0;
 }
 
+/* softmax_lse: float32, contiguous, shape lshape on q's device; or NULL (None:
+ * a forward that does not need it skips the allocation and the stores). */
+static int check_lse(const DLTensor *lse, const DLTensor *q, int ndim, const int64_t *lshape)
+{
+    if (!lse)
+        return 0;
+    return check_tensor(lse, q, "softmax_lse", kDLFloat, 32, ndim, lshape) ||
+           check_contiguous(lse, "softmax_lse");
+}
+
 static int as_int(PyObject *o, const char *name, int *out)
 {
     long v = PyLong_AsLong(o);
@@ -416,9 +426,10 @@ PyDoc_STRVAR(fwd_doc,
 "--\n\n"
 "Attention forward. q, k, v, out, softmax_lse are tensors (torch.Tensor once\n"
 "set_dlpack_exchange_api has been called, or DLPack capsules; q (B, Sq, Hq, D),\n"
-"k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous);\n"
-"alibi_slopes (float32 (Hq,) or (B, Hq)) and workspace (uint8, fwd_workspace_size\n"
-"bytes) are such tensors or None. stream is a cudaStream_t as an int (ignored on CPU).\n"
+"k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous, or\n"
+"None when the caller does not need it: not computed); alibi_slopes (float32 (Hq,)\n"
+"or (B, Hq)) and workspace (uint8, fwd_workspace_size bytes) are such tensors or None.\n"
+"stream is a cudaStream_t as an int (ignored on CPU).\n"
 "Everything is checked before anything is written. Returns None, or, when the\n"
 "workspace is missing or too small (nothing written), the bytes it needs.");
 
@@ -426,11 +437,12 @@ PyDoc_STRVAR(fwd_doc,
 static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, fwd_opts *o,
                     DLTensor *t[4])
 {
-    DLTensor *q, *k, *v, *out, *lse;
+    DLTensor *q, *k, *v, *out, *lse = NULL;
     fad_fwd_params_init(p);
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
         get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
-        get_tensor(ta, args[4], "softmax_lse", &lse) || parse_opts(ta, args + 5, p, o) || check_q(q, 4))
+        (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
+        parse_opts(ta, args + 5, p, o) || check_q(q, 4))
         return -1;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -440,15 +452,14 @@ static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, f
     const int64_t Sk = k->shape[1], Hk = k->shape[2];
     const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
-        check_tensor(out, q, "out", code, 16, 4, oshape) ||
-        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
-        check_contiguous(lse, "softmax_lse") || fits_int(B, "q: batch") ||
+        check_tensor(out, q, "out", code, 16, 4, oshape) || check_lse(lse, q, 3, lshape) ||
+        fits_int(B, "q: batch") ||
         fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") || fits_int(Sk, "k: seqlen") ||
         fits_int(Hk, "k: heads"))
         return -1;
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
-    p->softmax_lse = (float *)tensor_data(lse);
+    p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
     p->q_batch_stride = tensor_stride(q, 0), p->q_row_stride = tensor_stride(q, 1), p->q_head_stride = tensor_stride(q, 2);
     p->k_batch_stride = tensor_stride(k, 0), p->k_row_stride = tensor_stride(k, 1), p->k_head_stride = tensor_stride(k, 2);
     p->v_batch_stride = tensor_stride(v, 0), p->v_row_stride = tensor_stride(v, 1), p->v_head_stride = tensor_stride(v, 2);
@@ -484,13 +495,13 @@ PyDoc_STRVAR(fwd_kvcache_doc,
 "(int32 (B,) each; the last two may be None). block_table (None, or int32 (B,\n"
 "max_blocks)): a paged cache (pages, page_size, Hkv, D), page_size a multiple of 16;\n"
 "position x of sequence b is row x % page_size of page block_table[b, x // page_size]\n"
-"(not with cache_batch_idx). out like q, softmax_lse (B, Hq, Sq).");
+"(not with cache_batch_idx). out like q, softmax_lse (B, Hq, Sq) or None.");
 
 static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args targs, *ta = &targs;
     tensor_args_init(ta, module);
-    DLTensor *q, *kc, *vc, *out, *lse, *seqlens, *batch_idx = NULL, *leftpad = NULL, *bt = NULL;
+    DLTensor *q, *kc, *vc, *out, *lse = NULL, *seqlens, *batch_idx = NULL, *leftpad = NULL, *bt = NULL;
     fad_fwd_params p;
     fwd_opts o;
     if (nargs != 9 + FWD_NOPTS) {
@@ -501,7 +512,8 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
     fad_fwd_params_init(&p);
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k_cache", &kc) ||
         get_tensor(ta, args[2], "v_cache", &vc) || get_tensor(ta, args[3], "out", &out) ||
-        get_tensor(ta, args[4], "softmax_lse", &lse) || get_tensor(ta, args[5], "cache_seqlens", &seqlens) ||
+        (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
+        get_tensor(ta, args[5], "cache_seqlens", &seqlens) ||
         (args[6] != Py_None && get_tensor(ta, args[6], "cache_batch_idx", &batch_idx)) ||
         (args[7] != Py_None && get_tensor(ta, args[7], "cache_leftpad", &leftpad)) ||
         (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &bt)) ||
@@ -516,9 +528,7 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
     const int64_t vshape[4] = {Bc, cap, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     const int64_t bshape[1] = {B};
     if (check_tensor(vc, q, "v_cache", code, 16, 4, vshape) ||
-        check_tensor(out, q, "out", code, 16, 4, oshape) ||
-        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 3, lshape) ||
-        check_contiguous(lse, "softmax_lse") ||
+        check_tensor(out, q, "out", code, 16, 4, oshape) || check_lse(lse, q, 3, lshape) ||
         check_tensor(seqlens, q, "cache_seqlens", kDLInt, 32, 1, bshape) ||
         (batch_idx && check_tensor(batch_idx, q, "cache_batch_idx", kDLInt, 32, 1, bshape)) ||
         (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
@@ -540,7 +550,7 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
     }
 
     p.q = tensor_data(q), p.k = tensor_data(kc), p.v = tensor_data(vc), p.out = tensor_data(out);
-    p.softmax_lse = (float *)tensor_data(lse);
+    p.softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
     p.cache_seqlens = (const int32_t *)tensor_data(seqlens);
     p.cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
     p.cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
@@ -586,7 +596,7 @@ PyDoc_STRVAR(fwd_varlen_doc,
 "           split_size, schedule, stream)\n"
 "--\n\n"
 "Attention forward over a variable-length batch. q (total_q, Hq, D), k/v (total_k,\n"
-"Hkv, D), out like q, softmax_lse (Hq, total_q) float32 contiguous; cu_seqlens_q/k\n"
+"Hkv, D), out like q, softmax_lse (Hq, total_q) float32 contiguous or None; cu_seqlens_q/k\n"
 "int32 (B+1,), seqused_k int32 (B,) or None. block_table int32 (B, max_blocks) or\n"
 "None: k/v are then pages (num_pages, page_size, Hkv, D) and sequence b's key j is\n"
 "row j % page_size of page block_table[b][j / page_size] (cu_seqlens_k gives the\n"
@@ -596,13 +606,14 @@ PyDoc_STRVAR(fwd_varlen_doc,
 static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_params *p,
                            fwd_opts *o, DLTensor *t[4])
 {
-    DLTensor *q, *k, *v, *out, *lse, *cu_q, *cu_k, *used_k = NULL, *table = NULL;
+    DLTensor *q, *k, *v, *out, *lse = NULL, *cu_q, *cu_k, *used_k = NULL, *table = NULL;
     int max_q, max_k;
 
     fad_fwd_params_init(p);
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
         get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
-        get_tensor(ta, args[4], "softmax_lse", &lse) || get_tensor(ta, args[5], "cu_seqlens_q", &cu_q) ||
+        (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
+        get_tensor(ta, args[5], "cu_seqlens_q", &cu_q) ||
         get_tensor(ta, args[6], "cu_seqlens_k", &cu_k) ||
         (args[7] != Py_None && get_tensor(ta, args[7], "seqused_k", &used_k)) ||
         (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &table)) ||
@@ -622,9 +633,7 @@ static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_param
     const int64_t oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
     const int64_t cushape[1] = {-1};
     if (check_tensor(v, q, "v", code, 16, kd, vshape) ||
-        check_tensor(out, q, "out", code, 16, 3, oshape) ||
-        check_tensor(lse, q, "softmax_lse", kDLFloat, 32, 2, lshape) ||
-        check_contiguous(lse, "softmax_lse") ||
+        check_tensor(out, q, "out", code, 16, 3, oshape) || check_lse(lse, q, 2, lshape) ||
         check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
         return -1;
     const int64_t B = cu_q->shape[0] - 1;
@@ -647,7 +656,7 @@ static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_param
     }
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
-    p->softmax_lse = (float *)tensor_data(lse);
+    p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
     p->cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
     p->cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
     p->seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;

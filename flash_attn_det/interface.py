@@ -96,8 +96,14 @@ def _current_stream(t):
     return torch._C._cuda_getCurrentRawStream(t.get_device())
 
 
-def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
-    """Runs the forward kernel on a padded batch; returns (out, softmax_lse)."""
+def _opt(t):
+    """An optional tensor argument of _C: None, or the tensor as _C takes it."""
+    return None if t is None else _dl(t)
+
+
+def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, want_lse=True):
+    """Runs the forward kernel on a padded batch; returns (out, softmax_lse), softmax_lse
+    None unless want_lse (then it is neither allocated nor written)."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 4:
         raise ValueError(f"q: expected 4 dims (batch, seqlen, nheads, headdim), got {q.dim()}")
@@ -105,17 +111,19 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
     B, Sq, H, D = q.shape
     Sk, Hk = (k.shape[1], k.shape[2]) if k.dim() == 4 else (0, 1)
     out = torch.empty_like(q)  # (~3 us cheaper than torch.empty(shape, ...))
-    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
-    _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
+    _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (0, q.shape, k.shape, det, split_size, schedule, q.get_device()))
     return out, lse
 
 
 def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                causal, window_size, softcap, alibi_slopes, seqused_k, block_table=None):
-    """Runs the forward kernel on a variable-length batch; returns (out, softmax_lse)."""
+                causal, window_size, softcap, alibi_slopes, seqused_k, block_table=None,
+                want_lse=True):
+    """Runs the forward kernel on a variable-length batch; returns (out, softmax_lse),
+    softmax_lse None unless want_lse."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 3:
         raise ValueError(f"q: expected 3 dims (total_q, nheads, headdim), got {q.dim()}")
@@ -132,13 +140,12 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     # outside q/k is skipped by the kernel, and NaN-filled outputs make that loud.
     fill = float("nan") if q.is_cuda else 0.0
     out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
-    lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device)
+    lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device) if want_lse else None
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
     _launch(_C.fwd_varlen,
-            (_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse),
-             _dl(cu_seqlens_q), _dl(cu_seqlens_k),
-             None if seqused_k is None else _dl(seqused_k),
-             None if block_table is None else _dl(block_table), int(max_seqlen_q),
+            (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
+             _dl(cu_seqlens_q), _dl(cu_seqlens_k), _opt(seqused_k), _opt(block_table),
+             int(max_seqlen_q),
              int(max_seqlen_k), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k),
              None if block_table is None else block_table.shape, det, split_size, schedule,
@@ -165,7 +172,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     else:
         cu_q, cu_k, used, max_q, max_k = varlen
         _C.bwd_varlen(*tensors, _dl(cu_q), _dl(cu_k),
-                      None if used is None else _dl(used), None, int(max_q), int(max_k),
+                      _opt(used), None, int(max_q), int(max_k),
                       opts[0], ws, *opts[1:], *mode)
     return dq, dk, dv
 
@@ -241,8 +248,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
                                         alibi_slopes)
-    else:
-        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    else:  # inference: softmax_lse only when asked for
+        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        want_lse=return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -278,8 +286,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table)
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnVarlenFunc.apply(*args)
-    else:
-        out, lse = _fwd_varlen(*args, block_table)
+    else:  # inference: softmax_lse only when asked for
+        out, lse = _fwd_varlen(*args, block_table, want_lse=return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -372,9 +380,6 @@ def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
                          cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
                          block_table):
     """_kvcache_append on CUDA tensors: one launch instead of a few dozen torch ops."""
-    def cap(t):
-        return None if t is None else _dl(t)
-
     q_rot, rot = None, (None, None)
     if rotary_cos is not None:
         if rotary_cos.dtype not in (torch.float32, q.dtype):  # the kernel reads these two
@@ -382,9 +387,9 @@ def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
         rot = (_dl(rotary_cos.contiguous()), _dl(rotary_sin.contiguous()))
         q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
     seqlens_out = torch.empty_like(cache_seqlens) if k is not None and k.shape[1] else None
-    _C.append_kvcache(_dl(q), cap(q_rot), cap(k), cap(v), _dl(k_cache),
-                      _dl(v_cache), _dl(cache_seqlens), cap(seqlens_out),
-                      cap(cache_batch_idx), cap(cache_leftpad), cap(block_table), *rot,
+    _C.append_kvcache(_dl(q), _opt(q_rot), _opt(k), _opt(v), _dl(k_cache),
+                      _dl(v_cache), _dl(cache_seqlens), _opt(seqlens_out),
+                      _opt(cache_batch_idx), _opt(cache_leftpad), _opt(block_table), *rot,
                       int(bool(rotary_interleaved)), int(bool(rotate_q_per_row)),
                       _current_stream(q))
     return (q if q_rot is None else q_rot), (cache_seqlens if seqlens_out is None else seqlens_out)
@@ -429,14 +434,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                         alibi_slopes)
     else:
         out, lse = _fwd_kvcache(*args, softmax_scale, causal, window_size, softcap,
-                                rotary_interleaved, alibi_slopes)
+                                rotary_interleaved, alibi_slopes, want_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 
 def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                  cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                 rotary_interleaved, alibi_slopes):
-    """flash_attn_with_kvcache's work once cache_seqlens is a tensor; returns (out, lse)."""
+                 rotary_interleaved, alibi_slopes, want_lse=True):
+    """flash_attn_with_kvcache's work once cache_seqlens is a tensor; returns (out, lse),
+    lse None unless want_lse."""
     q = _operand(q, "q")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -467,16 +473,12 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     # A sequence whose cache rows fall outside k_cache (indices are not read back on the
     # GPU) gets NaN rows from the kernels; on the CPU the call raises first.
     out = torch.empty_like(q)
-    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
-
-    def cap(t):
-        return None if t is None else _dl(t)
-
     _launch(_C.fwd_kvcache,
             (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out),
-             _dl(lse), _dl(cache_seqlens), cap(cache_batch_idx), cap(cache_leftpad),
-             cap(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
+             _opt(lse), _dl(cache_seqlens), _opt(cache_batch_idx), _opt(cache_leftpad),
+             _opt(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (2, q.shape, k_cache.shape,
              None if block_table is None else block_table.shape[1], det, split_size, schedule,
              q.get_device()))

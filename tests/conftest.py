@@ -132,7 +132,8 @@ def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, wind
         stream = torch.cuda.current_stream(q.device).cuda_stream
     elif isinstance(workspace, str):
         workspace = None
-    return _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+    return _C.fwd(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out),
+           None if lse is None else to_dlpack(lse),
            None if alibi is None else to_dlpack(alibi), ws, float(scale), float(softcap),
            int(window[0]), int(window[1]), int(causal), int(deterministic), split_size,
            schedule, stream)
