@@ -398,9 +398,12 @@ def measure_rounds(impls, cfg, arg_sets, device, iters, warmup, rounds=1):
         for impl, rec in zip(impls, recs):
             if "error" in rec:
                 continue
-            with impl.context():
-                fn = lambda q, k, v: impl.call(q, k, v, cfg.causal)  # noqa: E731
-                _set_times(rec, rec["_times"] + time_ms(fn, arg_sets, iters, warmup, device))
+            try:
+                with impl.context():
+                    fn = lambda q, k, v: impl.call(q, k, v, cfg.causal)  # noqa: E731
+                    _set_times(rec, rec["_times"] + time_ms(fn, arg_sets, iters, warmup, device))
+            except Exception as exc:  # recorded, as in measure(); the other impls go on
+                rec["error"] = "later round: " + short_error(exc)
     for rec in recs:
         rec["rounds"] = rounds
     return recs
