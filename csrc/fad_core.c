@@ -206,8 +206,19 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
     } else if (num_sms <= 0 || ctas <= 0 || ctas >= num_sms) {
         /* Fast mode with a full grid: one split per row, no merges at all. */
         plan->split_size = round_up(len_k, FAD_SPLIT_QUANTUM);
+    } else if (plan->packed) {
+        /* Fast-mode decode with idle SMs: it streams K/V at memory speed only
+         * with many CTAs in flight, so about 8 per SM, in splits of at least
+         * 512 keys and at most 32 of them (each is a partial the combine folds,
+         * one after the other). Two waves, as below, left B8 at 81% of the copy
+         * bandwidth where deterministic mode's 512-key plan reaches 91%. */
+        long long want = (8LL * num_sms + ctas - 1) / ctas;
+        long long most = (len_k + 511) / 512;
+        if (most > 32) most = 32;
+        if (want > most) want = most;
+        plan->split_size = round_up((int)((len_k + want - 1) / want), FAD_SPLIT_QUANTUM);
     } else {
-        /* Fast mode with idle SMs: about two waves of split CTAs. */
+        /* Fast-mode prefill with idle SMs: about two waves of split CTAs. */
         int want = (int)((2LL * num_sms + ctas - 1) / ctas);
         int most = (len_k + FAD_SPLIT_QUANTUM - 1) / FAD_SPLIT_QUANTUM;
         if (want > most) want = most;
