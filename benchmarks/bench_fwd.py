@@ -18,8 +18,9 @@ every impl of a config; rotation among several input sets when one set fits in L
 per impl, warm-up, then --iters calls timed one by one with CUDA events, and the
 impls of a config take --rounds such turns one after the other; the median of
 all of an impl's calls is reported (min, p20, p80 also in the JSONL).
-TFLOP/s = 4*B*H*Lq*Lk*D / t, halved for causal (Lq == Lk). Peak extra memory: max_memory_allocated during one call minus
-memory allocated before it (inputs) minus the output. SDPA gets (B, H, L, D)
+TFLOP/s = 4*B*H*Lq*Lk*D / t, halved for causal (Lq == Lk). Peak extra memory:
+max_memory_allocated during one call minus memory allocated before it (inputs)
+minus the output. SDPA gets (B, H, L, D)
 transposed views of the same tensors, enable_gqa=True for GQA. An (impl, config)
 that errors is recorded with its error and skipped.
 
