@@ -453,10 +453,10 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             raise ValueError(f"{name}: last dim must be contiguous (the cache is written in place)")
     if q.dim() != 4 or k_cache.dim() != 4:
         raise ValueError(f"q, k_cache: expected 4 dims, got {q.dim()}, {k_cache.dim()}")
-    B, Sq, H, D = q.shape
+    B, Sq, H, D = q_shape = q.shape
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError("cache_seqlens: expected an int or an int32 tensor")
-    opts = _options(q.shape[-1], softmax_scale, causal, window_size, softcap, alibi_slopes)
+    opts = _options(D, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if block_table is not None:
         _check_block_table(block_table, q, k_cache, cache_batch_idx, cache_leftpad)
         n_new = 0 if k is None else k.shape[1]
@@ -480,7 +480,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out),
              _opt(lse), _dl(cache_seqlens), _opt(cache_batch_idx), _opt(cache_leftpad),
              _opt(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
-            (2, q.shape, k_cache.shape,
+            (2, q_shape, k_cache.shape,
              None if block_table is None else block_table.shape[1], det, split_size, schedule,
              q.get_device()))
     return out, lse
