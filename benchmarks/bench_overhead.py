@@ -6,7 +6,8 @@ back to back, so the GPU is never the bottleneck and the wall time per call is h
 Also prints the time of the same call captured in a CUDA graph and replayed (device-side
 floor), so host overhead = eager per-call time - graph per-call time. The host's own load
 varies from second to second, so the rows take turns (--rounds, default 5) and each
-figure is the fastest of its rounds: the load only ever adds time.
+figure is the fastest of its rounds: the load only ever adds time. The "general path"
+rows switch off the C inference entries (_C.infer / _C.infer_kvcache) for the same call.
 """
 import argparse
 import time
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_attn_det as fad
+from flash_attn_det import interface
 
 
 def per_call_us(fn, n=2000):
@@ -52,26 +54,42 @@ def main(argv=None):
     kc, vc = (torch.randn(1, 256, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.full((1,), 100, dtype=torch.int32, device="cuda")
     cos, sin = (torch.rand(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    rows = [("flash_attn_det det", lambda: fad.flash_attn_func(q, k, v)),
-            ("  the same, with lse", lambda: fad.flash_attn_func(q, k, v, return_attn_probs=True)),
-            ("fad kvcache, decode", lambda: fad.flash_attn_with_kvcache(q, kc, vc,
-                                                                       cache_seqlens=lens)),
-            ("  the same, with lse", lambda: fad.flash_attn_with_kvcache(
-                q, kc, vc, cache_seqlens=lens, return_softmax_lse=True)),
-            ("fad kvcache, +append+rotary", lambda: fad.flash_attn_with_kvcache(
-                q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
-                causal=True)),
-            ("sdpa (default backend)", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
+    func = lambda: fad.flash_attn_func(q, k, v)  # noqa: E731
+    decode = lambda: fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)  # noqa: E731
+    append = lambda: fad.flash_attn_with_kvcache(  # noqa: E731
+        q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, causal=True)
+    # (name, call, general): general rows run with the C inference entries switched off,
+    # the Python path every call took before them (interface._infer*)
+    rows = [("flash_attn_det det", func, False),
+            ("  general path", func, True),
+            ("  with lse", lambda: fad.flash_attn_func(q, k, v, return_attn_probs=True), False),
+            ("fad kvcache, decode", decode, False),
+            ("  general path", decode, True),
+            ("  with lse", lambda: fad.flash_attn_with_kvcache(
+                q, kc, vc, cache_seqlens=lens, return_softmax_lse=True), False),
+            ("fad kvcache, +append+rotary", append, False),
+            ("  general path", append, True),
+            ("sdpa (default backend)", lambda: F.scaled_dot_product_attention(qt, kt, vt), False)]
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} flash_attn_det {fad.__version__}")
-    graphs = [capture(fn) for _, fn in rows]
+    entries = interface._infer, interface._infer_kvcache
+
+    def entries_on(on):
+        interface._infer, interface._infer_kvcache = entries if on else (None, None)
+
+    graphs = []
+    for _, fn, general in rows:
+        entries_on(not general)
+        graphs.append(capture(fn))
     eager, graph = [float("inf")] * len(rows), [float("inf")] * len(rows)
     for _ in range(args.rounds):
-        for n, ((_, fn), g) in enumerate(zip(rows, graphs)):
+        for n, ((_, fn, general), g) in enumerate(zip(rows, graphs)):
+            entries_on(not general)
             eager[n] = min(eager[n], per_call_us(fn))
             graph[n] = min(graph[n], per_call_us(g.replay))
+    entries_on(True)
     print(f"fastest of {args.rounds} rounds per figure")
     print(f"{'call':28s} {'eager us/call':>14s} {'graph us/call':>14s} {'host overhead us':>17s}")
-    for (name, _), e, g in zip(rows, eager, graph):
+    for (name, _, _), e, g in zip(rows, eager, graph):
         print(f"{name:28s} {e:14.2f} {g:14.2f} {e - g:17.2f}")
 
 

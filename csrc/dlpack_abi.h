@@ -57,8 +57,8 @@ typedef struct DLManagedTensorVersioned {
 /* The C exchange API (DLPack >= 1.2; torch >= 2.11 exposes it as the capsule
  * "dlpack_exchange_api" in Tensor.__dlpack_c_exchange_api__): C functions of the
  * producer, so a consumer unpacks a tensor object with no capsule and no
- * allocation. Only dltensor_from_py_object_no_sync is called here; the other
- * entries are declared for the layout. */
+ * allocation, and allocates new tensors of the producer's. Each returns 0, or
+ * -1 with the error set (a Python exception; the allocator's via SetError). */
 typedef struct DLPackExchangeAPIHeader {
     DLPackVersion version;
     struct DLPackExchangeAPIHeader *prev_api; /* an older version of the API, or NULL */
@@ -66,12 +66,21 @@ typedef struct DLPackExchangeAPIHeader {
 
 typedef struct DLPackExchangeAPI {
     DLPackExchangeAPIHeader header;
-    void *managed_tensor_allocator;
-    void *managed_tensor_from_py_object_no_sync;
-    void *managed_tensor_to_py_object_no_sync;
+    /* A new tensor of prototype's dtype, ndim, shape and device (row-major),
+     * owned by the caller. */
+    int (*managed_tensor_allocator)(DLTensor *prototype, DLManagedTensorVersioned **out,
+                                    void *error_ctx,
+                                    void (*SetError)(void *error_ctx, const char *kind,
+                                                     const char *message));
+    void *managed_tensor_from_py_object_no_sync; /* not called here */
+    /* The producer's tensor object of an owned tensor, whose ownership it takes
+     * (read here as: even on failure -- at worst a leak, never a double free). */
+    int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor,
+                                               void **out_py_object);
     /* Fills *out (caller-owned; shape and strides borrowed from py_object,
-     * valid while it lives). 0, or -1 with a Python exception set. */
+     * valid while it lives). */
     int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    /* The producer's current stream on a device (NULL for the CPU). */
     int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
 } DLPackExchangeAPI;
 

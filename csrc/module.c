@@ -8,6 +8,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <string.h>
 
 #include "dlpack_abi.h"
@@ -44,6 +45,13 @@ typedef struct fad_module_state {
     PyObject *api_owner;            /* the capsule that keeps api alive */
     PyTypeObject *tensor_type;      /* the type api unpacks (torch.Tensor and subclasses) */
     const DLPackExchangeAPI *api;   /* NULL: capsules only */
+    /* --- for the inference entries (infer, infer_kvcache) --- */
+    int can_allocate;               /* api has an allocator, to_py_object and the stream */
+    PyObject *is_grad_enabled;      /* torch.is_grad_enabled */
+    PyObject *requires_grad;        /* the interned attribute name "requires_grad" */
+    int deterministic;              /* the mode, as set_mode last set it */
+    int split_size;
+    fad_schedule schedule;
 } fad_module_state;
 
 static fad_module_state *module_state(PyObject *module)
@@ -188,20 +196,27 @@ static int check_tensor(const DLTensor *t, const DLTensor *q, const char *name, 
     return 0;
 }
 
-static int check_contiguous(const DLTensor *t, const char *name)
+/* 1 when t is row-major contiguous (torch's is_contiguous()). */
+static int is_compact(const DLTensor *t)
 {
     int64_t s = 1;
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] == 0)
-            return 0; /* an empty tensor is contiguous whatever its strides */
+            return 1; /* an empty tensor is contiguous whatever its strides */
     for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->shape[d] > 1 && tensor_stride(t, d) != s) {
-            PyErr_Format(PyExc_ValueError, "%s: must be contiguous", name);
-            return -1;
-        }
+        if (t->shape[d] > 1 && tensor_stride(t, d) != s)
+            return 0;
         s *= t->shape[d];
     }
-    return 0;
+    return 1;
+}
+
+static int check_contiguous(const DLTensor *t, const char *name)
+{
+    if (is_compact(t))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: must be contiguous", name);
+    return -1;
 }
 
 /* softmax_lse: float32, contiguous, shape lshape on q's device; or NULL (None:
@@ -323,6 +338,14 @@ static int finish_opts(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
     return 0;
 }
 
+/* out (shaped like q, already checked): its pointer and strides into p. */
+static void set_out(fad_fwd_params *p, const DLTensor *out)
+{
+    p->out = tensor_data(out);
+    p->out_batch_stride = tensor_stride(out, 0), p->out_row_stride = tensor_stride(out, 1);
+    p->out_head_stride = tensor_stride(out, 2);
+}
+
 /* A CUDA call runs with its tensors' device current and restores the caller's:
  * enter_device makes dev current (*prev receives the old one), leave_device
  * switches back when they differ. */
@@ -433,16 +456,12 @@ PyDoc_STRVAR(fwd_doc,
 "Everything is checked before anything is written. Returns None, or, when the\n"
 "workspace is missing or too small (nothing written), the bytes it needs.");
 
-/* Fills p from fwd's arguments (padded layout); t receives q, k, v, out. */
-static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, fwd_opts *o,
-                    DLTensor *t[4])
+/* Checks the tensors of a padded-layout forward (out and lse NULL-able: not
+ * checked, not set) and fills p's pointers, strides and sizes. */
+static int check_fwd(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *out,
+                     const DLTensor *lse, fad_fwd_params *p)
 {
-    DLTensor *q, *k, *v, *out, *lse = NULL;
-    fad_fwd_params_init(p);
-    if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
-        get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
-        (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
-        parse_opts(ta, args + 5, p, o) || check_q(q, 4))
+    if (check_q(q, 4))
         return -1;
     const int code = q->dtype.code;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -452,20 +471,35 @@ static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, f
     const int64_t Sk = k->shape[1], Hk = k->shape[2];
     const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
-        check_tensor(out, q, "out", code, 16, 4, oshape) || check_lse(lse, q, 3, lshape) ||
+        (out && check_tensor(out, q, "out", code, 16, 4, oshape)) || check_lse(lse, q, 3, lshape) ||
         fits_int(B, "q: batch") ||
         fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") || fits_int(Sk, "k: seqlen") ||
         fits_int(Hk, "k: heads"))
         return -1;
 
-    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
+    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
     p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
     p->q_batch_stride = tensor_stride(q, 0), p->q_row_stride = tensor_stride(q, 1), p->q_head_stride = tensor_stride(q, 2);
     p->k_batch_stride = tensor_stride(k, 0), p->k_row_stride = tensor_stride(k, 1), p->k_head_stride = tensor_stride(k, 2);
     p->v_batch_stride = tensor_stride(v, 0), p->v_row_stride = tensor_stride(v, 1), p->v_head_stride = tensor_stride(v, 2);
-    p->out_batch_stride = tensor_stride(out, 0), p->out_row_stride = tensor_stride(out, 1), p->out_head_stride = tensor_stride(out, 2);
+    if (out)
+        set_out(p, out);
     p->batch = (int)B, p->seqlen_q = (int)Sq, p->seqlen_k = (int)Sk;
     p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    return 0;
+}
+
+/* Fills p from fwd's arguments (padded layout); t receives q, k, v, out. */
+static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, fwd_opts *o,
+                    DLTensor *t[4])
+{
+    DLTensor *q, *k, *v, *out, *lse = NULL;
+    fad_fwd_params_init(p);
+    if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
+        get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
+        (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
+        parse_opts(ta, args + 5, p, o) || check_fwd(q, k, v, out, lse, p))
+        return -1;
     t[0] = out, t[1] = q, t[2] = k, t[3] = v;
     return 0;
 }
@@ -497,6 +531,61 @@ PyDoc_STRVAR(fwd_kvcache_doc,
 "position x of sequence b is row x % page_size of page block_table[b, x // page_size]\n"
 "(not with cache_batch_idx). out like q, softmax_lse (B, Hq, Sq) or None.");
 
+/* Checks the tensors of a KV-cache forward (out, lse, batch_idx, leftpad, bt
+ * NULL-able; out NULL: not checked, not set) and fills p. */
+static int check_fwd_kvcache(const DLTensor *q, const DLTensor *kc, const DLTensor *vc,
+                             const DLTensor *out, const DLTensor *lse, const DLTensor *seqlens,
+                             const DLTensor *batch_idx, const DLTensor *leftpad,
+                             const DLTensor *bt, fad_fwd_params *p)
+{
+    if (check_q(q, 4))
+        return -1;
+    const int code = q->dtype.code;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t kshape[4] = {-1, -1, -1, D};
+    if (check_tensor(kc, q, "k_cache", code, 16, 4, kshape))
+        return -1;
+    const int64_t Bc = kc->shape[0], cap = kc->shape[1], Hk = kc->shape[2];
+    const int64_t vshape[4] = {Bc, cap, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
+    const int64_t bshape[1] = {B};
+    if (check_tensor(vc, q, "v_cache", code, 16, 4, vshape) ||
+        (out && check_tensor(out, q, "out", code, 16, 4, oshape)) || check_lse(lse, q, 3, lshape) ||
+        check_tensor(seqlens, q, "cache_seqlens", kDLInt, 32, 1, bshape) ||
+        (batch_idx && check_tensor(batch_idx, q, "cache_batch_idx", kDLInt, 32, 1, bshape)) ||
+        (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
+        fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
+        fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
+        fits_int(Hk, "k_cache: heads"))
+        return -1;
+    int64_t seqlen_k = cap; /* paged: max_blocks * page_size */
+    if (bt) {
+        const int64_t btshape[2] = {B, -1};
+        if (check_tensor(bt, q, "block_table", kDLInt, 32, 2, btshape) ||
+            fits_int(bt->shape[1] * cap, "block_table: max_blocks * page_size") ||
+            fits_int(tensor_stride(bt, 0), "block_table: row stride"))
+            return -1;
+        seqlen_k = bt->shape[1] * cap;
+        p->block_table = (const int32_t *)tensor_data(bt);
+        p->block_table_stride = (int)tensor_stride(bt, 0);
+        p->page_size = (int)cap;
+    }
+
+    p->q = tensor_data(q), p->k = tensor_data(kc), p->v = tensor_data(vc);
+    p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
+    p->cache_seqlens = (const int32_t *)tensor_data(seqlens);
+    p->cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
+    p->cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
+    p->kv_batch = (int)Bc;
+    p->q_batch_stride = tensor_stride(q, 0), p->q_row_stride = tensor_stride(q, 1), p->q_head_stride = tensor_stride(q, 2);
+    p->k_batch_stride = tensor_stride(kc, 0), p->k_row_stride = tensor_stride(kc, 1), p->k_head_stride = tensor_stride(kc, 2);
+    p->v_batch_stride = tensor_stride(vc, 0), p->v_row_stride = tensor_stride(vc, 1), p->v_head_stride = tensor_stride(vc, 2);
+    if (out)
+        set_out(p, out);
+    p->batch = (int)B, p->seqlen_q = (int)Sq, p->seqlen_k = (int)seqlen_k;
+    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    return 0;
+}
+
 static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args targs, *ta = &targs;
@@ -517,50 +606,9 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
         (args[6] != Py_None && get_tensor(ta, args[6], "cache_batch_idx", &batch_idx)) ||
         (args[7] != Py_None && get_tensor(ta, args[7], "cache_leftpad", &leftpad)) ||
         (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &bt)) ||
-        parse_opts(ta, args + 9, &p, &o) || check_q(q, 4))
+        parse_opts(ta, args + 9, &p, &o) ||
+        check_fwd_kvcache(q, kc, vc, out, lse, seqlens, batch_idx, leftpad, bt, &p))
         return NULL;
-    const int code = q->dtype.code;
-    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
-    const int64_t kshape[4] = {-1, -1, -1, D};
-    if (check_tensor(kc, q, "k_cache", code, 16, 4, kshape))
-        return NULL;
-    const int64_t Bc = kc->shape[0], cap = kc->shape[1], Hk = kc->shape[2];
-    const int64_t vshape[4] = {Bc, cap, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
-    const int64_t bshape[1] = {B};
-    if (check_tensor(vc, q, "v_cache", code, 16, 4, vshape) ||
-        check_tensor(out, q, "out", code, 16, 4, oshape) || check_lse(lse, q, 3, lshape) ||
-        check_tensor(seqlens, q, "cache_seqlens", kDLInt, 32, 1, bshape) ||
-        (batch_idx && check_tensor(batch_idx, q, "cache_batch_idx", kDLInt, 32, 1, bshape)) ||
-        (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
-        fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
-        fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
-        fits_int(Hk, "k_cache: heads"))
-        return NULL;
-    int64_t seqlen_k = cap; /* paged: max_blocks * page_size */
-    if (bt) {
-        const int64_t btshape[2] = {B, -1};
-        if (check_tensor(bt, q, "block_table", kDLInt, 32, 2, btshape) ||
-            fits_int(bt->shape[1] * cap, "block_table: max_blocks * page_size") ||
-            fits_int(tensor_stride(bt, 0), "block_table: row stride"))
-            return NULL;
-        seqlen_k = bt->shape[1] * cap;
-        p.block_table = (const int32_t *)tensor_data(bt);
-        p.block_table_stride = (int)tensor_stride(bt, 0);
-        p.page_size = (int)cap;
-    }
-
-    p.q = tensor_data(q), p.k = tensor_data(kc), p.v = tensor_data(vc), p.out = tensor_data(out);
-    p.softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
-    p.cache_seqlens = (const int32_t *)tensor_data(seqlens);
-    p.cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
-    p.cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
-    p.kv_batch = (int)Bc;
-    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1), p.q_head_stride = tensor_stride(q, 2);
-    p.k_batch_stride = tensor_stride(kc, 0), p.k_row_stride = tensor_stride(kc, 1), p.k_head_stride = tensor_stride(kc, 2);
-    p.v_batch_stride = tensor_stride(vc, 0), p.v_row_stride = tensor_stride(vc, 1), p.v_head_stride = tensor_stride(vc, 2);
-    p.out_batch_stride = tensor_stride(out, 0), p.out_row_stride = tensor_stride(out, 1), p.out_head_stride = tensor_stride(out, 2);
-    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_k = (int)seqlen_k;
-    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
     return run_fwd(&p, q, &o);
 }
 
@@ -720,6 +768,263 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
     if (fill_fwd_varlen(ta, args + 4, &p, &o, t))
         return NULL;
     return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
+}
+
+/* ------------------------------------------------------------------------ */
+/* infer, infer_kvcache: an inference call's whole per-call path in C         */
+/* ------------------------------------------------------------------------ */
+/*
+ * flash_attn_func and flash_attn_with_kvcache without autograd, softmax_lse or
+ * the rarer options spent most of their host time in Python: ~6 of ~8 us. These
+ * entries take the call's own arguments and do the rest here. The operands are
+ * unpacked through the exchange API, the output and any workspace come from
+ * torch's allocator (the API's managed_tensor_allocator: torch's caching
+ * allocator, on the current stream), the stream is torch's current one, and the
+ * mode is the module's (set_mode). A call they do not take as it is -- a tensor
+ * subclass, an operand the general path would copy first, autograd, anything
+ * that fails a check -- returns NotImplemented with nothing written and nothing
+ * kept, and Python takes the general path, which copies or raises as always.
+ * Errors of the run itself (CUDA, allocation) are raised here.
+ */
+
+/* Verdicts of the steps below: take the call, leave it to Python, or an error. */
+enum { LEAVE = 0, TAKE = 1, FAIL = -1 };
+
+/* obj is taken as it is when it is exactly the tensor type (a subclass may
+ * override torch functions); when `plain`, also contiguous with 16-byte aligned
+ * data (what the general path would otherwise copy into that form). */
+static int take_tensor(tensor_args *ta, PyObject *obj, int plain, DLTensor **t)
+{
+    if (Py_TYPE(obj) != ta->st->tensor_type)
+        return LEAVE;
+    if (get_tensor(ta, obj, "tensor", t))
+        return FAIL;
+    if (plain && (!is_compact(*t) || (uintptr_t)tensor_data(*t) % 16))
+        return LEAVE;
+    return TAKE;
+}
+
+/* LEAVE when autograd would record a call on these tensors: grad mode is on
+ * and one of them requires grad. */
+static int take_no_grad(const fad_module_state *st, PyObject *const *objs, int n)
+{
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *r = PyObject_GetAttr(objs[i], st->requires_grad);
+        if (!r)
+            return FAIL;
+        any |= r == Py_True;
+        Py_DECREF(r);
+    }
+    if (!any)
+        return TAKE;
+    PyObject *on = PyObject_CallNoArgs(st->is_grad_enabled);
+    if (!on)
+        return FAIL;
+    const int grad = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    return grad < 0 ? FAIL : grad ? LEAVE : TAKE;
+}
+
+/* softmax_scale (None: head_dim ** -0.5, computed as Python does, so the bits
+ * match the general path; else a finite float > 0) and causal into p; the
+ * window is the default one, the mode the module's. */
+static int take_options(const fad_module_state *st, PyObject *scale, PyObject *causal,
+                        int head_dim, fad_fwd_params *p)
+{
+    if (scale == Py_None) {
+        p->softmax_scale = (float)pow((double)head_dim, -0.5);
+    } else {
+        const double s = PyFloat_AsDouble(scale);
+        if (s == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return LEAVE;
+        }
+        if (!(s > 0) || !isfinite(s))
+            return LEAVE;
+        p->softmax_scale = (float)s;
+    }
+    const int c = PyObject_IsTrue(causal);
+    if (c < 0)
+        return FAIL;
+    p->causal = c;
+    p->window_left = -1;
+    p->window_right = c ? 0 : -1;
+    p->deterministic = st->deterministic;
+    p->split_size = st->split_size;
+    p->schedule = st->schedule;
+    return TAKE;
+}
+
+/* The allocator's error callback: the message as a Python exception. */
+static void set_alloc_error(void *ctx, const char *kind, const char *message)
+{
+    (void)ctx;
+    PyErr_Format(strcmp(kind, "MemoryError") ? PyExc_RuntimeError : PyExc_MemoryError,
+                 "%s: %s", kind, message);
+}
+
+/* A new tensor of torch's from its allocator: like->shape (ndim dims, NULL:
+ * the 1-D shape {n}), dtype, on like's device, row-major. NULL on error. */
+static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DLTensor *like,
+                                            int ndim, const int64_t *shape, DLDataType dtype)
+{
+    DLManagedTensorVersioned *m = NULL;
+    DLTensor proto = {NULL, like->device, ndim, dtype, (int64_t *)shape, NULL, 0};
+    if (st->api->managed_tensor_allocator(&proto, &m, NULL, set_alloc_error) != 0 || !m) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "out: torch's allocator failed");
+        return NULL;
+    }
+    return m;
+}
+
+static void free_tensor(DLManagedTensorVersioned *m)
+{
+    if (m && m->deleter)
+        m->deleter(m);
+}
+
+/* Runs the checked forward p into out (owned: on success it becomes the
+ * returned torch tensor, on failure it is freed). The workspace, when the plan
+ * needs one, is a uint8 tensor of torch's for this call, freed after the launch:
+ * safe, since the caching allocator hands a block out again only in the order of
+ * the stream it was allocated for, the current one the kernels run on. */
+static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const DLTensor *q,
+                           DLManagedTensorVersioned *out)
+{
+    char msg[512] = "";
+    void *obj = NULL, *stream = NULL;
+    fad_status run = FAD_OK;
+    p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    if (q->device.device_type == kDLCPU) {
+        Py_BEGIN_ALLOW_THREADS
+        run = fad_fwd_cpu(p, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        const int dev = q->device.device_id;
+        int prev = 0;
+        size_t need = 0;
+        DLManagedTensorVersioned *ws = NULL;
+        if (st->api->current_work_stream(kDLCUDA, dev, &stream) != 0)
+            goto fail;
+        run = enter_device(dev, &prev, msg, sizeof msg);
+        if (run != FAD_OK)
+            goto raise;
+        run = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
+        if (run == FAD_OK && need) {
+            const int64_t n = (int64_t)need;
+            ws = new_tensor(st, q, 1, &n, (DLDataType){kDLUInt, 8, 1});
+        }
+        if (run == FAD_OK && (ws || !need))
+            run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need,
+                               (struct CUstream_st *)stream, msg, sizeof msg);
+        free_tensor(ws);
+        leave_device(dev, prev);
+        if (run == FAD_OK && need && !ws)
+            goto fail; /* the allocator's error is set */
+    }
+raise:
+    if (run != FAD_OK) {
+        raise_status(run, msg);
+        goto fail;
+    }
+    if (st->api->managed_tensor_to_py_object_no_sync(out, &obj) != 0)
+        return NULL; /* out was stolen, even on failure */
+    return (PyObject *)obj;
+fail:
+    free_tensor(out);
+    return NULL;
+}
+
+/* The common end of the inference entries, given the verdict so far (TAKE:
+ * the tensors are checked and in p): the options, a new output shaped like q,
+ * the run; or NotImplemented (LEAVE), or NULL (FAIL). */
+static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_params *p,
+                              const DLTensor *q, PyObject *scale, PyObject *causal)
+{
+    if (take == TAKE)
+        take = take_options(st, scale, causal, p->head_dim, p);
+    if (take == FAIL)
+        return NULL;
+    if (take == LEAVE) {
+        PyErr_Clear(); /* a failed check's message: the general path raises it in its words */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    DLManagedTensorVersioned *out = new_tensor(st, q, q->ndim, q->shape, q->dtype);
+    if (!out)
+        return NULL;
+    set_out(p, &out->dl_tensor);
+    return run_infer(st, p, q, out);
+}
+
+PyDoc_STRVAR(infer_doc,
+"infer(q, k, v, softmax_scale, causal) -> out or NotImplemented\n"
+"--\n\n"
+"flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal) for a call\n"
+"with no autograd, in the mode set_mode last set: out allocated by torch, launched\n"
+"on torch's current stream. NotImplemented (nothing written) when the call is not\n"
+"one it takes as it is: the caller then takes the general path (fwd).");
+
+static PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *q = NULL, *k, *v;
+    fad_fwd_params p;
+    int take;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "infer: expected 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (!ta->st->can_allocate)
+        Py_RETURN_NOTIMPLEMENTED;
+    fad_fwd_params_init(&p);
+    if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
+        (take = take_tensor(ta, args[1], 1, &k)) == TAKE &&
+        (take = take_tensor(ta, args[2], 1, &v)) == TAKE &&
+        (take = take_no_grad(ta->st, args, 3)) == TAKE)
+        take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE;
+    return finish_infer(ta->st, take, &p, q, args[3], args[4]);
+}
+
+PyDoc_STRVAR(infer_kvcache_doc,
+"infer_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,\n"
+"              block_table, softmax_scale, causal) -> out or NotImplemented\n"
+"--\n\n"
+"flash_attn_with_kvcache with no new keys, rotary, softmax_lse or score options\n"
+"beyond softmax_scale and causal, as infer does for flash_attn_func (that entry has\n"
+"no autograd anyway). The three optional int32 tensors may be None.");
+
+static PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *q = NULL, *kc, *vc, *seqlens, *opt[3] = {NULL, NULL, NULL}; /* batch_idx, leftpad, table */
+    fad_fwd_params p;
+    int take;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "infer_kvcache: expected 9 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (!ta->st->can_allocate)
+        Py_RETURN_NOTIMPLEMENTED;
+    fad_fwd_params_init(&p);
+    if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
+        (take = take_tensor(ta, args[1], 0, &kc)) == TAKE &&
+        (take = take_tensor(ta, args[2], 0, &vc)) == TAKE &&
+        (take = take_tensor(ta, args[3], 0, &seqlens)) == TAKE)
+        for (int i = 0; i < 3 && take == TAKE; i++)
+            if (args[4 + i] != Py_None)
+                take = take_tensor(ta, args[4 + i], 0, &opt[i]);
+    /* Left to the general path: its own checks of a block table (with the other
+     * two; on the CPU, every page it names). */
+    if (take == TAKE && opt[2] && (opt[0] || opt[1] || q->device.device_type == kDLCPU))
+        take = LEAVE;
+    if (take == TAKE)
+        take = check_fwd_kvcache(q, kc, vc, NULL, NULL, seqlens, opt[0], opt[1], opt[2], &p)
+                   ? LEAVE : TAKE;
+    return finish_infer(ta->st, take, &p, q, args[7], args[8]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -960,19 +1265,21 @@ static PyObject *fad_py_has_cuda(PyObject *module, PyObject *unused)
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(set_dlpack_exchange_api_doc,
-"set_dlpack_exchange_api(capsule, tensor_type)\n"
+"set_dlpack_exchange_api(capsule, tensor_type, is_grad_enabled) -> bool\n"
 "--\n\n"
 "From now on, objects of tensor_type (and subclasses) may be passed wherever a\n"
 "DLPack capsule is taken: they are unpacked through the C exchange API in capsule\n"
 "(\"dlpack_exchange_api\", e.g. torch.Tensor.__dlpack_c_exchange_api__), with no\n"
-"capsule made and nothing allocated per call.");
+"capsule made and nothing allocated per call. is_grad_enabled (torch's) lets\n"
+"infer and infer_kvcache tell inference calls. Returns True when those two can\n"
+"run (the API has an allocator, to_py_object and current_work_stream).");
 
 static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *const *args,
                                                 Py_ssize_t nargs)
 {
     fad_module_state *st = module_state(module);
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "set_dlpack_exchange_api: expected 2 arguments, got %zd",
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "set_dlpack_exchange_api: expected 3 arguments, got %zd",
                      nargs);
         return NULL;
     }
@@ -984,6 +1291,10 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
         PyErr_SetString(PyExc_TypeError, "tensor_type: expected a type");
         return NULL;
     }
+    if (!PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "is_grad_enabled: expected a callable");
+        return NULL;
+    }
     if (api->header.version.major != 1 || api->header.version.minor < 2 ||
         !api->dltensor_from_py_object_no_sync) {
         PyErr_Format(PyExc_ValueError, "capsule: DLPack exchange API %u.%u without "
@@ -993,9 +1304,45 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
     }
     Py_INCREF(args[0]);
     Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
     Py_XSETREF(st->api_owner, args[0]);
     Py_XSETREF(st->tensor_type, (PyTypeObject *)args[1]);
+    Py_XSETREF(st->is_grad_enabled, args[2]);
     st->api = api;
+    st->can_allocate = api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync &&
+                       api->current_work_stream;
+    return PyBool_FromLong(st->can_allocate);
+}
+
+PyDoc_STRVAR(set_mode_doc,
+"set_mode(deterministic, split_size, schedule)\n"
+"--\n\n"
+"The mode infer and infer_kvcache run in (flash_attn_det.mode keeps it in step\n"
+"with set_deterministic_mode and testing.force_schedule).");
+
+static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    fad_module_state *st = module_state(module);
+    int deterministic, split_size, schedule;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "set_mode: expected 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (as_int(args[0], "deterministic", &deterministic) ||
+        as_int(args[1], "split_size", &split_size) || as_int(args[2], "schedule", &schedule))
+        return NULL;
+    if (split_size <= 0 || split_size % FAD_SPLIT_QUANTUM) {
+        PyErr_Format(PyExc_ValueError, "split_size: must be a positive multiple of %d, got %d",
+                     FAD_SPLIT_QUANTUM, split_size);
+        return NULL;
+    }
+    if (schedule < FAD_SCHEDULE_AUTO || schedule > FAD_SCHEDULE_CTA_PER_SPLIT) {
+        PyErr_Format(PyExc_ValueError, "schedule: unknown value %d", schedule);
+        return NULL;
+    }
+    st->deterministic = deterministic != 0;
+    st->split_size = split_size;
+    st->schedule = (fad_schedule)schedule;
     Py_RETURN_NONE;
 }
 
@@ -1012,10 +1359,21 @@ static PyMethodDef fad_methods[] = {
     {"has_cuda", fad_py_has_cuda, METH_NOARGS, has_cuda_doc},
     {"set_dlpack_exchange_api", (PyCFunction)(void (*)(void))fad_py_set_dlpack_exchange_api,
      METH_FASTCALL, set_dlpack_exchange_api_doc},
+    {"infer", (PyCFunction)(void (*)(void))fad_py_infer, METH_FASTCALL, infer_doc},
+    {"infer_kvcache", (PyCFunction)(void (*)(void))fad_py_infer_kvcache, METH_FASTCALL,
+     infer_kvcache_doc},
+    {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)
 {
+    fad_module_state *st = module_state(m);
+    st->deterministic = 1; /* set_deterministic_mode's defaults */
+    st->split_size = 512;
+    st->schedule = FAD_SCHEDULE_AUTO;
+    st->requires_grad = PyUnicode_InternFromString("requires_grad");
+    if (!st->requires_grad)
+        return -1;
     if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
         PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
@@ -1031,6 +1389,7 @@ static int fad_traverse(PyObject *m, visitproc visit, void *arg)
     fad_module_state *st = module_state(m);
     Py_VISIT(st->api_owner);
     Py_VISIT(st->tensor_type);
+    Py_VISIT(st->is_grad_enabled);
     return 0;
 }
 
@@ -1040,6 +1399,9 @@ static int fad_clear(PyObject *m)
     st->api = NULL;
     Py_CLEAR(st->api_owner);
     Py_CLEAR(st->tensor_type);
+    Py_CLEAR(st->is_grad_enabled);
+    Py_CLEAR(st->requires_grad);
+    st->can_allocate = 0;
     return 0;
 }
 

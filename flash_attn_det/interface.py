@@ -8,9 +8,13 @@ from .mode import _state
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
 # C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
 # Older torch: a DLPack capsule per tensor.
+# With an allocator in that API too, inference calls take _C.infer / _C.infer_kvcache:
+# the whole per-call path in C (None: every call takes the general path below).
 _EXCHANGE_API = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+_infer = _infer_kvcache = None
 if _EXCHANGE_API is not None:
-    _C.set_dlpack_exchange_api(_EXCHANGE_API, torch.Tensor)
+    if _C.set_dlpack_exchange_api(_EXCHANGE_API, torch.Tensor, torch.is_grad_enabled):
+        _infer, _infer_kvcache = _C.infer, _C.infer_kvcache
 
     def _dl(t):
         return t
@@ -241,6 +245,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     with softmax_lse (batch, nheads, seqlen_q) fp32 when return_attn_probs.
     Rows that see no key get out 0 and lse -inf.
     """
+    if (_infer is not None and not (dropout_p or softcap or return_attn_probs)
+            and alibi_slopes is None and window_size == (-1, -1)
+            and not torch.compiler.is_compiling()):
+        out = _infer(q, k, v, softmax_scale, causal)  # NotImplemented: not a call it takes as is
+        if out is not NotImplemented:
+            return out
     _no_dropout(dropout_p)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
@@ -422,6 +432,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
+    if (_infer_kvcache is not None and k is None and v is None and rotary_cos is None
+            and rotary_sin is None and not (softcap or return_softmax_lse)
+            and alibi_slopes is None and window_size == (-1, -1)
+            and cache_seqlens is not None and not torch.compiler.is_compiling()):
+        out = _infer_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                             block_table, softmax_scale, causal)
+        if out is not NotImplemented:
+            return out
     if cache_seqlens is None and isinstance(k_cache, torch.Tensor) and k_cache.dim():
         cache_seqlens = k_cache.shape[1] if k is None else 0
     if isinstance(cache_seqlens, int) and isinstance(q, torch.Tensor) and q.dim():

@@ -25,6 +25,12 @@ def set_deterministic_mode(enabled=True, split_size=512):
             f"split_size: must be a positive multiple of {_SPLIT_QUANTUM}, got {split_size}")
     _state["enabled"] = bool(enabled)
     _state["split_size"] = split_size
+    _sync()
+
+
+def _sync():
+    """Hands _state to _C, whose inference entries (infer, infer_kvcache) read the mode there."""
+    _C.set_mode(int(_state["enabled"]), _state["split_size"], _state["schedule"])
 
 
 def get_deterministic_mode():

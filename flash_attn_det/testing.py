@@ -11,7 +11,7 @@ import contextlib
 import torch
 
 from . import _C
-from .mode import _state
+from .mode import _state, _sync
 
 _SCHEDULES = {
     "auto": _C.SCHEDULE_AUTO,
@@ -101,10 +101,12 @@ def force_schedule(name):
                          f"expected one of {sorted(_SCHEDULES)}") from None
     saved = _state["schedule"]
     _state["schedule"] = value
+    _sync()
     try:
         yield
     finally:
         _state["schedule"] = saved
+        _sync()
 
 
 def assert_batch_invariant(fn, *batched, splits=None):

@@ -24,9 +24,11 @@ def _restore_mode():
     """Every test starts from, and leaves behind, the default mode."""
     saved = dict(mode._state)
     mode._state.update(enabled=True, split_size=512, schedule=_C.SCHEDULE_AUTO)
+    mode._sync()
     yield
     mode._state.clear()
     mode._state.update(saved)
+    mode._sync()
 
 
 def make_gen(seed):

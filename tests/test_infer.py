@@ -1,0 +1,233 @@
+"""The inference entries _C.infer / _C.infer_kvcache: flash_attn_func and
+flash_attn_with_kvcache calls with no autograd, lse or rarer options run their whole
+per-call path in C (output from torch's allocator, torch's current stream, the mode
+the module holds). They must give the general path's bits, run in the mode Python
+set, and leave to the general path (NotImplemented, nothing written) every call they
+do not take as it is, so that copies, autograd and error messages stay the general
+path's. On the CPU path (CI) and the GPU."""
+import re
+
+import pytest
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det import _C, interface
+from flash_attn_det.testing import attention_ref, force_schedule
+
+from conftest import HAS_CUDA, make_gen, make_qkv, randn
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
+
+pytestmark = pytest.mark.skipif(interface._infer is None,
+                                reason="torch has no DLPack exchange API with an allocator")
+
+
+def general_fwd(q, k, v, softmax_scale=None, causal=False):
+    """The general path's output for the same call (Python checks, torch.empty_like, _C.fwd)."""
+    return interface._fwd(q, k, v, softmax_scale, causal, (-1, -1), 0.0, None, want_lse=False)[0]
+
+
+def general_kvcache(q, kc, vc, lens, softmax_scale=None, causal=False, **kw):
+    args = (q, kc, vc, None, None, None, None, lens, kw.get("cache_batch_idx"),
+            kw.get("cache_leftpad"), kw.get("block_table"))
+    return interface._fwd_kvcache(*args, softmax_scale, causal, (-1, -1), 0.0, True, None,
+                                  want_lse=False)[0]
+
+
+@pytest.fixture
+def no_general_path(monkeypatch):
+    """Within the test, the general forward paths raise: a call that succeeds took _C.infer*."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the call took the general path")
+    monkeypatch.setattr(interface, "_fwd", refuse)
+    monkeypatch.setattr(interface, "_fwd_kvcache", refuse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_infer_same_bits_as_general_path(device, D, causal):
+    """The default scale is computed as Python computes D ** -0.5 (D = 80: 1/sqrt(80) is
+    not exact in fp32 and the float32 rounding of the double differs from 1/sqrtf)."""
+    g = make_gen(41)
+    q, k, v = make_qkv(g, 2, 130, 700, 4, 2, D, torch.bfloat16, device)
+    want = general_fwd(q, k, v, causal=causal)
+    got = interface._infer(q, k, v, None, causal)
+    assert got is not NotImplemented
+    assert got.shape == q.shape and got.dtype == q.dtype and got.device == q.device
+    assert got.is_contiguous()
+    assert torch.equal(got, want)
+    assert torch.equal(interface._infer(q, k, v, 0.3, causal), general_fwd(q, k, v, 0.3, causal))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_func_takes_infer(device, no_general_path):
+    g = make_gen(42)
+    q, k, v = make_qkv(g, 1, 33, 300, 2, 1, 64, torch.float16, device)
+    out = fad.flash_attn_func(q, k, v, causal=True, softmax_scale=0.2)
+    ref = attention_ref(q, k, v, softmax_scale=0.2, causal=True)[0]
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), ref.double(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_runs_in_the_mode_python_set(device):
+    """split_size changes the bits of a long row; the inference entry must follow
+    set_deterministic_mode (and force_schedule on the GPU, which never changes bits)."""
+    g = make_gen(43)
+    q, k, v = make_qkv(g, 1, 64, 4000, 4, 4, 64, torch.float16, device)
+    base = interface._infer(q, k, v, None, False)
+    fad.set_deterministic_mode(True, split_size=256)
+    try:
+        small = interface._infer(q, k, v, None, False)
+        assert torch.equal(small, general_fwd(q, k, v))
+        assert not torch.equal(small, base)  # 16 splits against 8: other roundings
+    finally:
+        fad.set_deterministic_mode(True, split_size=512)
+    assert torch.equal(interface._infer(q, k, v, None, False), base)
+    for schedule in ("one_cta", "cta_per_split"):
+        with force_schedule(schedule):
+            assert torch.equal(interface._infer(q, k, v, None, False), base)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_leaves_what_the_general_path_handles(device):
+    g = make_gen(44)
+    q, k, v = make_qkv(g, 1, 16, 64, 2, 2, 64, torch.bfloat16, device)
+    leave = NotImplemented
+    # an operand the general path copies first: not contiguous, or misaligned data
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert interface._infer(qt, k, v, None, False) is leave
+    assert torch.equal(fad.flash_attn_func(qt, k, v), fad.flash_attn_func(q, k, v))
+    flat = torch.cat([torch.zeros(1, dtype=q.dtype, device=device), q.flatten()])
+    q_odd = flat[1:].view(q.shape)  # data 2 bytes past an aligned start
+    assert interface._infer(q_odd, k, v, None, False) is leave
+    assert torch.equal(fad.flash_attn_func(q_odd, k, v), fad.flash_attn_func(q, k, v))
+    # autograd: the general path records the call
+    qg = q.clone().requires_grad_()
+    assert interface._infer(qg, k, v, None, False) is leave
+    assert fad.flash_attn_func(qg, k, v).grad_fn is not None
+    with torch.no_grad():
+        assert interface._infer(qg, k, v, None, False) is not leave
+    # a tensor subclass (it may override torch functions)
+    class Sub(torch.Tensor):
+        pass
+    assert interface._infer(q.as_subclass(Sub), k, v, None, False) is leave
+    # not a tensor, bad scale: the general path raises, in its words
+    assert interface._infer(q.tolist(), k, v, None, False) is leave
+    for scale in (0.0, -1.0, float("inf"), float("nan"), "x"):
+        assert interface._infer(q, k, v, scale, False) is leave
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fad.flash_attn_func(q, k, v, softmax_scale=0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_bad_input_raises_the_general_message(device):
+    g = make_gen(45)
+    q, k, v = make_qkv(g, 1, 16, 64, 2, 2, 64, torch.bfloat16, device)
+    cases = [
+        ((q[0], k, v), ValueError, r"q: expected 4 dims \(batch"),
+        ((q.float(), k, v), TypeError, "q: expected dtype float16 or bfloat16"),
+        ((q, k.half(), v), TypeError, "k: expected dtype bfloat16"),
+        ((q, k, v[:, :32]), ValueError, "v: dim 1 must be 64"),
+        ((q, k[..., :32].contiguous(), v), ValueError, "k: dim 3 must be 64"),
+        ((q[..., :60].contiguous(), k[..., :60].contiguous(), v[..., :60].contiguous()),
+         ValueError, "head"),
+    ]
+    for args, exc, msg in cases:
+        try:  # left to the general path, or (a check of the C core's, which both paths
+            # reach with the same parameters) the same error
+            assert interface._infer(*args, None, False) is NotImplemented
+        except exc as e:
+            assert re.search(msg, str(e)), (msg, str(e))
+        with pytest.raises(exc, match=msg):
+            fad.flash_attn_func(*args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", ["plain", "batch_idx", "leftpad"])
+def test_infer_kvcache_same_bits_as_general_path(device, opts):
+    g = make_gen(46)
+    B, cap, Hk, G, D = 3, 1500, 2, 4, 128
+    q = randn(g, (B, 1, Hk * G, D), torch.bfloat16, device)
+    kc, vc = (randn(g, (B + 1, cap, Hk, D), torch.bfloat16, device) for _ in range(2))
+    lens = torch.tensor([1400, 37, 1], dtype=torch.int32, device=device)
+    kw = {}
+    if opts == "batch_idx":
+        kw["cache_batch_idx"] = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
+    if opts == "leftpad":
+        kw["cache_leftpad"] = torch.tensor([5, 0, 1], dtype=torch.int32, device=device)
+    for causal in (False, True):
+        got = interface._infer_kvcache(q, kc, vc, lens, kw.get("cache_batch_idx"),
+                                       kw.get("cache_leftpad"), None, None, causal)
+        assert got is not NotImplemented
+        assert torch.equal(got, general_kvcache(q, kc, vc, lens, causal=causal, **kw))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="paged caches take infer_kvcache on CUDA only")
+def test_infer_kvcache_paged_same_bits():
+    g = make_gen(47)
+    B, page, n_pages, Hk, D = 2, 16, 40, 1, 64
+    q = randn(g, (B, 1, 8, D), torch.float16, "cuda")
+    kc, vc = (randn(g, (n_pages, page, Hk, D), torch.float16, "cuda") for _ in range(2))
+    table = torch.randperm(n_pages, generator=g)[:B * 20].view(B, 20).int().cuda()
+    lens = torch.tensor([300, 17], dtype=torch.int32, device="cuda")
+    got = interface._infer_kvcache(q, kc, vc, lens, None, None, table, None, True)
+    assert got is not NotImplemented
+    assert torch.equal(got, general_kvcache(q, kc, vc, lens, causal=True, block_table=table))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_with_kvcache_takes_infer(device, no_general_path):
+    g = make_gen(48)
+    q = randn(g, (2, 1, 4, 64), torch.bfloat16, device)
+    kc, vc = (randn(g, (2, 256, 2, 64), torch.bfloat16, device) for _ in range(2))
+    lens = torch.tensor([100, 256], dtype=torch.int32, device=device)
+    out = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_kvcache_leaves_what_the_general_path_handles(device):
+    g = make_gen(49)
+    q = randn(g, (2, 1, 4, 64), torch.bfloat16, device)
+    kc, vc = (randn(g, (2, 256, 2, 64), torch.bfloat16, device) for _ in range(2))
+    lens = torch.tensor([100, 256], dtype=torch.int32, device=device)
+    table = torch.zeros(2, 16, dtype=torch.int32, device=device)
+    idx = torch.tensor([1, 0], dtype=torch.int32, device=device)
+    leave = NotImplemented
+    assert interface._infer_kvcache(q, kc, vc, 100, None, None, None, None, False) is leave
+    assert interface._infer_kvcache(q, kc, vc, lens.long(), None, None, None, None, False) is leave
+    assert interface._infer_kvcache(q, kc, vc, lens, idx, None, table, None, False) is leave
+    with pytest.raises(ValueError, match="block_table: cannot be combined"):
+        fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_batch_idx=idx,
+                                    block_table=table)
+    with pytest.raises(TypeError, match="cache_seqlens: expected an int or an int32 tensor"):
+        fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens.long())
+    # an int cache_seqlens goes the general way and gives the same bits
+    full = torch.full((2,), 100, dtype=torch.int32, device=device)
+    assert torch.equal(fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=100),
+                       fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=full))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_infer_on_the_current_stream_and_in_a_graph():
+    """The output is written on torch's current stream (a side stream here), and a
+    captured call replays with the eager bits after new inputs are copied in."""
+    g = make_gen(50)
+    q, k, v = make_qkv(g, 2, 64, 3000, 4, 2, 128, torch.bfloat16, "cuda")
+    want = general_fwd(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = fad.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fad.flash_attn_func(q, k, v, causal=True)
+    q2, k2, v2 = make_qkv(g, 2, 64, 3000, 4, 2, 128, torch.bfloat16, "cuda")
+    q.copy_(q2), k.copy_(k2), v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, general_fwd(q2, k2, v2, causal=True))
