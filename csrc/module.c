@@ -771,6 +771,235 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
 }
 
 /* ------------------------------------------------------------------------ */
+/* fwd_workspace_size                                                         */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(fwd_workspace_size_doc,
+"fwd_workspace_size(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,\n"
+"                   deterministic, split_size, schedule, device_index, total_q=-1) -> int\n"
+"--\n\n"
+"Bytes of CUDA workspace fwd needs for these sizes on that device (often 0).\n"
+"For fwd_varlen pass max_seqlen_q/k as seqlen_q/k and total_q (rows of q).");
+
+static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *args,
+                                           Py_ssize_t nargs)
+{
+    (void)module;
+    fad_fwd_params p;
+    char msg[512] = "";
+    int deterministic, schedule, device, prev = 0;
+    size_t bytes = 0;
+
+    if (nargs != 10 && nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "fwd_workspace_size: expected 10 or 11 arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    fad_fwd_params_init(&p);
+    p.softmax_scale = 1.f;
+    if (as_int(args[0], "batch", &p.batch) || as_int(args[1], "seqlen_q", &p.seqlen_q) ||
+        as_int(args[2], "seqlen_k", &p.seqlen_k) || as_int(args[3], "num_heads", &p.num_heads) ||
+        as_int(args[4], "num_heads_k", &p.num_heads_k) || as_int(args[5], "head_dim", &p.head_dim) ||
+        as_int(args[6], "deterministic", &deterministic) ||
+        as_int(args[7], "split_size", &p.split_size) || as_int(args[8], "schedule", &schedule) ||
+        as_int(args[9], "device_index", &device))
+        return NULL;
+    p.deterministic = deterministic;
+    p.schedule = (fad_schedule)schedule;
+    if (nargs == 11) {
+        int total_q;
+        if (as_int(args[10], "total_q", &total_q))
+            return NULL;
+        if (total_q >= 0) { /* varlen: the flat rows are (Hq, total_q); pointers are not read */
+            static const int32_t dummy[1];
+            p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+            p.total_q = total_q;
+        }
+    }
+    fad_status st = enter_device(device, &prev, msg, sizeof msg);
+    if (st == FAD_OK) {
+        st = fad_fwd_workspace_size(&p, &bytes, msg, sizeof msg);
+        leave_device(device, prev);
+    }
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    return PyLong_FromSize_t(bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* append_kvcache                                                             */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(append_kvcache_doc,
+"append_kvcache(q, q_rot, k, v, k_cache, v_cache, cache_seqlens, seqlens_out,\n"
+"               cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,\n"
+"               rotary_interleaved, rotate_q_per_row, stream)\n"
+"--\n\n"
+"flash_attn_with_kvcache's rotary and append on CUDA tensors, one kernel (fad.h,\n"
+"fad_append_params). q (B, Sq, Hq, D); q_rot like q, contiguous, or None without\n"
+"rotary; k, v (B, Snew, Hkv, D) or None; k_cache, v_cache (entries or pages, rows,\n"
+"Hkv, D); int32 cache_seqlens (B,), seqlens_out (B,) or None (receives\n"
+"cache_seqlens + Snew), cache_batch_idx, cache_leftpad (B,) or None, block_table\n"
+"(B, max_blocks) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2), float32 or\n"
+"q's dtype, contiguous, or None.");
+
+/* An optional int32 vector (B,) or matrix (B, n) on q's device (NULL: None). */
+static int check_index(const DLTensor *t, const DLTensor *q, const char *name, int ndim)
+{
+    const int64_t shape[2] = {q->shape[0], -1};
+    return t ? check_tensor(t, q, name, kDLInt, 32, ndim, shape) : 0;
+}
+
+/* Checks append_kvcache's tensors (q_rot, k, v, seqlens_out, batch_idx,
+ * leftpad, table, cos, sin NULL-able; k and v together, cos and sin together)
+ * and fills p; p->rotary_interleaved and rotate_q_per_row are the caller's. */
+static int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k,
+                        const DLTensor *v, const DLTensor *kc, const DLTensor *vc,
+                        const DLTensor *seqlens, const DLTensor *seqlens_out,
+                        const DLTensor *batch_idx, const DLTensor *leftpad, const DLTensor *table,
+                        const DLTensor *cos, const DLTensor *sin, fad_append_params *p)
+{
+    if (check_q(q, 4))
+        return -1;
+    if (q->device.device_type != kDLCUDA) {
+        PyErr_SetString(PyExc_ValueError, "q: append_kvcache takes CUDA tensors");
+        return -1;
+    }
+    const int code = q->dtype.code;
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t any_d[4] = {-1, -1, -1, D};
+    if (check_tensor(kc, q, "k_cache", code, 16, 4, any_d))
+        return -1;
+    const int64_t Hk = kc->shape[2], cshape[4] = {kc->shape[0], kc->shape[1], Hk, D};
+    const int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, -1, Hk, D};
+    if (check_tensor(vc, q, "v_cache", code, 16, 4, cshape) ||
+        (q_rot && (check_tensor(q_rot, q, "q_rot", code, 16, 4, qshape) ||
+                   check_contiguous(q_rot, "q_rot"))))
+        return -1;
+    if (k) {
+        const int64_t vshape[4] = {B, k->shape[1], Hk, D};
+        if (check_tensor(k, q, "k", code, 16, 4, kshape) || check_tensor(v, q, "v", code, 16, 4, vshape))
+            return -1;
+    }
+    if (!seqlens) {
+        PyErr_SetString(PyExc_ValueError, "cache_seqlens: required");
+        return -1;
+    }
+    if (check_index(seqlens, q, "cache_seqlens", 1) || check_index(seqlens_out, q, "seqlens_out", 1) ||
+        check_index(batch_idx, q, "cache_batch_idx", 1) ||
+        check_index(leftpad, q, "cache_leftpad", 1) || check_index(table, q, "block_table", 2))
+        return -1;
+    if (cos) {
+        const int64_t two[2] = {-1, -1};
+        const int f32 = is_dtype(cos->dtype, kDLFloat, 32);
+        const int rcode = f32 ? kDLFloat : code, rbits = f32 ? 32 : 16;
+        const int64_t sshape[2] = {cos->ndim == 2 ? cos->shape[0] : -1,
+                                   cos->ndim == 2 ? cos->shape[1] : -1};
+        if (check_tensor(cos, q, "rotary_cos", rcode, rbits, 2, two) ||
+            check_contiguous(cos, "rotary_cos") ||
+            check_tensor(sin, q, "rotary_sin", rcode, rbits, 2, sshape) ||
+            check_contiguous(sin, "rotary_sin"))
+            return -1;
+        if (!q_rot && Sq > 0) {
+            PyErr_SetString(PyExc_ValueError, "q_rot: required with rotary_cos");
+            return -1;
+        }
+    }
+    if (fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
+        fits_int(kc->shape[0], "k_cache: dim 0") || fits_int(kc->shape[1], "k_cache: dim 1") ||
+        fits_int(Hk, "k_cache: heads") || (k && fits_int(k->shape[1], "k: seqlen")) ||
+        (cos && fits_int(cos->shape[0], "rotary_cos: seqlen")) ||
+        (table && fits_int(table->shape[1], "block_table: dim 1")))
+        return -1;
+
+    p->q = tensor_data(q), p->q_rot = q_rot ? tensor_data(q_rot) : NULL;
+    p->k = k ? tensor_data(k) : NULL, p->v = v ? tensor_data(v) : NULL;
+    p->k_cache = tensor_data(kc), p->v_cache = tensor_data(vc);
+    p->cache_seqlens = (const int32_t *)tensor_data(seqlens);
+    p->seqlens_out = seqlens_out ? (int32_t *)tensor_data(seqlens_out) : NULL;
+    p->cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
+    p->cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
+    p->block_table = table ? (const int32_t *)tensor_data(table) : NULL;
+    p->block_table_stride = table ? (int)tensor_stride(table, 0) : 0;
+    p->max_blocks = table ? (int)table->shape[1] : 0;
+    p->q_batch_stride = tensor_stride(q, 0), p->q_row_stride = tensor_stride(q, 1);
+    p->q_head_stride = tensor_stride(q, 2);
+    if (k) {
+        p->k_batch_stride = tensor_stride(k, 0), p->k_row_stride = tensor_stride(k, 1);
+        p->k_head_stride = tensor_stride(k, 2);
+        p->v_batch_stride = tensor_stride(v, 0), p->v_row_stride = tensor_stride(v, 1);
+        p->v_head_stride = tensor_stride(v, 2);
+    }
+    p->kc_batch_stride = tensor_stride(kc, 0), p->kc_row_stride = tensor_stride(kc, 1);
+    p->kc_head_stride = tensor_stride(kc, 2);
+    p->vc_batch_stride = tensor_stride(vc, 0), p->vc_row_stride = tensor_stride(vc, 1);
+    p->vc_head_stride = tensor_stride(vc, 2);
+    p->batch = (int)B, p->seqlen_q = (int)Sq, p->seqlen_new = k ? (int)k->shape[1] : 0;
+    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    p->kv_batch = (int)kc->shape[0], p->capacity = (int)kc->shape[1];
+    if (cos) {
+        p->rotary_cos = tensor_data(cos), p->rotary_sin = tensor_data(sin);
+        p->rotary_fp32 = is_dtype(cos->dtype, kDLFloat, 32);
+        p->seqlen_ro = (int)cos->shape[0];
+        p->rotary_dim = 2 * (int)cos->shape[1];
+    }
+    p->dtype = code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    return 0;
+}
+
+static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    /* in append_kvcache's argument order; NULL for None */
+    static const char *names[13] = {"q", "q_rot", "k", "v", "k_cache", "v_cache", "cache_seqlens",
+                                    "seqlens_out", "cache_batch_idx", "cache_leftpad",
+                                    "block_table", "rotary_cos", "rotary_sin"};
+    DLTensor *t[13] = {NULL};
+    int interleaved, per_row;
+    long long stream;
+    char msg[512] = "";
+    fad_append_params p;
+    if (nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "append_kvcache: expected 16 arguments, got %zd", nargs);
+        return NULL;
+    }
+    for (int i = 0; i < 13; i++)
+        if (args[i] != Py_None && get_tensor(ta, args[i], names[i], &t[i]))
+            return NULL;
+    if (!t[2] != !t[3]) {
+        PyErr_SetString(PyExc_ValueError, "k, v: give both or neither");
+        return NULL;
+    }
+    if (!t[11] != !t[12]) {
+        PyErr_SetString(PyExc_ValueError, "rotary_cos, rotary_sin: give both or neither");
+        return NULL;
+    }
+    if (as_int(args[13], "rotary_interleaved", &interleaved) ||
+        as_int(args[14], "rotate_q_per_row", &per_row))
+        return NULL;
+    stream = PyLong_AsLongLong(args[15]);
+    if (stream == -1 && PyErr_Occurred())
+        return NULL;
+    memset(&p, 0, sizeof p);
+    if (check_append(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
+                     t[12], &p))
+        return NULL;
+    p.rotary_interleaved = interleaved, p.rotate_q_per_row = per_row;
+
+    const DLTensor *q = t[0];
+    int prev = 0;
+    fad_status st = enter_device(q->device.device_id, &prev, msg, sizeof msg);
+    if (st == FAD_OK) {
+        st = fad_append_cuda(&p, (struct CUstream_st *)(uintptr_t)stream, msg, sizeof msg);
+        leave_device(q->device.device_id, prev);
+    }
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
 /* infer, infer_kvcache: an inference call's whole per-call path in C         */
 /* ------------------------------------------------------------------------ */
 /*
@@ -886,12 +1115,15 @@ static void free_tensor(DLManagedTensorVersioned *m)
 }
 
 /* Runs the checked forward p into out (owned: on success it becomes the
- * returned torch tensor, on failure it is freed). The workspace, when the plan
- * needs one, is a uint8 tensor of torch's for this call, freed after the launch:
- * safe, since the caching allocator hands a block out again only in the order of
- * the stream it was allocated for, the current one the kernels run on. */
+ * returned torch tensor, on failure it is freed), after append (CUDA only,
+ * NULL for none: flash_attn_with_kvcache's rotary and append) on the same
+ * stream. The forward's own checks and workspace come first, so a call that
+ * fails them writes nothing. The workspace, when the plan needs one, is a uint8
+ * tensor of torch's for this call, freed after the launch: safe, since the
+ * caching allocator hands a block out again only in the order of the stream it
+ * was allocated for, the current one the kernels run on. */
 static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const DLTensor *q,
-                           DLManagedTensorVersioned *out)
+                           const fad_append_params *append, DLManagedTensorVersioned *out)
 {
     char msg[512] = "";
     void *obj = NULL, *stream = NULL;
@@ -916,6 +1148,8 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
             const int64_t n = (int64_t)need;
             ws = new_tensor(st, q, 1, &n, (DLDataType){kDLUInt, 8, 1});
         }
+        if (run == FAD_OK && (ws || !need) && append)
+            run = fad_append_cuda(append, (struct CUstream_st *)stream, msg, sizeof msg);
         if (run == FAD_OK && (ws || !need))
             run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need,
                                (struct CUstream_st *)stream, msg, sizeof msg);
@@ -938,13 +1172,11 @@ fail:
 }
 
 /* The common end of the inference entries, given the verdict so far (TAKE:
- * the tensors are checked and in p): the options, a new output shaped like q,
+ * tensors and options are checked and in p): a new output shaped like q and
  * the run; or NotImplemented (LEAVE), or NULL (FAIL). */
 static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_params *p,
-                              const DLTensor *q, PyObject *scale, PyObject *causal)
+                              const DLTensor *q, const fad_append_params *append)
 {
-    if (take == TAKE)
-        take = take_options(st, scale, causal, p->head_dim, p);
     if (take == FAIL)
         return NULL;
     if (take == LEAVE) {
@@ -955,7 +1187,7 @@ static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_para
     if (!out)
         return NULL;
     set_out(p, &out->dl_tensor);
-    return run_infer(st, p, q, out);
+    return run_infer(st, p, q, append, out);
 }
 
 PyDoc_STRVAR(infer_doc,
@@ -983,269 +1215,104 @@ static PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_
     if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
         (take = take_tensor(ta, args[1], 1, &k)) == TAKE &&
         (take = take_tensor(ta, args[2], 1, &v)) == TAKE &&
-        (take = take_no_grad(ta->st, args, 3)) == TAKE)
-        take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE;
-    return finish_infer(ta->st, take, &p, q, args[3], args[4]);
+        (take = take_no_grad(ta->st, args, 3)) == TAKE &&
+        (take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE) == TAKE)
+        take = take_options(ta->st, args[3], args[4], p.head_dim, &p);
+    return finish_infer(ta->st, take, &p, q, NULL);
+}
+
+/* infer_kvcache's arguments, in order. */
+enum { KV_Q, KV_KC, KV_VC, KV_K, KV_V, KV_COS, KV_SIN, KV_SEQLENS, KV_BATCH_IDX, KV_LEFTPAD,
+       KV_TABLE, KV_NTENSORS, KV_SCALE = KV_NTENSORS, KV_CAUSAL, KV_INTERLEAVED, KV_NARGS };
+
+/* The rotary and append step of an infer_kvcache call (some of k, v, cos, sin
+ * given): its params, and the tensors it writes that the attention then reads
+ * (q_rot, seqlens_out; tmp[0..1], owned by the caller). LEAVE for what only the
+ * general path does: CPU tensors (torch ops there), cos/sin to be converted,
+ * and every misuse (it raises in its words). */
+static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS],
+                       PyObject *interleaved, fad_append_params *ap,
+                       DLManagedTensorVersioned *tmp[2])
+{
+    const DLTensor *q = t[KV_Q], *k = t[KV_K], *cos = t[KV_COS];
+    if (q->device.device_type != kDLCUDA || q->ndim != 4 || !t[KV_K] != !t[KV_V] ||
+        !t[KV_COS] != !t[KV_SIN] || (k && k->ndim != 4))
+        return LEAVE;
+    if (cos && (cos->ndim != 2 || cos->shape[1] <= 0 || 2 * cos->shape[1] > q->shape[3] ||
+                !(is_dtype(cos->dtype, kDLFloat, 32) || is_dtype(cos->dtype, q->dtype.code, 16))))
+        return LEAVE;
+    if (cos && !(tmp[0] = new_tensor(st, q, 4, q->shape, q->dtype)))
+        return FAIL;
+    if (k && k->shape[1] > 0 &&
+        !(tmp[1] = new_tensor(st, q, 1, q->shape, (DLDataType){kDLInt, 32, 1}))) /* (B,) */
+        return FAIL;
+    memset(ap, 0, sizeof *ap);
+    if (check_append(q, tmp[0] ? &tmp[0]->dl_tensor : NULL, k, t[KV_V], t[KV_KC], t[KV_VC],
+                     t[KV_SEQLENS], tmp[1] ? &tmp[1]->dl_tensor : NULL, t[KV_BATCH_IDX],
+                     t[KV_LEFTPAD], t[KV_TABLE], cos, t[KV_SIN], ap))
+        return LEAVE;
+    const int il = PyObject_IsTrue(interleaved);
+    if (il < 0)
+        return FAIL;
+    ap->rotary_interleaved = il;
+    return TAKE;
 }
 
 PyDoc_STRVAR(infer_kvcache_doc,
-"infer_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,\n"
-"              block_table, softmax_scale, causal) -> out or NotImplemented\n"
+"infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,\n"
+"              cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,\n"
+"              rotary_interleaved) -> out or NotImplemented\n"
 "--\n\n"
-"flash_attn_with_kvcache with no new keys, rotary, softmax_lse or score options\n"
-"beyond softmax_scale and causal, as infer does for flash_attn_func (that entry has\n"
-"no autograd anyway). The three optional int32 tensors may be None.");
+"flash_attn_with_kvcache with no softmax_lse or score options beyond softmax_scale\n"
+"and causal, as infer does for flash_attn_func (that entry has no autograd anyway).\n"
+"k, v, rotary_cos, rotary_sin (CUDA only: rotary and append first, one kernel),\n"
+"cache_batch_idx, cache_leftpad and block_table may be None.");
 
 static PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args targs, *ta = &targs;
     tensor_args_init(ta, module);
-    DLTensor *q = NULL, *kc, *vc, *seqlens, *opt[3] = {NULL, NULL, NULL}; /* batch_idx, leftpad, table */
+    /* plain: the operands the general path copies into a contiguous, aligned form */
+    static const int plain[KV_NTENSORS] = {[KV_Q] = 1, [KV_K] = 1, [KV_V] = 1, [KV_COS] = 1,
+                                           [KV_SIN] = 1};
+    DLTensor *t[KV_NTENSORS] = {NULL};
+    DLManagedTensorVersioned *tmp[2] = {NULL, NULL}; /* q_rot, seqlens_out */
     fad_fwd_params p;
-    int take;
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "infer_kvcache: expected 9 arguments, got %zd", nargs);
+    fad_append_params ap;
+    int take = TAKE, appends;
+    if (nargs != KV_NARGS) {
+        PyErr_Format(PyExc_TypeError, "infer_kvcache: expected %d arguments, got %zd", KV_NARGS,
+                     nargs);
         return NULL;
     }
     if (!ta->st->can_allocate)
         Py_RETURN_NOTIMPLEMENTED;
     fad_fwd_params_init(&p);
-    if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
-        (take = take_tensor(ta, args[1], 0, &kc)) == TAKE &&
-        (take = take_tensor(ta, args[2], 0, &vc)) == TAKE &&
-        (take = take_tensor(ta, args[3], 0, &seqlens)) == TAKE)
-        for (int i = 0; i < 3 && take == TAKE; i++)
-            if (args[4 + i] != Py_None)
-                take = take_tensor(ta, args[4 + i], 0, &opt[i]);
+    for (int i = 0; i < KV_NTENSORS && take == TAKE; i++)
+        if (args[i] != Py_None || i < KV_K || i == KV_SEQLENS) /* None for a required one: LEAVE */
+            take = take_tensor(ta, args[i], plain[i], &t[i]);
+    if (take != TAKE)
+        return finish_infer(ta->st, take, &p, NULL, NULL);
     /* Left to the general path: its own checks of a block table (with the other
      * two; on the CPU, every page it names). */
-    if (take == TAKE && opt[2] && (opt[0] || opt[1] || q->device.device_type == kDLCPU))
+    if (t[KV_TABLE] && (t[KV_BATCH_IDX] || t[KV_LEFTPAD] || t[KV_Q]->device.device_type == kDLCPU))
         take = LEAVE;
+    appends = t[KV_K] || t[KV_V] || t[KV_COS] || t[KV_SIN];
+    if (take == TAKE && appends)
+        take = take_append(ta->st, t, args[KV_INTERLEAVED], &ap, tmp);
+    if (take == TAKE) /* the attention reads the rotated q and the lengths after the append */
+        take = check_fwd_kvcache(tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q], t[KV_KC], t[KV_VC], NULL,
+                                 NULL, tmp[1] ? &tmp[1]->dl_tensor : t[KV_SEQLENS],
+                                 t[KV_BATCH_IDX], t[KV_LEFTPAD], t[KV_TABLE], &p) ? LEAVE : TAKE;
     if (take == TAKE)
-        take = check_fwd_kvcache(q, kc, vc, NULL, NULL, seqlens, opt[0], opt[1], opt[2], &p)
-                   ? LEAVE : TAKE;
-    return finish_infer(ta->st, take, &p, q, args[7], args[8]);
-}
-
-/* ------------------------------------------------------------------------ */
-/* fwd_workspace_size                                                         */
-/* ------------------------------------------------------------------------ */
-
-PyDoc_STRVAR(fwd_workspace_size_doc,
-"fwd_workspace_size(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,\n"
-"                   deterministic, split_size, schedule, device_index, total_q=-1) -> int\n"
-"--\n\n"
-"Bytes of CUDA workspace fwd needs for these sizes on that device (often 0).\n"
-"For fwd_varlen pass max_seqlen_q/k as seqlen_q/k and total_q (rows of q).");
-
-static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *args,
-                                           Py_ssize_t nargs)
-{
-    (void)module;
-    fad_fwd_params p;
-    char msg[512] = "";
-    int deterministic, schedule, device, prev = 0;
-    size_t bytes = 0;
-
-    if (nargs != 10 && nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "fwd_workspace_size: expected 10 or 11 arguments, got %zd",
-                     nargs);
-        return NULL;
-    }
-    fad_fwd_params_init(&p);
-    p.softmax_scale = 1.f;
-    if (as_int(args[0], "batch", &p.batch) || as_int(args[1], "seqlen_q", &p.seqlen_q) ||
-        as_int(args[2], "seqlen_k", &p.seqlen_k) || as_int(args[3], "num_heads", &p.num_heads) ||
-        as_int(args[4], "num_heads_k", &p.num_heads_k) || as_int(args[5], "head_dim", &p.head_dim) ||
-        as_int(args[6], "deterministic", &deterministic) ||
-        as_int(args[7], "split_size", &p.split_size) || as_int(args[8], "schedule", &schedule) ||
-        as_int(args[9], "device_index", &device))
-        return NULL;
-    p.deterministic = deterministic;
-    p.schedule = (fad_schedule)schedule;
-    if (nargs == 11) {
-        int total_q;
-        if (as_int(args[10], "total_q", &total_q))
-            return NULL;
-        if (total_q >= 0) { /* varlen: the flat rows are (Hq, total_q); pointers are not read */
-            static const int32_t dummy[1];
-            p.cu_seqlens_q = p.cu_seqlens_k = dummy;
-            p.total_q = total_q;
-        }
-    }
-    fad_status st = enter_device(device, &prev, msg, sizeof msg);
-    if (st == FAD_OK) {
-        st = fad_fwd_workspace_size(&p, &bytes, msg, sizeof msg);
-        leave_device(device, prev);
-    }
-    if (st != FAD_OK)
-        return raise_status(st, msg);
-    return PyLong_FromSize_t(bytes);
-}
-
-/* ------------------------------------------------------------------------ */
-/* append_kvcache                                                             */
-/* ------------------------------------------------------------------------ */
-
-PyDoc_STRVAR(append_kvcache_doc,
-"append_kvcache(q, q_rot, k, v, k_cache, v_cache, cache_seqlens, seqlens_out,\n"
-"               cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,\n"
-"               rotary_interleaved, rotate_q_per_row, stream)\n"
-"--\n\n"
-"flash_attn_with_kvcache's rotary and append on CUDA tensors, one kernel (fad.h,\n"
-"fad_append_params). q (B, Sq, Hq, D); q_rot like q, contiguous, or None without\n"
-"rotary; k, v (B, Snew, Hkv, D) or None; k_cache, v_cache (entries or pages, rows,\n"
-"Hkv, D); int32 cache_seqlens (B,), seqlens_out (B,) or None (receives\n"
-"cache_seqlens + Snew), cache_batch_idx, cache_leftpad (B,) or None, block_table\n"
-"(B, max_blocks) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2), float32 or\n"
-"q's dtype, contiguous, or None.");
-
-/* An optional int32 vector (B,) or matrix (B, n) on q's device; NULL for None. */
-static int get_index(tensor_args *ta, PyObject *o, const DLTensor *q, const char *name, int ndim,
-                     DLTensor **t)
-{
-    const int64_t shape[2] = {q->shape[0], -1};
-    *t = NULL;
-    if (o == Py_None)
-        return 0;
-    return get_tensor(ta, o, name, t) || check_tensor(*t, q, name, kDLInt, 32, ndim, shape);
-}
-
-static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    tensor_args targs, *ta = &targs;
-    tensor_args_init(ta, module);
-    DLTensor *q, *q_rot = NULL, *k = NULL, *v = NULL, *kc, *vc, *seqlens, *seqlens_out;
-    DLTensor *batch_idx, *leftpad, *table, *cos = NULL, *sin = NULL;
-    int interleaved, per_row;
-    long long stream;
-    char msg[512] = "";
-    if (nargs != 16) {
-        PyErr_Format(PyExc_TypeError, "append_kvcache: expected 16 arguments, got %zd", nargs);
-        return NULL;
-    }
-    if (get_tensor(ta, args[0], "q", &q) || check_q(q, 4))
-        return NULL;
-    if (q->device.device_type != kDLCUDA) {
-        PyErr_SetString(PyExc_ValueError, "q: append_kvcache takes CUDA tensors");
-        return NULL;
-    }
-    const int code = q->dtype.code;
-    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], D = q->shape[3];
-    const int64_t any_d[4] = {-1, -1, -1, D};
-    if (get_tensor(ta, args[4], "k_cache", &kc) || check_tensor(kc, q, "k_cache", code, 16, 4, any_d))
-        return NULL;
-    const int64_t Hk = kc->shape[2], cshape[4] = {kc->shape[0], kc->shape[1], Hk, D};
-    const int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, -1, Hk, D};
-    if (get_tensor(ta, args[5], "v_cache", &vc) || check_tensor(vc, q, "v_cache", code, 16, 4, cshape))
-        return NULL;
-    if (args[1] != Py_None && (get_tensor(ta, args[1], "q_rot", &q_rot) ||
-                               check_tensor(q_rot, q, "q_rot", code, 16, 4, qshape) ||
-                               check_contiguous(q_rot, "q_rot")))
-        return NULL;
-    if ((args[2] == Py_None) != (args[3] == Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "k, v: give both or neither");
-        return NULL;
-    }
-    if (args[2] != Py_None &&
-        (get_tensor(ta, args[2], "k", &k) || check_tensor(k, q, "k", code, 16, 4, kshape) ||
-         get_tensor(ta, args[3], "v", &v)))
-        return NULL;
-    if (k) {
-        const int64_t vshape[4] = {B, k->shape[1], Hk, D};
-        if (check_tensor(v, q, "v", code, 16, 4, vshape))
-            return NULL;
-    }
-    if (get_index(ta, args[6], q, "cache_seqlens", 1, &seqlens) ||
-        get_index(ta, args[7], q, "seqlens_out", 1, &seqlens_out) ||
-        get_index(ta, args[8], q, "cache_batch_idx", 1, &batch_idx) ||
-        get_index(ta, args[9], q, "cache_leftpad", 1, &leftpad) ||
-        get_index(ta, args[10], q, "block_table", 2, &table))
-        return NULL;
-    if (!seqlens) {
-        PyErr_SetString(PyExc_ValueError, "cache_seqlens: required");
-        return NULL;
-    }
-    if ((args[11] == Py_None) != (args[12] == Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "rotary_cos, rotary_sin: give both or neither");
-        return NULL;
-    }
-    if (args[11] != Py_None) {
-        const int64_t two[2] = {-1, -1};
-        if (get_tensor(ta, args[11], "rotary_cos", &cos) || get_tensor(ta, args[12], "rotary_sin", &sin))
-            return NULL;
-        const int f32 = is_dtype(cos->dtype, kDLFloat, 32);
-        const int rcode = f32 ? kDLFloat : code, rbits = f32 ? 32 : 16;
-        const int64_t sshape[2] = {cos->ndim == 2 ? cos->shape[0] : -1,
-                                   cos->ndim == 2 ? cos->shape[1] : -1};
-        if (check_tensor(cos, q, "rotary_cos", rcode, rbits, 2, two) ||
-            check_contiguous(cos, "rotary_cos") ||
-            check_tensor(sin, q, "rotary_sin", rcode, rbits, 2, sshape) ||
-            check_contiguous(sin, "rotary_sin"))
-            return NULL;
-        if (!q_rot && Sq > 0) {
-            PyErr_SetString(PyExc_ValueError, "q_rot: required with rotary_cos");
-            return NULL;
-        }
-    }
-    if (as_int(args[13], "rotary_interleaved", &interleaved) ||
-        as_int(args[14], "rotate_q_per_row", &per_row))
-        return NULL;
-    stream = PyLong_AsLongLong(args[15]);
-    if (stream == -1 && PyErr_Occurred())
-        return NULL;
-    if (fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
-        fits_int(kc->shape[0], "k_cache: dim 0") || fits_int(kc->shape[1], "k_cache: dim 1") ||
-        fits_int(Hk, "k_cache: heads") || (k && fits_int(k->shape[1], "k: seqlen")) ||
-        (cos && fits_int(cos->shape[0], "rotary_cos: seqlen")) ||
-        (table && fits_int(table->shape[1], "block_table: dim 1")))
-        return NULL;
-
-    fad_append_params p;
-    memset(&p, 0, sizeof p);
-    p.q = tensor_data(q), p.q_rot = q_rot ? tensor_data(q_rot) : NULL;
-    p.k = k ? tensor_data(k) : NULL, p.v = v ? tensor_data(v) : NULL;
-    p.k_cache = tensor_data(kc), p.v_cache = tensor_data(vc);
-    p.cache_seqlens = (const int32_t *)tensor_data(seqlens);
-    p.seqlens_out = seqlens_out ? (int32_t *)tensor_data(seqlens_out) : NULL;
-    p.cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
-    p.cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
-    p.block_table = table ? (const int32_t *)tensor_data(table) : NULL;
-    p.block_table_stride = table ? (int)tensor_stride(table, 0) : 0;
-    p.max_blocks = table ? (int)table->shape[1] : 0;
-    p.q_batch_stride = tensor_stride(q, 0), p.q_row_stride = tensor_stride(q, 1);
-    p.q_head_stride = tensor_stride(q, 2);
-    if (k) {
-        p.k_batch_stride = tensor_stride(k, 0), p.k_row_stride = tensor_stride(k, 1);
-        p.k_head_stride = tensor_stride(k, 2);
-        p.v_batch_stride = tensor_stride(v, 0), p.v_row_stride = tensor_stride(v, 1);
-        p.v_head_stride = tensor_stride(v, 2);
-    }
-    p.kc_batch_stride = tensor_stride(kc, 0), p.kc_row_stride = tensor_stride(kc, 1);
-    p.kc_head_stride = tensor_stride(kc, 2);
-    p.vc_batch_stride = tensor_stride(vc, 0), p.vc_row_stride = tensor_stride(vc, 1);
-    p.vc_head_stride = tensor_stride(vc, 2);
-    p.batch = (int)B, p.seqlen_q = (int)Sq, p.seqlen_new = k ? (int)k->shape[1] : 0;
-    p.num_heads = (int)H, p.num_heads_k = (int)Hk, p.head_dim = (int)D;
-    p.kv_batch = (int)kc->shape[0], p.capacity = (int)kc->shape[1];
-    if (cos) {
-        p.rotary_cos = tensor_data(cos), p.rotary_sin = tensor_data(sin);
-        p.rotary_fp32 = is_dtype(cos->dtype, kDLFloat, 32);
-        p.seqlen_ro = (int)cos->shape[0];
-        p.rotary_dim = 2 * (int)cos->shape[1];
-    }
-    p.rotary_interleaved = interleaved, p.rotate_q_per_row = per_row;
-    p.dtype = code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
-
-    int prev = 0;
-    fad_status st = enter_device(q->device.device_id, &prev, msg, sizeof msg);
-    if (st == FAD_OK) {
-        st = fad_append_cuda(&p, (struct CUstream_st *)(uintptr_t)stream, msg, sizeof msg);
-        leave_device(q->device.device_id, prev);
-    }
-    if (st != FAD_OK)
-        return raise_status(st, msg);
-    Py_RETURN_NONE;
+        take = take_options(ta->st, args[KV_SCALE], args[KV_CAUSAL], p.head_dim, &p);
+    if (take == TAKE && appends) /* q rotates per row where the mask is local: causal here */
+        ap.rotate_q_per_row = p.causal;
+    PyObject *res = finish_infer(ta->st, take, &p, tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q],
+                                 appends ? &ap : NULL);
+    free_tensor(tmp[0]); /* after the launches, in stream order (run_infer's rule) */
+    free_tensor(tmp[1]);
+    return res;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -432,12 +432,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    if (_infer_kvcache is not None and k is None and v is None and rotary_cos is None
-            and rotary_sin is None and not (softcap or return_softmax_lse)
+    if (_infer_kvcache is not None and not (softcap or return_softmax_lse)
             and alibi_slopes is None and window_size == (-1, -1)
             and cache_seqlens is not None and not torch.compiler.is_compiling()):
-        out = _infer_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
-                             block_table, softmax_scale, causal)
+        out = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                             rotary_interleaved)
         if out is not NotImplemented:
             return out
     if cache_seqlens is None and isinstance(k_cache, torch.Tensor) and k_cache.dim():

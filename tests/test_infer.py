@@ -34,6 +34,15 @@ def general_kvcache(q, kc, vc, lens, softmax_scale=None, causal=False, **kw):
                                   want_lse=False)[0]
 
 
+def infer_kvcache(q, kc, vc, lens, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                  cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                  causal=False, rotary_interleaved=True):
+    """_C.infer_kvcache with flash_attn_with_kvcache's keywords."""
+    return interface._infer_kvcache(q, kc, vc, k, v, rotary_cos, rotary_sin, lens,
+                                    cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+                                    causal, rotary_interleaved)
+
+
 @pytest.fixture
 def no_general_path(monkeypatch):
     """Within the test, the general forward paths raise: a call that succeeds took _C.infer*."""
@@ -158,8 +167,7 @@ def test_infer_kvcache_same_bits_as_general_path(device, opts):
     if opts == "leftpad":
         kw["cache_leftpad"] = torch.tensor([5, 0, 1], dtype=torch.int32, device=device)
     for causal in (False, True):
-        got = interface._infer_kvcache(q, kc, vc, lens, kw.get("cache_batch_idx"),
-                                       kw.get("cache_leftpad"), None, None, causal)
+        got = infer_kvcache(q, kc, vc, lens, causal=causal, **kw)
         assert got is not NotImplemented
         assert torch.equal(got, general_kvcache(q, kc, vc, lens, causal=causal, **kw))
 
@@ -172,7 +180,7 @@ def test_infer_kvcache_paged_same_bits():
     kc, vc = (randn(g, (n_pages, page, Hk, D), torch.float16, "cuda") for _ in range(2))
     table = torch.randperm(n_pages, generator=g)[:B * 20].view(B, 20).int().cuda()
     lens = torch.tensor([300, 17], dtype=torch.int32, device="cuda")
-    got = interface._infer_kvcache(q, kc, vc, lens, None, None, table, None, True)
+    got = infer_kvcache(q, kc, vc, lens, causal=True, block_table=table)
     assert got is not NotImplemented
     assert torch.equal(got, general_kvcache(q, kc, vc, lens, causal=True, block_table=table))
 
@@ -196,9 +204,9 @@ def test_infer_kvcache_leaves_what_the_general_path_handles(device):
     table = torch.zeros(2, 16, dtype=torch.int32, device=device)
     idx = torch.tensor([1, 0], dtype=torch.int32, device=device)
     leave = NotImplemented
-    assert interface._infer_kvcache(q, kc, vc, 100, None, None, None, None, False) is leave
-    assert interface._infer_kvcache(q, kc, vc, lens.long(), None, None, None, None, False) is leave
-    assert interface._infer_kvcache(q, kc, vc, lens, idx, None, table, None, False) is leave
+    assert infer_kvcache(q, kc, vc, 100) is leave
+    assert infer_kvcache(q, kc, vc, lens.long()) is leave
+    assert infer_kvcache(q, kc, vc, lens, cache_batch_idx=idx, block_table=table) is leave
     with pytest.raises(ValueError, match="block_table: cannot be combined"):
         fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_batch_idx=idx,
                                     block_table=table)
@@ -231,3 +239,94 @@ def test_infer_on_the_current_stream_and_in_a_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, general_fwd(q2, k2, v2, causal=True))
+
+
+@pytest.fixture
+def general_only(monkeypatch):
+    """Calls made through the returned function take the general path."""
+    def call(fn, *args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(interface, "_infer", None)
+            m.setattr(interface, "_infer_kvcache", None)
+            return fn(*args, **kwargs)
+    return call
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the append step runs in C on CUDA only")
+@pytest.mark.parametrize("rotary", [None, "interleaved", "halves", "fp32"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "leftpad"])
+@pytest.mark.parametrize("n_new", [1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_infer_kvcache_append_same_bits(general_only, rotary, layout, n_new, causal):
+    """Rotary + append + attention in one C call: the output and both caches have the
+    general path's bits (which the kvcache tests tie to the CPU reference)."""
+    g = make_gen(51)
+    dev, dt, B, Hk, G, D, cap = "cuda", torch.bfloat16, 3, 2, 4, 128, 512
+    q = randn(g, (B, n_new, Hk * G, D), dt, dev)
+    k, v = (randn(g, (B, n_new, Hk, D), dt, dev) for _ in range(2))
+    kw = {"causal": causal}
+    if rotary:
+        cos = torch.rand(1024, 32, generator=g).to(dev)
+        sin = torch.rand(1024, 32, generator=g).to(dev)
+        kw.update(rotary_cos=cos if rotary == "fp32" else cos.to(dt),
+                  rotary_sin=sin if rotary == "fp32" else sin.to(dt),
+                  rotary_interleaved=rotary != "halves")
+    lens = torch.tensor([300, 0, 77], dtype=torch.int32, device=dev)
+    if layout == "paged":
+        page, n_pages = 16, 3 * cap // 16
+        kc, vc = (randn(g, (n_pages, page, Hk, D), dt, dev) for _ in range(2))
+        kw["block_table"] = torch.randperm(n_pages, generator=g).view(B, -1).int().to(dev)
+    else:
+        kc, vc = (randn(g, (B, cap, Hk, D), dt, dev) for _ in range(2))
+        if layout == "leftpad":
+            kw["cache_leftpad"] = torch.tensor([10, 0, 5], dtype=torch.int32, device=dev)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = infer_kvcache(q, kc, vc, lens, k=k, v=v, **kw)
+    assert got is not NotImplemented
+    want = general_only(fad.flash_attn_with_kvcache, q, kc2, vc2, k=k, v=v, cache_seqlens=lens,
+                        **kw)
+    assert torch.equal(got, want)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the append step runs in C on CUDA only")
+def test_flash_attn_with_kvcache_append_takes_infer(no_general_path):
+    g = make_gen(52)
+    q = randn(g, (1, 1, 4, 64), torch.float16, "cuda")
+    k, v = (randn(g, (1, 1, 1, 64), torch.float16, "cuda") for _ in range(2))
+    kc, vc = (torch.zeros(1, 64, 1, 64, dtype=torch.float16, device="cuda") for _ in range(2))
+    cos, sin = (torch.rand(64, 16, generator=g).cuda() for _ in range(2))
+    lens = torch.tensor([5], dtype=torch.int32, device="cuda")
+    out = fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=lens, causal=True)
+    assert torch.isfinite(out).all()
+    assert torch.equal(vc[0, 5], v[0, 0]) and not torch.equal(kc[0, 5], k[0, 0])  # k rotated
+    assert torch.equal(lens, torch.tensor([5], dtype=torch.int32, device="cuda"))  # not written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_kvcache_append_leaves_what_the_general_path_handles(device):
+    g = make_gen(53)
+    q = randn(g, (2, 1, 4, 64), torch.bfloat16, device)
+    k, v = (randn(g, (2, 1, 2, 64), torch.bfloat16, device) for _ in range(2))
+    kc, vc = (randn(g, (2, 64, 2, 64), torch.bfloat16, device) for _ in range(2))
+    lens = torch.tensor([5, 9], dtype=torch.int32, device=device)
+    cos, sin = (torch.rand(64, 16, generator=g).to(device) for _ in range(2))
+    before = kc.clone()
+    leave = NotImplemented
+    if device == "cpu":  # the CPU path appends with torch ops, in Python
+        assert infer_kvcache(q, kc, vc, lens, k=k, v=v) is leave
+    assert infer_kvcache(q, kc, vc, lens, k=k) is leave  # v missing: the general path raises
+    assert infer_kvcache(q, kc, vc, lens, rotary_cos=cos) is leave
+    assert infer_kvcache(q, kc, vc, lens, k=k, v=v, rotary_cos=cos.double(),
+                         rotary_sin=sin.double()) is leave  # converted there
+    assert infer_kvcache(q, kc, vc, lens, k=k, v=v, rotary_cos=torch.rand(64, 40).to(device),
+                         rotary_sin=torch.rand(64, 40).to(device)) is leave  # rotary_dim > D
+    assert infer_kvcache(q, kc, vc, lens, k=k[:, :, :1], v=v[:, :, :1]) is leave
+    assert torch.equal(kc, before)
+    with pytest.raises(ValueError, match="k, v: give both or neither"):
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="rotary_cos, rotary_sin"):
+        fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, rotary_cos=torch.rand(64, 40).to(device),
+                                    rotary_sin=torch.rand(64, 40).to(device), cache_seqlens=lens)
+    assert torch.equal(kc, before)
