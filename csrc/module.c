@@ -1114,8 +1114,9 @@ static void free_tensor(DLManagedTensorVersioned *m)
         m->deleter(m);
 }
 
-/* Runs the checked forward p into out (owned: on success it becomes the
- * returned torch tensor, on failure it is freed), after append (CUDA only,
+/* Runs the checked forward p into out and lse (NULL-able; owned: on success
+ * they become the returned torch tensor, or the pair (out, lse), on failure
+ * they are freed), after append (CUDA only,
  * NULL for none: flash_attn_with_kvcache's rotary and append) on the same
  * stream. The forward's own checks and workspace come first, so a call that
  * fails them writes nothing. The workspace, when the plan needs one, is a uint8
@@ -1123,10 +1124,11 @@ static void free_tensor(DLManagedTensorVersioned *m)
  * caching allocator hands a block out again only in the order of the stream it
  * was allocated for, the current one the kernels run on. */
 static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const DLTensor *q,
-                           const fad_append_params *append, DLManagedTensorVersioned *out)
+                           const fad_append_params *append, DLManagedTensorVersioned *out,
+                           DLManagedTensorVersioned *lse)
 {
     char msg[512] = "";
-    void *obj = NULL, *stream = NULL;
+    void *obj = NULL, *lse_obj = NULL, *stream = NULL;
     fad_status run = FAD_OK;
     p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
     if (q->device.device_type == kDLCPU) {
@@ -1163,40 +1165,64 @@ raise:
         raise_status(run, msg);
         goto fail;
     }
-    if (st->api->managed_tensor_to_py_object_no_sync(out, &obj) != 0)
-        return NULL; /* out was stolen, even on failure */
-    return (PyObject *)obj;
+    /* the API takes each tensor, even on failure */
+    if (st->api->managed_tensor_to_py_object_no_sync(out, &obj) != 0) {
+        free_tensor(lse);
+        return NULL;
+    }
+    if (!lse)
+        return (PyObject *)obj;
+    if (st->api->managed_tensor_to_py_object_no_sync(lse, &lse_obj) != 0) {
+        Py_DECREF((PyObject *)obj);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, (PyObject *)obj, (PyObject *)lse_obj);
+    Py_DECREF((PyObject *)obj);
+    Py_DECREF((PyObject *)lse_obj);
+    return pair;
 fail:
     free_tensor(out);
+    free_tensor(lse);
     return NULL;
 }
 
 /* The common end of the inference entries, given the verdict so far (TAKE:
- * tensors and options are checked and in p): a new output shaped like q and
- * the run; or NotImplemented (LEAVE), or NULL (FAIL). */
+ * tensors and options are checked and in p): a new output shaped like q (and
+ * softmax_lse (B, H, Sq) float32 when want_lse) and the run; or NotImplemented
+ * (LEAVE), or NULL (FAIL). */
 static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_params *p,
-                              const DLTensor *q, const fad_append_params *append)
+                              const DLTensor *q, const fad_append_params *append, PyObject *want_lse)
 {
-    if (take == FAIL)
+    DLManagedTensorVersioned *out, *lse = NULL;
+    const int with_lse = take == TAKE ? PyObject_IsTrue(want_lse) : 0;
+    if (take == FAIL || with_lse < 0)
         return NULL;
     if (take == LEAVE) {
         PyErr_Clear(); /* a failed check's message: the general path raises it in its words */
         Py_RETURN_NOTIMPLEMENTED;
     }
-    DLManagedTensorVersioned *out = new_tensor(st, q, q->ndim, q->shape, q->dtype);
-    if (!out)
+    if (!(out = new_tensor(st, q, q->ndim, q->shape, q->dtype)))
         return NULL;
+    if (with_lse) {
+        const int64_t shape[3] = {q->shape[0], q->shape[2], q->shape[1]};
+        if (!(lse = new_tensor(st, q, 3, shape, (DLDataType){kDLFloat, 32, 1}))) {
+            free_tensor(out);
+            return NULL;
+        }
+        p->softmax_lse = (float *)tensor_data(&lse->dl_tensor);
+    }
     set_out(p, &out->dl_tensor);
-    return run_infer(st, p, q, append, out);
+    return run_infer(st, p, q, append, out, lse);
 }
 
 PyDoc_STRVAR(infer_doc,
-"infer(q, k, v, softmax_scale, causal) -> out or NotImplemented\n"
+"infer(q, k, v, softmax_scale, causal, want_lse) -> out, (out, softmax_lse) or NotImplemented\n"
 "--\n\n"
 "flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal) for a call\n"
-"with no autograd, in the mode set_mode last set: out allocated by torch, launched\n"
-"on torch's current stream. NotImplemented (nothing written) when the call is not\n"
-"one it takes as it is: the caller then takes the general path (fwd).");
+"with no autograd, in the mode set_mode last set: out (and softmax_lse (B, Hq, Sq)\n"
+"float32 when want_lse) allocated by torch, launched on torch's current stream.\n"
+"NotImplemented (nothing written) when the call is not one it takes as it is: the\n"
+"caller then takes the general path (fwd).");
 
 static PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1205,8 +1231,8 @@ static PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_
     DLTensor *q = NULL, *k, *v;
     fad_fwd_params p;
     int take;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "infer: expected 5 arguments, got %zd", nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "infer: expected 6 arguments, got %zd", nargs);
         return NULL;
     }
     if (!ta->st->can_allocate)
@@ -1218,12 +1244,13 @@ static PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_
         (take = take_no_grad(ta->st, args, 3)) == TAKE &&
         (take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE) == TAKE)
         take = take_options(ta->st, args[3], args[4], p.head_dim, &p);
-    return finish_infer(ta->st, take, &p, q, NULL);
+    return finish_infer(ta->st, take, &p, q, NULL, args[5]);
 }
 
 /* infer_kvcache's arguments, in order. */
 enum { KV_Q, KV_KC, KV_VC, KV_K, KV_V, KV_COS, KV_SIN, KV_SEQLENS, KV_BATCH_IDX, KV_LEFTPAD,
-       KV_TABLE, KV_NTENSORS, KV_SCALE = KV_NTENSORS, KV_CAUSAL, KV_INTERLEAVED, KV_NARGS };
+       KV_TABLE, KV_NTENSORS, KV_SCALE = KV_NTENSORS, KV_CAUSAL, KV_INTERLEAVED, KV_WANT_LSE,
+       KV_NARGS };
 
 /* The rotary and append step of an infer_kvcache call (some of k, v, cos, sin
  * given): its params, and the tensors it writes that the attention then reads
@@ -1261,10 +1288,10 @@ static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS
 PyDoc_STRVAR(infer_kvcache_doc,
 "infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,\n"
 "              cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,\n"
-"              rotary_interleaved) -> out or NotImplemented\n"
+"              rotary_interleaved, want_lse) -> out, (out, softmax_lse) or NotImplemented\n"
 "--\n\n"
-"flash_attn_with_kvcache with no softmax_lse or score options beyond softmax_scale\n"
-"and causal, as infer does for flash_attn_func (that entry has no autograd anyway).\n"
+"flash_attn_with_kvcache with no score options beyond softmax_scale and causal, as\n"
+"infer does for flash_attn_func (that entry has no autograd anyway).\n"
 "k, v, rotary_cos, rotary_sin (CUDA only: rotary and append first, one kernel),\n"
 "cache_batch_idx, cache_leftpad and block_table may be None.");
 
@@ -1292,7 +1319,7 @@ static PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, P
         if (args[i] != Py_None || i < KV_K || i == KV_SEQLENS) /* None for a required one: LEAVE */
             take = take_tensor(ta, args[i], plain[i], &t[i]);
     if (take != TAKE)
-        return finish_infer(ta->st, take, &p, NULL, NULL);
+        return finish_infer(ta->st, take, &p, NULL, NULL, NULL);
     /* Left to the general path: its own checks of a block table (with the other
      * two; on the CPU, every page it names). */
     if (t[KV_TABLE] && (t[KV_BATCH_IDX] || t[KV_LEFTPAD] || t[KV_Q]->device.device_type == kDLCPU))
@@ -1309,7 +1336,7 @@ static PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, P
     if (take == TAKE && appends) /* q rotates per row where the mask is local: causal here */
         ap.rotate_q_per_row = p.causal;
     PyObject *res = finish_infer(ta->st, take, &p, tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q],
-                                 appends ? &ap : NULL);
+                                 appends ? &ap : NULL, args[KV_WANT_LSE]);
     free_tensor(tmp[0]); /* after the launches, in stream order (run_infer's rule) */
     free_tensor(tmp[1]);
     return res;

@@ -245,12 +245,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     with softmax_lse (batch, nheads, seqlen_q) fp32 when return_attn_probs.
     Rows that see no key get out 0 and lse -inf.
     """
-    if (_infer is not None and not (dropout_p or softcap or return_attn_probs)
-            and alibi_slopes is None and window_size == (-1, -1)
-            and not torch.compiler.is_compiling()):
-        out = _infer(q, k, v, softmax_scale, causal)  # NotImplemented: not a call it takes as is
-        if out is not NotImplemented:
-            return out
+    if (_infer is not None and not (dropout_p or softcap) and alibi_slopes is None
+            and window_size == (-1, -1) and not torch.compiler.is_compiling()):
+        res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
+        if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
+            return (*res, None) if return_attn_probs else res
     _no_dropout(dropout_p)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
@@ -432,14 +431,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    if (_infer_kvcache is not None and not (softcap or return_softmax_lse)
-            and alibi_slopes is None and window_size == (-1, -1)
-            and cache_seqlens is not None and not torch.compiler.is_compiling()):
-        out = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    if (_infer_kvcache is not None and not softcap and alibi_slopes is None
+            and window_size == (-1, -1) and cache_seqlens is not None
+            and not torch.compiler.is_compiling()):
+        res = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                              cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                             rotary_interleaved)
-        if out is not NotImplemented:
-            return out
+                             rotary_interleaved, return_softmax_lse)
+        if res is not NotImplemented:
+            return res
     if cache_seqlens is None and isinstance(k_cache, torch.Tensor) and k_cache.dim():
         cache_seqlens = k_cache.shape[1] if k is None else 0
     if isinstance(cache_seqlens, int) and isinstance(q, torch.Tensor) and q.dim():

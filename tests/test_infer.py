@@ -34,13 +34,17 @@ def general_kvcache(q, kc, vc, lens, softmax_scale=None, causal=False, **kw):
                                   want_lse=False)[0]
 
 
+def infer(q, k, v, softmax_scale=None, causal=False, want_lse=False):
+    return interface._infer(q, k, v, softmax_scale, causal, want_lse)
+
+
 def infer_kvcache(q, kc, vc, lens, k=None, v=None, rotary_cos=None, rotary_sin=None,
                   cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
-                  causal=False, rotary_interleaved=True):
+                  causal=False, rotary_interleaved=True, want_lse=False):
     """_C.infer_kvcache with flash_attn_with_kvcache's keywords."""
     return interface._infer_kvcache(q, kc, vc, k, v, rotary_cos, rotary_sin, lens,
                                     cache_batch_idx, cache_leftpad, block_table, softmax_scale,
-                                    causal, rotary_interleaved)
+                                    causal, rotary_interleaved, want_lse)
 
 
 @pytest.fixture
@@ -61,12 +65,16 @@ def test_infer_same_bits_as_general_path(device, D, causal):
     g = make_gen(41)
     q, k, v = make_qkv(g, 2, 130, 700, 4, 2, D, torch.bfloat16, device)
     want = general_fwd(q, k, v, causal=causal)
-    got = interface._infer(q, k, v, None, causal)
+    got = infer(q, k, v, None, causal)
     assert got is not NotImplemented
     assert got.shape == q.shape and got.dtype == q.dtype and got.device == q.device
     assert got.is_contiguous()
     assert torch.equal(got, want)
-    assert torch.equal(interface._infer(q, k, v, 0.3, causal), general_fwd(q, k, v, 0.3, causal))
+    assert torch.equal(infer(q, k, v, 0.3, causal), general_fwd(q, k, v, 0.3, causal))
+    out, lse = infer(q, k, v, None, causal, want_lse=True)
+    want_out, want_lse = interface._fwd(q, k, v, None, causal, (-1, -1), 0.0, None)
+    assert lse.shape == (2, 4, 130) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -74,9 +82,13 @@ def test_flash_attn_func_takes_infer(device, no_general_path):
     g = make_gen(42)
     q, k, v = make_qkv(g, 1, 33, 300, 2, 1, 64, torch.float16, device)
     out = fad.flash_attn_func(q, k, v, causal=True, softmax_scale=0.2)
-    ref = attention_ref(q, k, v, softmax_scale=0.2, causal=True)[0]
+    ref, ref_lse = attention_ref(q, k, v, softmax_scale=0.2, causal=True)
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out.double(), ref.double(), atol=2e-3, rtol=0)
+    out2, lse, probs = fad.flash_attn_func(q, k, v, causal=True, softmax_scale=0.2,
+                                           return_attn_probs=True)
+    assert probs is None and torch.equal(out2, out)
+    torch.testing.assert_close(lse.double(), ref_lse.double(), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -85,18 +97,18 @@ def test_infer_runs_in_the_mode_python_set(device):
     set_deterministic_mode (and force_schedule on the GPU, which never changes bits)."""
     g = make_gen(43)
     q, k, v = make_qkv(g, 1, 64, 4000, 4, 4, 64, torch.float16, device)
-    base = interface._infer(q, k, v, None, False)
+    base = infer(q, k, v, None, False)
     fad.set_deterministic_mode(True, split_size=256)
     try:
-        small = interface._infer(q, k, v, None, False)
+        small = infer(q, k, v, None, False)
         assert torch.equal(small, general_fwd(q, k, v))
         assert not torch.equal(small, base)  # 16 splits against 8: other roundings
     finally:
         fad.set_deterministic_mode(True, split_size=512)
-    assert torch.equal(interface._infer(q, k, v, None, False), base)
+    assert torch.equal(infer(q, k, v, None, False), base)
     for schedule in ("one_cta", "cta_per_split"):
         with force_schedule(schedule):
-            assert torch.equal(interface._infer(q, k, v, None, False), base)
+            assert torch.equal(infer(q, k, v, None, False), base)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,26 +118,26 @@ def test_infer_leaves_what_the_general_path_handles(device):
     leave = NotImplemented
     # an operand the general path copies first: not contiguous, or misaligned data
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
-    assert interface._infer(qt, k, v, None, False) is leave
+    assert infer(qt, k, v, None, False) is leave
     assert torch.equal(fad.flash_attn_func(qt, k, v), fad.flash_attn_func(q, k, v))
     flat = torch.cat([torch.zeros(1, dtype=q.dtype, device=device), q.flatten()])
     q_odd = flat[1:].view(q.shape)  # data 2 bytes past an aligned start
-    assert interface._infer(q_odd, k, v, None, False) is leave
+    assert infer(q_odd, k, v, None, False) is leave
     assert torch.equal(fad.flash_attn_func(q_odd, k, v), fad.flash_attn_func(q, k, v))
     # autograd: the general path records the call
     qg = q.clone().requires_grad_()
-    assert interface._infer(qg, k, v, None, False) is leave
+    assert infer(qg, k, v, None, False) is leave
     assert fad.flash_attn_func(qg, k, v).grad_fn is not None
     with torch.no_grad():
-        assert interface._infer(qg, k, v, None, False) is not leave
+        assert infer(qg, k, v, None, False) is not leave
     # a tensor subclass (it may override torch functions)
     class Sub(torch.Tensor):
         pass
-    assert interface._infer(q.as_subclass(Sub), k, v, None, False) is leave
+    assert infer(q.as_subclass(Sub), k, v) is leave
     # not a tensor, bad scale: the general path raises, in its words
-    assert interface._infer(q.tolist(), k, v, None, False) is leave
+    assert infer(q.tolist(), k, v) is leave
     for scale in (0.0, -1.0, float("inf"), float("nan"), "x"):
-        assert interface._infer(q, k, v, scale, False) is leave
+        assert infer(q, k, v, scale, False) is leave
     with pytest.raises(ValueError, match="softmax_scale"):
         fad.flash_attn_func(q, k, v, softmax_scale=0.0)
 
@@ -146,7 +158,7 @@ def test_infer_bad_input_raises_the_general_message(device):
     for args, exc, msg in cases:
         try:  # left to the general path, or (a check of the C core's, which both paths
             # reach with the same parameters) the same error
-            assert interface._infer(*args, None, False) is NotImplemented
+            assert infer(*args, None, False) is NotImplemented
         except exc as e:
             assert re.search(msg, str(e)), (msg, str(e))
         with pytest.raises(exc, match=msg):
@@ -170,6 +182,11 @@ def test_infer_kvcache_same_bits_as_general_path(device, opts):
         got = infer_kvcache(q, kc, vc, lens, causal=causal, **kw)
         assert got is not NotImplemented
         assert torch.equal(got, general_kvcache(q, kc, vc, lens, causal=causal, **kw))
+    out, lse = infer_kvcache(q, kc, vc, lens, causal=True, want_lse=True, **kw)
+    args = (q, kc, vc, None, None, None, None, lens, kw.get("cache_batch_idx"),
+            kw.get("cache_leftpad"), None)
+    want_out, want_lse = interface._fwd_kvcache(*args, None, True, (-1, -1), 0.0, True, None)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="paged caches take infer_kvcache on CUDA only")
