@@ -1,0 +1,348 @@
+/*
+ * infer.c — flash_attn_det._C's inference entries, infer and infer_kvcache: an
+ * inference call's whole per-call path in C.
+ *
+ * flash_attn_func and flash_attn_with_kvcache without autograd, softmax_lse or
+ * the rarer options spent most of their host time in Python: ~6 of ~8 us. These
+ * entries take the call's own arguments and do the rest here. The operands are
+ * unpacked through the exchange API, the output and any workspace come from
+ * torch's allocator (the API's managed_tensor_allocator: torch's caching
+ * allocator, on the current stream), the stream is torch's current one, and the
+ * mode is the module's (set_mode). A call they do not take as it is -- a tensor
+ * subclass, an operand the general path would copy first, autograd, anything
+ * that fails a check -- returns NotImplemented with nothing written and nothing
+ * kept, and Python takes the general path, which copies or raises as always.
+ * Errors of the run itself (CUDA, allocation) are raised here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+#include "glue.h"
+
+/* Verdicts of the steps below: take the call, leave it to Python, or an error. */
+enum { LEAVE = 0, TAKE = 1, FAIL = -1 };
+
+/* obj is taken as it is when it is exactly the tensor type (a subclass may
+ * override torch functions); when `plain`, also contiguous with 16-byte aligned
+ * data (what the general path would otherwise copy into that form). */
+static int take_tensor(tensor_args *ta, PyObject *obj, int plain, DLTensor **t)
+{
+    if (Py_TYPE(obj) != ta->st->tensor_type)
+        return LEAVE;
+    if (get_tensor(ta, obj, "tensor", t))
+        return FAIL;
+    if (plain && (!is_compact(*t) || (uintptr_t)tensor_data(*t) % 16))
+        return LEAVE;
+    return TAKE;
+}
+
+/* LEAVE when autograd would record a call on these tensors: grad mode is on
+ * and one of them requires grad. */
+static int take_no_grad(const fad_module_state *st, PyObject *const *objs, int n)
+{
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *r = PyObject_GetAttr(objs[i], st->requires_grad);
+        if (!r)
+            return FAIL;
+        any |= r == Py_True;
+        Py_DECREF(r);
+    }
+    if (!any)
+        return TAKE;
+    PyObject *on = PyObject_CallNoArgs(st->is_grad_enabled);
+    if (!on)
+        return FAIL;
+    const int grad = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    return grad < 0 ? FAIL : grad ? LEAVE : TAKE;
+}
+
+/* softmax_scale (None: head_dim ** -0.5, computed as Python does, so the bits
+ * match the general path; else a finite float > 0) and causal into p; the
+ * window is the default one, the mode the module's. */
+static int take_options(const fad_module_state *st, PyObject *scale, PyObject *causal,
+                        int head_dim, fad_fwd_params *p)
+{
+    if (scale == Py_None) {
+        p->softmax_scale = (float)pow((double)head_dim, -0.5);
+    } else {
+        const double s = PyFloat_AsDouble(scale);
+        if (s == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return LEAVE;
+        }
+        if (!(s > 0) || !isfinite(s))
+            return LEAVE;
+        p->softmax_scale = (float)s;
+    }
+    const int c = PyObject_IsTrue(causal);
+    if (c < 0)
+        return FAIL;
+    p->causal = c;
+    p->window_left = -1;
+    p->window_right = c ? 0 : -1;
+    p->deterministic = st->deterministic;
+    p->split_size = st->split_size;
+    p->schedule = st->schedule;
+    return TAKE;
+}
+
+/* The allocator's error callback: the message as a Python exception. */
+static void set_alloc_error(void *ctx, const char *kind, const char *message)
+{
+    (void)ctx;
+    PyErr_Format(strcmp(kind, "MemoryError") ? PyExc_RuntimeError : PyExc_MemoryError,
+                 "%s: %s", kind, message);
+}
+
+/* A new tensor of torch's from its allocator: like->shape (ndim dims, NULL:
+ * the 1-D shape {n}), dtype, on like's device, row-major. NULL on error. */
+static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DLTensor *like,
+                                            int ndim, const int64_t *shape, DLDataType dtype)
+{
+    DLManagedTensorVersioned *m = NULL;
+    DLTensor proto = {NULL, like->device, ndim, dtype, (int64_t *)shape, NULL, 0};
+    if (st->api->managed_tensor_allocator(&proto, &m, NULL, set_alloc_error) != 0 || !m) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "out: torch's allocator failed");
+        return NULL;
+    }
+    return m;
+}
+
+static void free_tensor(DLManagedTensorVersioned *m)
+{
+    if (m && m->deleter)
+        m->deleter(m);
+}
+
+/* Runs the checked forward p into out and lse (NULL-able; owned: on success
+ * they become the returned torch tensor, or the pair (out, lse), on failure
+ * they are freed), after append (CUDA only,
+ * NULL for none: flash_attn_with_kvcache's rotary and append) on the same
+ * stream. The forward's own checks and workspace come first, so a call that
+ * fails them writes nothing. The workspace, when the plan needs one, is a uint8
+ * tensor of torch's for this call, freed after the launch: safe, since the
+ * caching allocator hands a block out again only in the order of the stream it
+ * was allocated for, the current one the kernels run on. */
+static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const DLTensor *q,
+                           const fad_append_params *append, DLManagedTensorVersioned *out,
+                           DLManagedTensorVersioned *lse)
+{
+    char msg[512] = "";
+    void *obj = NULL, *lse_obj = NULL, *stream = NULL;
+    fad_status run = FAD_OK;
+    p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    if (q->device.device_type == kDLCPU) {
+        Py_BEGIN_ALLOW_THREADS
+        run = fad_fwd_cpu(p, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        const int dev = q->device.device_id;
+        int prev = 0;
+        size_t need = 0;
+        DLManagedTensorVersioned *ws = NULL;
+        if (st->api->current_work_stream(kDLCUDA, dev, &stream) != 0)
+            goto fail;
+        run = enter_device(dev, &prev, msg, sizeof msg);
+        if (run != FAD_OK)
+            goto raise;
+        run = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
+        if (run == FAD_OK && need) {
+            const int64_t n = (int64_t)need;
+            ws = new_tensor(st, q, 1, &n, (DLDataType){kDLUInt, 8, 1});
+        }
+        if (run == FAD_OK && (ws || !need) && append)
+            run = fad_append_cuda(append, (struct CUstream_st *)stream, msg, sizeof msg);
+        if (run == FAD_OK && (ws || !need))
+            run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need,
+                               (struct CUstream_st *)stream, msg, sizeof msg);
+        free_tensor(ws);
+        leave_device(dev, prev);
+        if (run == FAD_OK && need && !ws)
+            goto fail; /* the allocator's error is set */
+    }
+raise:
+    if (run != FAD_OK) {
+        raise_status(run, msg);
+        goto fail;
+    }
+    /* the API takes each tensor, even on failure */
+    if (st->api->managed_tensor_to_py_object_no_sync(out, &obj) != 0) {
+        free_tensor(lse);
+        return NULL;
+    }
+    if (!lse)
+        return (PyObject *)obj;
+    if (st->api->managed_tensor_to_py_object_no_sync(lse, &lse_obj) != 0) {
+        Py_DECREF((PyObject *)obj);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, (PyObject *)obj, (PyObject *)lse_obj);
+    Py_DECREF((PyObject *)obj);
+    Py_DECREF((PyObject *)lse_obj);
+    return pair;
+fail:
+    free_tensor(out);
+    free_tensor(lse);
+    return NULL;
+}
+
+/* The common end of the inference entries, given the verdict so far (TAKE:
+ * tensors and options are checked and in p): a new output shaped like q (and
+ * softmax_lse (B, H, Sq) float32 when want_lse) and the run; or NotImplemented
+ * (LEAVE), or NULL (FAIL). */
+static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_params *p,
+                              const DLTensor *q, const fad_append_params *append, PyObject *want_lse)
+{
+    DLManagedTensorVersioned *out, *lse = NULL;
+    const int with_lse = take == TAKE ? PyObject_IsTrue(want_lse) : 0;
+    if (take == FAIL || with_lse < 0)
+        return NULL;
+    if (take == LEAVE) {
+        PyErr_Clear(); /* a failed check's message: the general path raises it in its words */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (!(out = new_tensor(st, q, q->ndim, q->shape, q->dtype)))
+        return NULL;
+    if (with_lse) {
+        const int64_t shape[3] = {q->shape[0], q->shape[2], q->shape[1]};
+        if (!(lse = new_tensor(st, q, 3, shape, (DLDataType){kDLFloat, 32, 1}))) {
+            free_tensor(out);
+            return NULL;
+        }
+        p->softmax_lse = (float *)tensor_data(&lse->dl_tensor);
+    }
+    set_out(p, &out->dl_tensor);
+    return run_infer(st, p, q, append, out, lse);
+}
+
+const char infer_doc[] = PyDoc_STR(
+"infer(q, k, v, softmax_scale, causal, want_lse) -> out, (out, softmax_lse) or NotImplemented\n"
+"--\n\n"
+"flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal) for a call\n"
+"with no autograd, in the mode set_mode last set: out (and softmax_lse (B, Hq, Sq)\n"
+"float32 when want_lse) allocated by torch, launched on torch's current stream.\n"
+"NotImplemented (nothing written) when the call is not one it takes as it is: the\n"
+"caller then takes the general path (fwd).");
+
+PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *q = NULL, *k, *v;
+    fad_fwd_params p;
+    int take;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "infer: expected 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (!ta->st->can_allocate)
+        Py_RETURN_NOTIMPLEMENTED;
+    fad_fwd_params_init(&p);
+    if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
+        (take = take_tensor(ta, args[1], 1, &k)) == TAKE &&
+        (take = take_tensor(ta, args[2], 1, &v)) == TAKE &&
+        (take = take_no_grad(ta->st, args, 3)) == TAKE &&
+        (take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE) == TAKE)
+        take = take_options(ta->st, args[3], args[4], p.head_dim, &p);
+    return finish_infer(ta->st, take, &p, q, NULL, args[5]);
+}
+
+/* infer_kvcache's arguments, in order. */
+enum { KV_Q, KV_KC, KV_VC, KV_K, KV_V, KV_COS, KV_SIN, KV_SEQLENS, KV_BATCH_IDX, KV_LEFTPAD,
+       KV_TABLE, KV_NTENSORS, KV_SCALE = KV_NTENSORS, KV_CAUSAL, KV_INTERLEAVED, KV_WANT_LSE,
+       KV_NARGS };
+
+/* The rotary and append step of an infer_kvcache call (some of k, v, cos, sin
+ * given): its params, and the tensors it writes that the attention then reads
+ * (q_rot, seqlens_out; tmp[0..1], owned by the caller). LEAVE for what only the
+ * general path does: CPU tensors (torch ops there), cos/sin to be converted,
+ * and every misuse (it raises in its words). */
+static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS],
+                       PyObject *interleaved, fad_append_params *ap,
+                       DLManagedTensorVersioned *tmp[2])
+{
+    const DLTensor *q = t[KV_Q], *k = t[KV_K], *cos = t[KV_COS];
+    if (q->device.device_type != kDLCUDA || q->ndim != 4 || !t[KV_K] != !t[KV_V] ||
+        !t[KV_COS] != !t[KV_SIN] || (k && k->ndim != 4))
+        return LEAVE;
+    if (cos && (cos->ndim != 2 || cos->shape[1] <= 0 || 2 * cos->shape[1] > q->shape[3] ||
+                !(is_dtype(cos->dtype, kDLFloat, 32) || is_dtype(cos->dtype, q->dtype.code, 16))))
+        return LEAVE;
+    if (cos && !(tmp[0] = new_tensor(st, q, 4, q->shape, q->dtype)))
+        return FAIL;
+    if (k && k->shape[1] > 0 &&
+        !(tmp[1] = new_tensor(st, q, 1, q->shape, (DLDataType){kDLInt, 32, 1}))) /* (B,) */
+        return FAIL;
+    memset(ap, 0, sizeof *ap);
+    if (check_append(q, tmp[0] ? &tmp[0]->dl_tensor : NULL, k, t[KV_V], t[KV_KC], t[KV_VC],
+                     t[KV_SEQLENS], tmp[1] ? &tmp[1]->dl_tensor : NULL, t[KV_BATCH_IDX],
+                     t[KV_LEFTPAD], t[KV_TABLE], cos, t[KV_SIN], ap))
+        return LEAVE;
+    const int il = PyObject_IsTrue(interleaved);
+    if (il < 0)
+        return FAIL;
+    ap->rotary_interleaved = il;
+    return TAKE;
+}
+
+const char infer_kvcache_doc[] = PyDoc_STR(
+"infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,\n"
+"              cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,\n"
+"              rotary_interleaved, want_lse) -> out, (out, softmax_lse) or NotImplemented\n"
+"--\n\n"
+"flash_attn_with_kvcache with no score options beyond softmax_scale and causal, as\n"
+"infer does for flash_attn_func (that entry has no autograd anyway).\n"
+"k, v, rotary_cos, rotary_sin (CUDA only: rotary and append first, one kernel),\n"
+"cache_batch_idx, cache_leftpad and block_table may be None.");
+
+PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    /* plain: the operands the general path copies into a contiguous, aligned form */
+    static const int plain[KV_NTENSORS] = {[KV_Q] = 1, [KV_K] = 1, [KV_V] = 1, [KV_COS] = 1,
+                                           [KV_SIN] = 1};
+    DLTensor *t[KV_NTENSORS] = {NULL};
+    DLManagedTensorVersioned *tmp[2] = {NULL, NULL}; /* q_rot, seqlens_out */
+    fad_fwd_params p;
+    fad_append_params ap;
+    int take = TAKE, appends;
+    if (nargs != KV_NARGS) {
+        PyErr_Format(PyExc_TypeError, "infer_kvcache: expected %d arguments, got %zd", KV_NARGS,
+                     nargs);
+        return NULL;
+    }
+    if (!ta->st->can_allocate)
+        Py_RETURN_NOTIMPLEMENTED;
+    fad_fwd_params_init(&p);
+    for (int i = 0; i < KV_NTENSORS && take == TAKE; i++)
+        if (args[i] != Py_None || i < KV_K || i == KV_SEQLENS) /* None for a required one: LEAVE */
+            take = take_tensor(ta, args[i], plain[i], &t[i]);
+    if (take != TAKE)
+        return finish_infer(ta->st, take, &p, NULL, NULL, NULL);
+    /* Left to the general path: its own checks of a block table (with the other
+     * two; on the CPU, every page it names). */
+    if (t[KV_TABLE] && (t[KV_BATCH_IDX] || t[KV_LEFTPAD] || t[KV_Q]->device.device_type == kDLCPU))
+        take = LEAVE;
+    appends = t[KV_K] || t[KV_V] || t[KV_COS] || t[KV_SIN];
+    if (take == TAKE && appends)
+        take = take_append(ta->st, t, args[KV_INTERLEAVED], &ap, tmp);
+    if (take == TAKE) /* the attention reads the rotated q and the lengths after the append */
+        take = check_fwd_kvcache(tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q], t[KV_KC], t[KV_VC], NULL,
+                                 NULL, tmp[1] ? &tmp[1]->dl_tensor : t[KV_SEQLENS],
+                                 t[KV_BATCH_IDX], t[KV_LEFTPAD], t[KV_TABLE], &p) ? LEAVE : TAKE;
+    if (take == TAKE)
+        take = take_options(ta->st, args[KV_SCALE], args[KV_CAUSAL], p.head_dim, &p);
+    if (take == TAKE && appends) /* q rotates per row where the mask is local: causal here */
+        ap.rotate_q_per_row = p.causal;
+    PyObject *res = finish_infer(ta->st, take, &p, tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q],
+                                 appends ? &ap : NULL, args[KV_WANT_LSE]);
+    free_tensor(tmp[0]); /* after the launches, in stream order (run_infer's rule) */
+    free_tensor(tmp[1]);
+    return res;
+}
