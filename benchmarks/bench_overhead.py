@@ -7,7 +7,8 @@ Also prints the time of the same call captured in a CUDA graph and replayed (dev
 floor), so host overhead = eager per-call time - graph per-call time. The host's own load
 varies from second to second, so the rows take turns (--rounds, default 5) and each
 figure is the fastest of its rounds: the load only ever adds time. The "general path"
-rows switch off the C inference entries (_C.infer / _C.infer_kvcache) for the same call.
+rows switch off the C inference entries (_C.infer, infer_varlen, infer_kvcache) for the
+same call.
 """
 import argparse
 import time
@@ -56,6 +57,8 @@ def main(argv=None):
     cos, sin = (torch.rand(512, 32, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     func = lambda: fad.flash_attn_func(q, k, v)  # noqa: E731
     decode = lambda: fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)  # noqa: E731
+    cu = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    varlen = lambda: fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 1, 1)  # noqa: E731
     append = lambda: fad.flash_attn_with_kvcache(  # noqa: E731
         q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, causal=True)
     # (name, call, general): general rows run with the C inference entries switched off,
@@ -63,6 +66,8 @@ def main(argv=None):
     rows = [("flash_attn_det det", func, False),
             ("  general path", func, True),
             ("  with lse", lambda: fad.flash_attn_func(q, k, v, return_attn_probs=True), False),
+            ("fad varlen", varlen, False),
+            ("  general path", varlen, True),
             ("fad kvcache, decode", decode, False),
             ("  general path", decode, True),
             ("  with lse", lambda: fad.flash_attn_with_kvcache(
@@ -71,10 +76,12 @@ def main(argv=None):
             ("  general path", append, True),
             ("sdpa (default backend)", lambda: F.scaled_dot_product_attention(qt, kt, vt), False)]
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} flash_attn_det {fad.__version__}")
-    entries = interface._infer, interface._infer_kvcache
+    names = ("_infer", "_infer_varlen", "_infer_kvcache")
+    entries = [getattr(interface, n) for n in names]
 
     def entries_on(on):
-        interface._infer, interface._infer_kvcache = entries if on else (None, None)
+        for n, e in zip(names, entries):
+            setattr(interface, n, e if on else None)
 
     graphs = []
     for _, fn, general in rows:

@@ -1289,6 +1289,26 @@ extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t 
     return FAD_OK;
 }
 
+/* words (n, uint32) <- pattern: a grid-stride loop (a fill is rare and small). */
+__global__ void fill32_kernel(uint32_t *words, uint32_t pattern, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        words[i] = pattern;
+}
+
+extern "C" fad_status fad_cuda_fill32(void *ptr, uint32_t pattern, size_t words,
+                                      struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    if (!words)
+        return FAD_OK;
+    const size_t blocks = (words + 255) / 256;
+    fill32_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(
+        (uint32_t *)ptr, pattern, words);
+    CUDA_TRY(cudaGetLastError());
+    return FAD_OK;
+}
+
 /* Compute capability major of the current device: 9 is sm_90 (H100, H200;
  * no other 9.x exists), which runs programmatic dependent launch and, from
  * an sm_90a build, the wgmma kernels. */

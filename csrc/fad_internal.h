@@ -127,6 +127,11 @@ fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 /* Makes dev the current CUDA device; *prev receives the old one. */
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len);
 
+/* words uint32 at ptr (device memory) <- pattern, enqueued on stream: the NaN
+ * prefill of a varlen output (rows no sequence covers stay NaN). */
+fad_status fad_cuda_fill32(void *ptr, uint32_t pattern, size_t words, struct CUstream_st *stream,
+                           char *msg, size_t msg_len);
+
 /* CPU path helpers shared by the forward and the backward (fad_cpu.c). */
 fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len);
 float fad_bf16_to_float(uint16_t h);

@@ -43,3 +43,10 @@ fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
     *prev = 0;
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
 }
+
+fad_status fad_cuda_fill32(void *ptr, uint32_t pattern, size_t words, struct CUstream_st *stream,
+                           char *msg, size_t msg_len)
+{
+    (void)ptr, (void)pattern, (void)words, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}

@@ -250,12 +250,14 @@ int fits_int(int64_t x, const char *name)
     return 0;
 }
 
-/* out (shaped like q, already checked): its pointer and strides into p. */
+/* out (shaped like q, already checked): its pointer and strides into p, whose
+ * layout is set (varlen, cu_seqlens_q set: (total_q, Hq, D); else (B, Sq, Hq, D)). */
 void set_out(fad_fwd_params *p, const DLTensor *out)
 {
+    const int d = p->cu_seqlens_q ? 0 : 1; /* the row dim */
     p->out = tensor_data(out);
-    p->out_batch_stride = tensor_stride(out, 0), p->out_row_stride = tensor_stride(out, 1);
-    p->out_head_stride = tensor_stride(out, 2);
+    p->out_batch_stride = d ? tensor_stride(out, 0) : 0;
+    p->out_row_stride = tensor_stride(out, d), p->out_head_stride = tensor_stride(out, d + 1);
 }
 
 /* A CUDA call runs with its tensors' device current and restores the caller's:
@@ -362,6 +364,78 @@ int check_fwd_kvcache(const DLTensor *q, const DLTensor *kc, const DLTensor *vc,
     if (out)
         set_out(p, out);
     p->batch = (int)B, p->seqlen_q = (int)Sq, p->seqlen_k = (int)seqlen_k;
+    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
+    return 0;
+}
+
+/* Checks the tensors of a variable-length forward (out, lse, used_k, table
+ * NULL-able; out NULL: not checked, not set) and fills p. */
+int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *out,
+                     const DLTensor *lse, const DLTensor *cu_q, const DLTensor *cu_k,
+                     const DLTensor *used_k, const DLTensor *table, int max_q, int max_k,
+                     fad_fwd_params *p)
+{
+    if (check_q(q, 3))
+        return -1;
+    const int code = q->dtype.code;
+    const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
+    /* paged: k/v (num_pages, page_size, Hkv, D), one more leading dim */
+    const int kd = table ? 4 : 3;
+    const int64_t kshape3[3] = {-1, -1, D}, kshape4[4] = {-1, -1, -1, D};
+    if (check_tensor(k, q, "k", code, 16, kd, table ? kshape4 : kshape3))
+        return -1;
+    const int64_t Tk = k->shape[0], Hk = k->shape[kd - 2];
+    const int64_t vshape3[3] = {Tk, Hk, D}, vshape4[4] = {Tk, table ? k->shape[1] : 0, Hk, D};
+    const int64_t *vshape = table ? vshape4 : vshape3;
+    const int64_t oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
+    const int64_t cushape[1] = {-1};
+    if (check_tensor(v, q, "v", code, 16, kd, vshape) ||
+        (out && check_tensor(out, q, "out", code, 16, 3, oshape)) || check_lse(lse, q, 2, lshape) ||
+        check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
+        return -1;
+    const int64_t B = cu_q->shape[0] - 1;
+    const int64_t cukshape[1] = {B + 1}, usedshape[1] = {B};
+    if (B < 0) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needs at least one entry (batch + 1)");
+        return -1;
+    }
+    const int64_t tshape[2] = {B, -1};
+    if (check_tensor(cu_k, q, "cu_seqlens_k", kDLInt, 32, 1, cukshape) ||
+        (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
+        (table && check_tensor(table, q, "block_table", kDLInt, 32, 2, tshape)) ||
+        fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
+        fits_int(Hk, "k: heads"))
+        return -1;
+    if (max_q < 0 || max_k < 0) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q, max_seqlen_k: must be >= 0 (got %d, %d)",
+                     max_q, max_k);
+        return -1;
+    }
+
+    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
+    p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
+    p->cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
+    p->cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
+    p->seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
+    p->q_row_stride = tensor_stride(q, 0), p->q_head_stride = tensor_stride(q, 1);
+    p->k_row_stride = tensor_stride(k, kd - 3), p->k_head_stride = tensor_stride(k, kd - 2);
+    p->v_row_stride = tensor_stride(v, kd - 3), p->v_head_stride = tensor_stride(v, kd - 2);
+    if (out)
+        set_out(p, out);
+    p->batch = (int)B, p->seqlen_q = max_q, p->seqlen_k = max_k;
+    p->total_q = (int)Tq, p->total_k = (int)Tk;
+    if (table) { /* the pages: sequence lengths from cu_seqlens_k, capacity from the table */
+        if (fits_int(k->shape[1], "k: page_size") || fits_int(table->shape[1], "block_table: dim 1") ||
+            fits_int(table->shape[1] * k->shape[1], "block_table: capacity"))
+            return -1;
+        p->block_table = (const int32_t *)tensor_data(table);
+        p->block_table_stride = (int)tensor_stride(table, 0);
+        p->page_size = (int)k->shape[1];
+        p->kv_batch = (int)Tk;
+        p->k_batch_stride = tensor_stride(k, 0), p->v_batch_stride = tensor_stride(v, 0);
+        p->seqlen_k = (int)(table->shape[1] * k->shape[1]);
+        p->total_k = p->seqlen_k; /* keys are found through the table, not cu_seqlens_k's offsets */
+    }
     p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
     return 0;
 }

@@ -75,6 +75,10 @@ int check_fwd_kvcache(const DLTensor *q, const DLTensor *kc, const DLTensor *vc,
                       const DLTensor *out, const DLTensor *lse, const DLTensor *seqlens,
                       const DLTensor *batch_idx, const DLTensor *leftpad, const DLTensor *bt,
                       fad_fwd_params *p);
+int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *out,
+                     const DLTensor *lse, const DLTensor *cu_q, const DLTensor *cu_k,
+                     const DLTensor *used_k, const DLTensor *table, int max_q, int max_k,
+                     fad_fwd_params *p);
 int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k, const DLTensor *v,
                  const DLTensor *kc, const DLTensor *vc, const DLTensor *seqlens,
                  const DLTensor *seqlens_out, const DLTensor *batch_idx, const DLTensor *leftpad,
@@ -89,8 +93,9 @@ void leave_device(int dev, int prev);
 
 /* ---- infer.c's entries, for module.c's method table ---- */
 
-extern const char infer_doc[], infer_kvcache_doc[];
+extern const char infer_doc[], infer_varlen_doc[], infer_kvcache_doc[];
 PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_infer_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #pragma GCC visibility pop

@@ -113,6 +113,15 @@ static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DL
     return m;
 }
 
+/* Bytes of a new (row-major) tensor of 16- or 32-bit elements. */
+static size_t tensor_bytes(const DLTensor *t)
+{
+    size_t n = t->dtype.bits / 8;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    return n;
+}
+
 static void free_tensor(DLManagedTensorVersioned *m)
 {
     if (m && m->deleter)
@@ -136,7 +145,15 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
     void *obj = NULL, *lse_obj = NULL, *stream = NULL;
     fad_status run = FAD_OK;
     p->dtype = q->dtype.code == kDLBfloat ? FAD_BFLOAT16 : FAD_FLOAT16;
+    /* A varlen batch: rows no valid sequence covers are not written, so they are
+     * filled first, as the general path fills them -- 0 on the CPU (which raises
+     * on bad lengths instead), NaN on the GPU (which does not read them back). */
+    const size_t out_bytes = p->cu_seqlens_q ? tensor_bytes(&out->dl_tensor) : 0;
+    const size_t lse_bytes = p->cu_seqlens_q && lse ? tensor_bytes(&lse->dl_tensor) : 0;
     if (q->device.device_type == kDLCPU) {
+        memset(tensor_data(&out->dl_tensor), 0, out_bytes);
+        if (lse_bytes)
+            memset(tensor_data(&lse->dl_tensor), 0, lse_bytes);
         Py_BEGIN_ALLOW_THREADS
         run = fad_fwd_cpu(p, msg, sizeof msg);
         Py_END_ALLOW_THREADS
@@ -157,6 +174,13 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
         }
         if (run == FAD_OK && (ws || !need) && append)
             run = fad_append_cuda(append, (struct CUstream_st *)stream, msg, sizeof msg);
+        if (run == FAD_OK && (ws || !need) && out_bytes) /* NaN: 0x7fc0 bf16, 0x7e00 fp16 */
+            run = fad_cuda_fill32(tensor_data(&out->dl_tensor),
+                                  p->dtype == FAD_BFLOAT16 ? 0x7fc07fc0u : 0x7e007e00u,
+                                  out_bytes / 4, (struct CUstream_st *)stream, msg, sizeof msg);
+        if (run == FAD_OK && (ws || !need) && lse_bytes)
+            run = fad_cuda_fill32(tensor_data(&lse->dl_tensor), 0x7fc00000u, lse_bytes / 4,
+                                  (struct CUstream_st *)stream, msg, sizeof msg);
         if (run == FAD_OK && (ws || !need))
             run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need,
                                (struct CUstream_st *)stream, msg, sizeof msg);
@@ -208,9 +232,11 @@ static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_para
     }
     if (!(out = new_tensor(st, q, q->ndim, q->shape, q->dtype)))
         return NULL;
-    if (with_lse) {
-        const int64_t shape[3] = {q->shape[0], q->shape[2], q->shape[1]};
-        if (!(lse = new_tensor(st, q, 3, shape, (DLDataType){kDLFloat, 32, 1}))) {
+    if (with_lse) { /* (B, Hq, Sq), or (Hq, total_q) for a varlen batch */
+        const int varlen = p->cu_seqlens_q != NULL;
+        const int64_t shape[3] = {varlen ? q->shape[1] : q->shape[0],
+                                  varlen ? q->shape[0] : q->shape[2], q->shape[1]};
+        if (!(lse = new_tensor(st, q, 3 - varlen, shape, (DLDataType){kDLFloat, 32, 1}))) {
             free_tensor(out);
             return NULL;
         }
@@ -218,6 +244,25 @@ static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_para
     }
     set_out(p, &out->dl_tensor);
     return run_infer(st, p, q, append, out, lse);
+}
+
+/* The common start of the entries: the argument count (else a TypeError:
+ * FAIL), an API that allocates (else LEAVE), p initialised, and the first
+ * n_plain arguments taken as plain operands into t (q, k, v). */
+static int take_start(tensor_args *ta, const char *entry, PyObject *const *args, Py_ssize_t nargs,
+                      Py_ssize_t want, int n_plain, DLTensor **t, fad_fwd_params *p)
+{
+    int take = TAKE;
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd arguments, got %zd", entry, want, nargs);
+        return FAIL;
+    }
+    if (!ta->st->can_allocate)
+        return LEAVE;
+    fad_fwd_params_init(p);
+    for (int i = 0; i < n_plain && take == TAKE; i++)
+        take = take_tensor(ta, args[i], 1, &t[i]);
+    return take;
 }
 
 const char infer_doc[] = PyDoc_STR(
@@ -233,23 +278,56 @@ PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 {
     tensor_args targs, *ta = &targs;
     tensor_args_init(ta, module);
-    DLTensor *q = NULL, *k, *v;
+    DLTensor *qkv[3] = {NULL};
     fad_fwd_params p;
-    int take;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "infer: expected 6 arguments, got %zd", nargs);
-        return NULL;
-    }
-    if (!ta->st->can_allocate)
-        Py_RETURN_NOTIMPLEMENTED;
-    fad_fwd_params_init(&p);
-    if ((take = take_tensor(ta, args[0], 1, &q)) == TAKE &&
-        (take = take_tensor(ta, args[1], 1, &k)) == TAKE &&
-        (take = take_tensor(ta, args[2], 1, &v)) == TAKE &&
-        (take = take_no_grad(ta->st, args, 3)) == TAKE &&
-        (take = check_fwd(q, k, v, NULL, NULL, &p) ? LEAVE : TAKE) == TAKE)
+    int take = take_start(ta, "infer", args, nargs, 6, 3, qkv, &p);
+    if (take == TAKE && (take = take_no_grad(ta->st, args, 3)) == TAKE &&
+        (take = check_fwd(qkv[0], qkv[1], qkv[2], NULL, NULL, &p) ? LEAVE : TAKE) == TAKE)
         take = take_options(ta->st, args[3], args[4], p.head_dim, &p);
-    return finish_infer(ta->st, take, &p, q, NULL, args[5]);
+    return finish_infer(ta->st, take, &p, qkv[0], NULL, take == FAIL ? NULL : args[5]);
+}
+
+/* A max_seqlen argument: a Python int that fits in 32 bits (else LEAVE: the
+ * general path converts or raises). */
+static int take_int(PyObject *o, int *out)
+{
+    if (!PyLong_CheckExact(o))
+        return LEAVE;
+    const long v = PyLong_AsLong(o);
+    if ((v == -1 && PyErr_Occurred()) || v < INT32_MIN || v > INT32_MAX)
+        return LEAVE;
+    *out = (int)v;
+    return TAKE;
+}
+
+const char infer_varlen_doc[] = PyDoc_STR(
+"infer_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,\n"
+"             seqused_k, block_table, softmax_scale, causal, want_lse)\n"
+"    -> out, (out, softmax_lse) or NotImplemented\n"
+"--\n\n"
+"flash_attn_varlen_func with no autograd and no score options beyond softmax_scale\n"
+"and causal, as infer does for flash_attn_func: out (total_q, Hq, D) and\n"
+"softmax_lse (Hq, total_q), filled first as the general path fills them (0 on the\n"
+"CPU, NaN on the GPU). seqused_k and block_table may be None.");
+
+PyObject *fad_py_infer_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *qkv[3] = {NULL}, *cu_q, *cu_k, *used = NULL, *table = NULL;
+    fad_fwd_params p;
+    int max_q, max_k;
+    int take = take_start(ta, "infer_varlen", args, nargs, 12, 3, qkv, &p);
+    if (take == TAKE && (take = take_tensor(ta, args[3], 0, &cu_q)) == TAKE &&
+        (take = take_tensor(ta, args[4], 0, &cu_k)) == TAKE &&
+        (take = take_int(args[5], &max_q)) == TAKE && (take = take_int(args[6], &max_k)) == TAKE &&
+        (args[7] == Py_None || (take = take_tensor(ta, args[7], 0, &used)) == TAKE) &&
+        (args[8] == Py_None || (take = take_tensor(ta, args[8], 0, &table)) == TAKE) &&
+        (take = take_no_grad(ta->st, args, 3)) == TAKE &&
+        (take = check_fwd_varlen(qkv[0], qkv[1], qkv[2], NULL, NULL, cu_q, cu_k, used, table,
+                                 max_q, max_k, &p) ? LEAVE : TAKE) == TAKE)
+        take = take_options(ta->st, args[9], args[10], p.head_dim, &p);
+    return finish_infer(ta->st, take, &p, qkv[0], NULL, take == FAIL ? NULL : args[11]);
 }
 
 /* infer_kvcache's arguments, in order. */
@@ -311,16 +389,9 @@ PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize
     DLManagedTensorVersioned *tmp[2] = {NULL, NULL}; /* q_rot, seqlens_out */
     fad_fwd_params p;
     fad_append_params ap;
-    int take = TAKE, appends;
-    if (nargs != KV_NARGS) {
-        PyErr_Format(PyExc_TypeError, "infer_kvcache: expected %d arguments, got %zd", KV_NARGS,
-                     nargs);
-        return NULL;
-    }
-    if (!ta->st->can_allocate)
-        Py_RETURN_NOTIMPLEMENTED;
-    fad_fwd_params_init(&p);
-    for (int i = 0; i < KV_NTENSORS && take == TAKE; i++)
+    int appends;
+    int take = take_start(ta, "infer_kvcache", args, nargs, KV_NARGS, 1, t, &p);
+    for (int i = KV_Q + 1; i < KV_NTENSORS && take == TAKE; i++)
         if (args[i] != Py_None || i < KV_K || i == KV_SEQLENS) /* None for a required one: LEAVE */
             take = take_tensor(ta, args[i], plain[i], &t[i]);
     if (take != TAKE)

@@ -287,67 +287,9 @@ static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_param
         (args[7] != Py_None && get_tensor(ta, args[7], "seqused_k", &used_k)) ||
         (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &table)) ||
         as_int(args[9], "max_seqlen_q", &max_q) || as_int(args[10], "max_seqlen_k", &max_k) ||
-        parse_opts(ta, args + 11, p, o) || check_q(q, 3))
+        parse_opts(ta, args + 11, p, o) ||
+        check_fwd_varlen(q, k, v, out, lse, cu_q, cu_k, used_k, table, max_q, max_k, p))
         return -1;
-    const int code = q->dtype.code;
-    const int64_t Tq = q->shape[0], H = q->shape[1], D = q->shape[2];
-    /* paged: k/v (num_pages, page_size, Hkv, D), one more leading dim */
-    const int kd = table ? 4 : 3;
-    const int64_t kshape3[3] = {-1, -1, D}, kshape4[4] = {-1, -1, -1, D};
-    if (check_tensor(k, q, "k", code, 16, kd, table ? kshape4 : kshape3))
-        return -1;
-    const int64_t Tk = k->shape[0], Hk = k->shape[kd - 2];
-    const int64_t vshape3[3] = {Tk, Hk, D}, vshape4[4] = {Tk, table ? k->shape[1] : 0, Hk, D};
-    const int64_t *vshape = table ? vshape4 : vshape3;
-    const int64_t oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
-    const int64_t cushape[1] = {-1};
-    if (check_tensor(v, q, "v", code, 16, kd, vshape) ||
-        check_tensor(out, q, "out", code, 16, 3, oshape) || check_lse(lse, q, 2, lshape) ||
-        check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
-        return -1;
-    const int64_t B = cu_q->shape[0] - 1;
-    const int64_t cukshape[1] = {B + 1}, usedshape[1] = {B};
-    if (B < 0) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needs at least one entry (batch + 1)");
-        return -1;
-    }
-    const int64_t tshape[2] = {B, -1};
-    if (check_tensor(cu_k, q, "cu_seqlens_k", kDLInt, 32, 1, cukshape) ||
-        (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
-        (table && check_tensor(table, q, "block_table", kDLInt, 32, 2, tshape)) ||
-        fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
-        fits_int(Hk, "k: heads"))
-        return -1;
-    if (max_q < 0 || max_k < 0) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_q, max_seqlen_k: must be >= 0 (got %d, %d)",
-                     max_q, max_k);
-        return -1;
-    }
-
-    p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v), p->out = tensor_data(out);
-    p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
-    p->cu_seqlens_q = (const int32_t *)tensor_data(cu_q);
-    p->cu_seqlens_k = (const int32_t *)tensor_data(cu_k);
-    p->seqused_k = used_k ? (const int32_t *)tensor_data(used_k) : NULL;
-    p->q_row_stride = tensor_stride(q, 0), p->q_head_stride = tensor_stride(q, 1);
-    p->k_row_stride = tensor_stride(k, kd - 3), p->k_head_stride = tensor_stride(k, kd - 2);
-    p->v_row_stride = tensor_stride(v, kd - 3), p->v_head_stride = tensor_stride(v, kd - 2);
-    p->out_row_stride = tensor_stride(out, 0), p->out_head_stride = tensor_stride(out, 1);
-    p->batch = (int)B, p->seqlen_q = max_q, p->seqlen_k = max_k;
-    p->total_q = (int)Tq, p->total_k = (int)Tk;
-    if (table) { /* the pages: sequence lengths from cu_seqlens_k, capacity from the table */
-        if (fits_int(k->shape[1], "k: page_size") || fits_int(table->shape[1], "block_table: dim 1") ||
-            fits_int(table->shape[1] * k->shape[1], "block_table: capacity"))
-            return -1;
-        p->block_table = (const int32_t *)tensor_data(table);
-        p->block_table_stride = (int)tensor_stride(table, 0);
-        p->page_size = (int)k->shape[1];
-        p->kv_batch = (int)Tk;
-        p->k_batch_stride = tensor_stride(k, 0), p->v_batch_stride = tensor_stride(v, 0);
-        p->seqlen_k = (int)(table->shape[1] * k->shape[1]);
-        p->total_k = p->seqlen_k; /* keys are found through the table, not cu_seqlens_k's offsets */
-    }
-    p->num_heads = (int)H, p->num_heads_k = (int)Hk, p->head_dim = (int)D;
     t[0] = out, t[1] = q, t[2] = k, t[3] = v;
     return 0;
 }
@@ -628,6 +570,8 @@ static PyMethodDef fad_methods[] = {
     {"set_dlpack_exchange_api", (PyCFunction)(void (*)(void))fad_py_set_dlpack_exchange_api,
      METH_FASTCALL, set_dlpack_exchange_api_doc},
     {"infer", (PyCFunction)(void (*)(void))fad_py_infer, METH_FASTCALL, infer_doc},
+    {"infer_varlen", (PyCFunction)(void (*)(void))fad_py_infer_varlen, METH_FASTCALL,
+     infer_varlen_doc},
     {"infer_kvcache", (PyCFunction)(void (*)(void))fad_py_infer_kvcache, METH_FASTCALL,
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},

@@ -8,13 +8,14 @@ from .mode import _state
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
 # C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
 # Older torch: a DLPack capsule per tensor.
-# With an allocator in that API too, inference calls take _C.infer / _C.infer_kvcache:
+# With an allocator in that API too, inference calls take _C.infer / infer_varlen /
+# infer_kvcache:
 # the whole per-call path in C (None: every call takes the general path below).
 _EXCHANGE_API = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
-_infer = _infer_kvcache = None
+_infer = _infer_varlen = _infer_kvcache = None
 if _EXCHANGE_API is not None:
     if _C.set_dlpack_exchange_api(_EXCHANGE_API, torch.Tensor, torch.is_grad_enabled):
-        _infer, _infer_kvcache = _C.infer, _C.infer_kvcache
+        _infer, _infer_varlen, _infer_kvcache = _C.infer, _C.infer_varlen, _C.infer_kvcache
 
     def _dl(t):
         return t
@@ -283,6 +284,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     j % page_size of page block_table[b][j // page_size], cu_seqlens_k (and seqused_k) give
     the lengths; the same bits as the keys laid out contiguously.
     """
+    if (_infer_varlen is not None and not (dropout_p or softcap) and alibi_slopes is None
+            and window_size == (-1, -1) and not torch.compiler.is_compiling()):
+        res = _infer_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            seqused_k, block_table, softmax_scale, causal, return_attn_probs)
+        if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
+            return (*res, None) if return_attn_probs else res
     _no_dropout(dropout_p)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)

@@ -1,5 +1,6 @@
-"""The inference entries _C.infer / _C.infer_kvcache: flash_attn_func and
-flash_attn_with_kvcache calls with no autograd, lse or rarer options run their whole
+"""The inference entries _C.infer / infer_varlen / infer_kvcache: flash_attn_func,
+flash_attn_varlen_func and flash_attn_with_kvcache calls with no autograd or rarer options
+run their whole
 per-call path in C (output from torch's allocator, torch's current stream, the mode
 the module holds). They must give the general path's bits, run in the mode Python
 set, and leave to the general path (NotImplemented, nothing written) every call they
@@ -53,6 +54,7 @@ def no_general_path(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the call took the general path")
     monkeypatch.setattr(interface, "_fwd", refuse)
+    monkeypatch.setattr(interface, "_fwd_varlen", refuse)
     monkeypatch.setattr(interface, "_fwd_kvcache", refuse)
 
 
@@ -263,8 +265,8 @@ def general_only(monkeypatch):
     """Calls made through the returned function take the general path."""
     def call(fn, *args, **kwargs):
         with monkeypatch.context() as m:
-            m.setattr(interface, "_infer", None)
-            m.setattr(interface, "_infer_kvcache", None)
+            for name in ("_infer", "_infer_varlen", "_infer_kvcache"):
+                m.setattr(interface, name, None)
             return fn(*args, **kwargs)
     return call
 
@@ -347,3 +349,89 @@ def test_infer_kvcache_append_leaves_what_the_general_path_handles(device):
         fad.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, rotary_cos=torch.rand(64, 40).to(device),
                                     rotary_sin=torch.rand(64, 40).to(device), cache_seqlens=lens)
     assert torch.equal(kc, before)
+
+
+def infer_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, block_table=None,
+                 softmax_scale=None, causal=False, want_lse=False):
+    return interface._infer_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table,
+                                   softmax_scale, causal, want_lse)
+
+
+def same_or_both_nan(a, b):
+    """Bit equality where finite; NaN exactly where the other is NaN."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["plain", "seqused", "gap", "paged"])
+def test_infer_varlen_same_bits_as_general_path(device, kind, general_only):
+    """out and lse equal the general path's, including the rows no sequence covers (a gap
+    after the last sequence: 0 on the CPU, NaN on the GPU, as the general path fills them)."""
+    g = make_gen(54)
+    lens = [70, 600, 1]
+    total = sum(lens) + (9 if kind == "gap" else 0)
+    cu = torch.tensor([0, 70, 670, 671], dtype=torch.int32, device=device)
+    q = randn(g, (total, 4, 64), torch.bfloat16, device)
+    k, v = (randn(g, (total, 2, 64), torch.bfloat16, device) for _ in range(2))
+    kw = {}
+    if kind == "seqused":
+        kw["seqused_k"] = torch.tensor([50, 600, 0], dtype=torch.int32, device=device)
+    cu_k, max_k = cu, max(lens)
+    if kind == "paged":
+        page, n_pages = 16, 3 * 40
+        k, v = (randn(g, (n_pages, page, 2, 64), torch.bfloat16, device) for _ in range(2))
+        kw["block_table"] = torch.randperm(n_pages, generator=g).view(3, 40).int().to(device)
+        max_k = 40 * page
+    for causal in (False, True):
+        out, lse = infer_varlen(q, k, v, cu, cu_k, max(lens), max_k, causal=causal,
+                                want_lse=True, **kw)
+        want_out, want_lse, _ = general_only(fad.flash_attn_varlen_func, q, k, v, cu, cu_k,
+                                             max(lens), max_k, causal=causal,
+                                             return_attn_probs=True, **kw)
+        assert lse.shape == (4, total)
+        assert same_or_both_nan(out, want_out) and same_or_both_nan(lse, want_lse)
+        alone = infer_varlen(q, k, v, cu, cu_k, max(lens), max_k, causal=causal, **kw)
+        assert same_or_both_nan(alone, out)
+    if kind == "gap":
+        tail = out[671:]
+        assert bool(tail.isnan().all()) if device == "cuda" else bool((tail == 0).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_varlen_func_takes_infer(device, no_general_path):
+    g = make_gen(55)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+    q, k, v = (randn(g, (12, 2, 64), torch.float16, device) for _ in range(3))
+    out, lse, probs = fad.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True,
+                                                 return_attn_probs=True)
+    assert probs is None and out.shape == q.shape and lse.shape == (2, 12)
+    ref = attention_ref(q[None, 5:], k[None, 5:], v[None, 5:], causal=True)[0][0]
+    torch.testing.assert_close(out[5:].double(), ref.double(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infer_varlen_leaves_what_the_general_path_handles(device):
+    g = make_gen(56)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+    q, k, v = (randn(g, (12, 2, 64), torch.float16, device) for _ in range(3))
+    leave = NotImplemented
+    assert infer_varlen(q, k, v, cu, cu, torch.tensor(7), 7) is leave  # int() there
+    assert infer_varlen(q, k, v, cu, cu, -1, 7) is leave
+    assert infer_varlen(q, k, v, cu.long(), cu, 7, 7) is leave
+    assert infer_varlen(q[:, :, :32].contiguous(), k, v, cu, cu, 7, 7) is leave
+    assert infer_varlen(q.clone().requires_grad_(), k, v, cu, cu, 7, 7) is leave
+    with pytest.raises(ValueError, match="max_seqlen_q, max_seqlen_k: must be >= 0"):
+        fad.flash_attn_varlen_func(q, k, v, cu, cu, -1, 7)
+    with pytest.raises(TypeError, match="cu_seqlens_q: expected dtype int32"):
+        fad.flash_attn_varlen_func(q, k, v, cu.long(), cu, 7, 7)
+    table = torch.arange(8, dtype=torch.int32, device=device).view(2, 4)
+    kp, vp = (randn(g, (8, 16, 2, 64), torch.float16, device) for _ in range(2))
+    with pytest.raises(NotImplementedError, match="block_table: paged KV has no backward"):
+        fad.flash_attn_varlen_func(q.clone().requires_grad_(), kp, vp, cu, cu, 7, 64,
+                                   block_table=table)
+
+
+def test_infer_entries_check_their_argument_count():
+    for entry, want in ((_C.infer, 6), (_C.infer_varlen, 12), (_C.infer_kvcache, 15)):
+        with pytest.raises(TypeError, match=f"expected {want} arguments, got 1"):
+            entry(1)
