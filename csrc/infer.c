@@ -1,18 +1,19 @@
 /*
- * infer.c — flash_attn_det._C's inference entries, infer and infer_kvcache: an
- * inference call's whole per-call path in C.
+ * infer.c — flash_attn_det._C's inference entries, infer, infer_varlen and
+ * infer_kvcache: an inference call's whole per-call path in C.
  *
- * flash_attn_func and flash_attn_with_kvcache without autograd, softmax_lse or
- * the rarer options spent most of their host time in Python: ~6 of ~8 us. These
- * entries take the call's own arguments and do the rest here. The operands are
- * unpacked through the exchange API, the output and any workspace come from
- * torch's allocator (the API's managed_tensor_allocator: torch's caching
- * allocator, on the current stream), the stream is torch's current one, and the
- * mode is the module's (set_mode). A call they do not take as it is -- a tensor
- * subclass, an operand the general path would copy first, autograd, anything
- * that fails a check -- returns NotImplemented with nothing written and nothing
- * kept, and Python takes the general path, which copies or raises as always.
- * Errors of the run itself (CUDA, allocation) are raised here.
+ * flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache without
+ * autograd or the rarer options spent most of their host time in Python: ~6 of
+ * ~8 us. These entries take the call's own arguments and do the rest here. The
+ * operands are unpacked through the exchange API; the output, softmax_lse, any
+ * workspace and the append step's tensors come from torch's allocator (the API's
+ * managed_tensor_allocator: torch's caching allocator, on the current stream);
+ * the stream is torch's current one, and the mode is the module's (set_mode). A
+ * call they do not take as it is -- a tensor subclass, an operand the general
+ * path would copy first, autograd, anything that fails a check -- returns
+ * NotImplemented with nothing written and nothing kept, and Python takes the
+ * general path, which copies or raises as always. Errors of the run itself
+ * (CUDA, allocation) are raised here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -98,8 +99,8 @@ static void set_alloc_error(void *ctx, const char *kind, const char *message)
                  "%s: %s", kind, message);
 }
 
-/* A new tensor of torch's from its allocator: like->shape (ndim dims, NULL:
- * the 1-D shape {n}), dtype, on like's device, row-major. NULL on error. */
+/* A new tensor of torch's from its allocator: shape (ndim dims), dtype, on
+ * like's device, row-major. NULL with the exception set on error. */
 static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DLTensor *like,
                                             int ndim, const int64_t *shape, DLDataType dtype)
 {
@@ -107,7 +108,7 @@ static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DL
     DLTensor proto = {NULL, like->device, ndim, dtype, (int64_t *)shape, NULL, 0};
     if (st->api->managed_tensor_allocator(&proto, &m, NULL, set_alloc_error) != 0 || !m) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "out: torch's allocator failed");
+            PyErr_SetString(PyExc_RuntimeError, "torch's allocator failed");
         return NULL;
     }
     return m;
@@ -130,10 +131,10 @@ static void free_tensor(DLManagedTensorVersioned *m)
 
 /* Runs the checked forward p into out and lse (NULL-able; owned: on success
  * they become the returned torch tensor, or the pair (out, lse), on failure
- * they are freed), after append (CUDA only,
- * NULL for none: flash_attn_with_kvcache's rotary and append) on the same
- * stream. The forward's own checks and workspace come first, so a call that
- * fails them writes nothing. The workspace, when the plan needs one, is a uint8
+ * they are freed), after append (CUDA only, NULL for none: flash_attn_with_
+ * kvcache's rotary and append) on the same stream. The forward's checks and
+ * workspace come first (its alignment rule was checked by take_append), so a
+ * call that fails them writes nothing. The workspace, when the plan needs one, is a uint8
  * tensor of torch's for this call, freed after the launch: safe, since the
  * caching allocator hands a block out again only in the order of the stream it
  * was allocated for, the current one the kernels run on. */
@@ -335,6 +336,20 @@ enum { KV_Q, KV_KC, KV_VC, KV_K, KV_V, KV_COS, KV_SIN, KV_SEQLENS, KV_BATCH_IDX,
        KV_TABLE, KV_NTENSORS, KV_SCALE = KV_NTENSORS, KV_CAUSAL, KV_INTERLEAVED, KV_WANT_LSE,
        KV_NARGS };
 
+/* 1 when the kernels' 16-byte rule holds for t's rows (fad_core.c's
+ * check_alignment, which fad_fwd_cuda runs only after an append would have
+ * written the cache): aligned data, strides of 8 elements, row stride < 2^23. */
+static int rows_aligned(const DLTensor *t)
+{
+    if ((uintptr_t)tensor_data(t) % 16)
+        return 0;
+    for (int d = 0; d + 1 < t->ndim; d++)
+        if (t->shape[d] > 1 && tensor_stride(t, d) % 8)
+            return 0;
+    return t->ndim < 2 || t->shape[1] <= 1 ||
+           (tensor_stride(t, 1) >= 0 && tensor_stride(t, 1) < ((int64_t)1 << 23));
+}
+
 /* The rotary and append step of an infer_kvcache call (some of k, v, cos, sin
  * given): its params, and the tensors it writes that the attention then reads
  * (q_rot, seqlens_out; tmp[0..1], owned by the caller). LEAVE for what only the
@@ -346,7 +361,8 @@ static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS
 {
     const DLTensor *q = t[KV_Q], *k = t[KV_K], *cos = t[KV_COS];
     if (q->device.device_type != kDLCUDA || q->ndim != 4 || !t[KV_K] != !t[KV_V] ||
-        !t[KV_COS] != !t[KV_SIN] || (k && k->ndim != 4))
+        !t[KV_COS] != !t[KV_SIN] || (k && k->ndim != 4) || !rows_aligned(t[KV_KC]) ||
+        !rows_aligned(t[KV_VC]))
         return LEAVE;
     if (cos && (cos->ndim != 2 || cos->shape[1] <= 0 || 2 * cos->shape[1] > q->shape[3] ||
                 !(is_dtype(cos->dtype, kDLFloat, 32) || is_dtype(cos->dtype, q->dtype.code, 16))))

@@ -342,6 +342,10 @@ def test_infer_kvcache_append_leaves_what_the_general_path_handles(device):
     assert infer_kvcache(q, kc, vc, lens, k=k, v=v, rotary_cos=torch.rand(64, 40).to(device),
                          rotary_sin=torch.rand(64, 40).to(device)) is leave  # rotary_dim > D
     assert infer_kvcache(q, kc, vc, lens, k=k[:, :, :1], v=v[:, :, :1]) is leave
+    # a cache the attention would refuse (head stride 68: not a multiple of 8) is left
+    # before anything is appended to it
+    kc_odd = randn(g, (2, 64, 2, 68), torch.bfloat16, device)[..., :64]
+    assert infer_kvcache(q, kc_odd, vc, lens, k=k, v=v) is leave
     assert torch.equal(kc, before)
     with pytest.raises(ValueError, match="k, v: give both or neither"):
         fad.flash_attn_with_kvcache(q, kc, vc, k=k, cache_seqlens=lens)
