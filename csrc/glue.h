@@ -22,7 +22,7 @@ typedef struct fad_module_state {
     PyObject *api_owner;            /* the capsule that keeps api alive */
     PyTypeObject *tensor_type;      /* the type api unpacks (torch.Tensor and subclasses) */
     const DLPackExchangeAPI *api;   /* NULL: capsules only */
-    /* --- for the inference entries (infer, infer_kvcache) --- */
+    /* --- for the inference entries (infer.c) --- */
     int can_allocate;               /* api has an allocator, to_py_object and the stream */
     PyObject *is_grad_enabled;      /* torch.is_grad_enabled */
     PyObject *requires_grad;        /* the interned attribute name "requires_grad" */

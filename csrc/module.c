@@ -481,8 +481,9 @@ PyDoc_STRVAR(set_dlpack_exchange_api_doc,
 "DLPack capsule is taken: they are unpacked through the C exchange API in capsule\n"
 "(\"dlpack_exchange_api\", e.g. torch.Tensor.__dlpack_c_exchange_api__), with no\n"
 "capsule made and nothing allocated per call. is_grad_enabled (torch's) lets\n"
-"infer and infer_kvcache tell inference calls. Returns True when those two can\n"
-"run (the API has an allocator, to_py_object and current_work_stream).");
+"the inference entries (infer, infer_varlen, infer_kvcache) tell inference calls.\n"
+"Returns True when they can run (the API has an allocator, to_py_object and\n"
+"current_work_stream).");
 
 static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *const *args,
                                                 Py_ssize_t nargs)
@@ -527,7 +528,7 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
 PyDoc_STRVAR(set_mode_doc,
 "set_mode(deterministic, split_size, schedule)\n"
 "--\n\n"
-"The mode infer and infer_kvcache run in (flash_attn_det.mode keeps it in step\n"
+"The mode the inference entries run in (flash_attn_det.mode keeps it in step\n"
 "with set_deterministic_mode and testing.force_schedule).");
 
 static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)

@@ -29,7 +29,8 @@ def set_deterministic_mode(enabled=True, split_size=512):
 
 
 def _sync():
-    """Hands _state to _C, whose inference entries (infer, infer_kvcache) read the mode there."""
+    """Hands _state to _C, whose inference entries (infer, infer_varlen, infer_kvcache) read
+    the mode there."""
     _C.set_mode(int(_state["enabled"]), _state["split_size"], _state["schedule"])
 
 
