@@ -1289,7 +1289,8 @@ extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t 
     return FAD_OK;
 }
 
-/* words (n, uint32) <- pattern: a grid-stride loop (a fill is rare and small). */
+/* words (n, uint32) <- pattern: a grid-stride loop of plain stores (memory bound;
+ * at most 1024 CTAs of 256 threads, enough to keep every SM streaming). */
 __global__ void fill32_kernel(uint32_t *words, uint32_t pattern, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

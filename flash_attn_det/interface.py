@@ -9,8 +9,7 @@ from .mode import _state
 # C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
 # Older torch: a DLPack capsule per tensor.
 # With an allocator in that API too, inference calls take _C.infer / infer_varlen /
-# infer_kvcache:
-# the whole per-call path in C (None: every call takes the general path below).
+# infer_kvcache, the whole per-call path in C (None: every call takes the general path).
 _EXCHANGE_API = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
 _infer = _infer_varlen = _infer_kvcache = None
 if _EXCHANGE_API is not None:
