@@ -114,6 +114,14 @@ static DLManagedTensorVersioned *new_tensor(const fad_module_state *st, const DL
     return m;
 }
 
+/* A uint8 workspace of n bytes on like's device (NULL with the error set). */
+static DLManagedTensorVersioned *new_workspace(const fad_module_state *st, const DLTensor *like,
+                                               size_t n)
+{
+    const int64_t shape[1] = {(int64_t)n};
+    return new_tensor(st, like, 1, shape, (DLDataType){kDLUInt, 8, 1});
+}
+
 /* Bytes of a new (row-major) tensor of 16- or 32-bit elements. */
 static size_t tensor_bytes(const DLTensor *t)
 {
@@ -132,12 +140,13 @@ static void free_tensor(DLManagedTensorVersioned *m)
 /* Runs the checked forward p into out and lse (NULL-able; owned: on success
  * they become the returned torch tensor, or the pair (out, lse), on failure
  * they are freed), after append (CUDA only, NULL for none: flash_attn_with_
- * kvcache's rotary and append) on the same stream. The forward's checks and
- * workspace come first (its alignment rule was checked by take_append), so a
- * call that fails them writes nothing. The workspace, when the plan needs one, is a uint8
- * tensor of torch's for this call, freed after the launch: safe, since the
- * caching allocator hands a block out again only in the order of the stream it
- * was allocated for, the current one the kernels run on. */
+ * kvcache's rotary and append) on the same stream. Nothing of the caller's is
+ * written by a call that fails a check: fad_fwd_cuda checks before it launches,
+ * and an append runs only after the forward's checks (and take_append's of its
+ * alignment rule). The workspace, when the plan needs one, is a uint8 tensor of
+ * torch's for this call, freed after the launch: safe, since the caching
+ * allocator hands a block out again only in the order of the stream it was
+ * allocated for, the current one the kernels run on. */
 static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const DLTensor *q,
                            const fad_append_params *append, DLManagedTensorVersioned *out,
                            DLManagedTensorVersioned *lse)
@@ -160,34 +169,46 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
         Py_END_ALLOW_THREADS
     } else {
         const int dev = q->device.device_id;
-        int prev = 0;
+        int prev = 0, no_memory = 0;
         size_t need = 0;
         DLManagedTensorVersioned *ws = NULL;
+        struct CUstream_st *s;
         if (st->api->current_work_stream(kDLCUDA, dev, &stream) != 0)
             goto fail;
+        s = (struct CUstream_st *)stream;
         run = enter_device(dev, &prev, msg, sizeof msg);
         if (run != FAD_OK)
             goto raise;
-        run = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
-        if (run == FAD_OK && need) {
-            const int64_t n = (int64_t)need;
-            ws = new_tensor(st, q, 1, &n, (DLDataType){kDLUInt, 8, 1});
-        }
-        if (run == FAD_OK && (ws || !need) && append)
-            run = fad_append_cuda(append, (struct CUstream_st *)stream, msg, sizeof msg);
-        if (run == FAD_OK && (ws || !need) && out_bytes) /* NaN: 0x7fc0 bf16, 0x7e00 fp16 */
+        /* An append must wait for the attention's checks, so its workspace size
+         * (which runs them) comes first. Otherwise the launch itself says whether
+         * a workspace is needed, as in run_fwd: the common call that needs none
+         * runs one check and one plan. */
+        if (append)
+            run = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
+        if (run == FAD_OK && need)
+            no_memory = !(ws = new_workspace(st, q, need));
+        if (run == FAD_OK && !no_memory && append)
+            run = fad_append_cuda(append, s, msg, sizeof msg);
+        if (run == FAD_OK && !no_memory && out_bytes) /* NaN: 0x7fc0 bf16, 0x7e00 fp16 */
             run = fad_cuda_fill32(tensor_data(&out->dl_tensor),
                                   p->dtype == FAD_BFLOAT16 ? 0x7fc07fc0u : 0x7e007e00u,
-                                  out_bytes / 4, (struct CUstream_st *)stream, msg, sizeof msg);
-        if (run == FAD_OK && (ws || !need) && lse_bytes)
-            run = fad_cuda_fill32(tensor_data(&lse->dl_tensor), 0x7fc00000u, lse_bytes / 4,
-                                  (struct CUstream_st *)stream, msg, sizeof msg);
-        if (run == FAD_OK && (ws || !need))
-            run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need,
-                               (struct CUstream_st *)stream, msg, sizeof msg);
+                                  out_bytes / 4, s, msg, sizeof msg);
+        if (run == FAD_OK && !no_memory && lse_bytes)
+            run = fad_cuda_fill32(tensor_data(&lse->dl_tensor), 0x7fc00000u, lse_bytes / 4, s,
+                                  msg, sizeof msg);
+        if (run == FAD_OK && !no_memory)
+            run = fad_fwd_cuda(p, ws ? tensor_data(&ws->dl_tensor) : NULL, need, s, msg,
+                               sizeof msg);
+        if (run == FAD_ERR_WORKSPACE && !append) { /* nothing launched: size, allocate, again */
+            run = fad_fwd_workspace_size(p, &need, msg, sizeof msg);
+            if (run == FAD_OK)
+                no_memory = !(ws = new_workspace(st, q, need));
+            if (run == FAD_OK && !no_memory)
+                run = fad_fwd_cuda(p, tensor_data(&ws->dl_tensor), need, s, msg, sizeof msg);
+        }
         free_tensor(ws);
         leave_device(dev, prev);
-        if (run == FAD_OK && need && !ws)
+        if (no_memory)
             goto fail; /* the allocator's error is set */
     }
 raise:
