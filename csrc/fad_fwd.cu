@@ -961,7 +961,12 @@ template <typename T, int kHeadDim, bool kMod, bool kPaged>
 __global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
 fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
-    pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
+    /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
+     * written before the kernel ahead of it in the stream is done (a no-op when
+     * launched plainly). Only then may the combine start launching (it waits
+     * for us, and reads our inputs before that). */
+    pdl_wait_primary();
+    pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
     constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
@@ -1164,6 +1169,13 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 #ifndef FAD_COMBINE_PDL
 #define FAD_COMBINE_PDL 1
 #endif
+/* Knob that never changes a bit: 1 = launch the packed (decode) kernel as a
+ * programmatic dependent of whatever runs before it in the stream (sm_90 on):
+ * its CTAs are scheduled while that kernel ends, and wait before touching
+ * global memory. */
+#ifndef FAD_ATTN_PDL
+#define FAD_ATTN_PDL 0
+#endif
 /* Knob that never changes a bit: 1 = for fewer than 4 query rows, the 4 warps
  * of a combine CTA split one row's columns (0: one row per warp). */
 #ifndef FAD_COMBINE_BY_COLS
@@ -1191,17 +1203,23 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     const int q_blocks = (p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta; /* row blocks per (batch, head) */
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
     const int i = (blockIdx.x % q_blocks) * kRowsPerCta + warp / kParts; /* query row of sequence b */
+    /* Launched early (FAD_COMBINE_PDL), it may read the call's inputs before
+     * pdl_wait_primary (the attention kernel lets it launch only once its own
+     * predecessor is done) but not the partials; and every CTA waits before
+     * it ends, so that this grid never ends before the attention kernel. */
     const fad_seq seq = fad_get_seq(&p, b);
     if (!seq.valid && p.cache_seqlens) {
+        pdl_wait_primary();
         if (part == 0)
             poison_row(p, seq, h, i, lane, 32);
         return;
     }
+    pdl_wait_primary();
+    pdl_launch_dependents(); /* the next call's attention kernel, if launched early */
     if (i >= seq.len_q)
         return;
     const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
     const size_t split_stride = (size_t)fad_flat_rows(&p);
-    pdl_wait_primary(); /* launched early (FAD_COMBINE_PDL): the partials are complete from here */
 
     fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
     float m = -INFINITY, l = 0.f, o[kC];
@@ -1319,6 +1337,41 @@ static fad_status device_major(int *major, char *msg, size_t msg_len)
     return current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, major, msg, msg_len);
 }
 
+/* Launches kernel<<<grid, block, smem, stream>>>(a), as a programmatic
+ * dependent of the kernel ahead of it in the stream when pdl is set and the
+ * GPU has it (sm_90 on): its CTAs may then be scheduled while that kernel's
+ * last CTAs still run, and wait in griddepcontrol.wait (pdl_wait_primary)
+ * before touching what it wrote. */
+static fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,
+                                cudaStream_t stream, int pdl, const fwd_args &a, char *msg,
+                                size_t msg_len)
+{
+    if (pdl) {
+        int major = 0;
+        fad_status st = device_major(&major, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        pdl = major >= 9;
+    }
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(a);
+        CUDA_TRY(cudaGetLastError());
+        return FAD_OK;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+    return FAD_OK;
+}
+
 /* CTA-per-split schedule: the combine kernel, for every (batch, head, query
  * row), whichever kernel wrote the partials: 4 rows per block, one warp each,
  * or for fewer than 4 query rows one row per block, its columns split over
@@ -1339,31 +1392,8 @@ static fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *m
     const int64_t blocks =
         (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
     void (*kernel)(fwd_args) = by_cols ? combine_kernel<T, kHeadDim, 4> : combine_kernel<T, kHeadDim, 1>;
-    int pdl = 0;
-    if (FAD_COMBINE_PDL) {
-        int major = 0;
-        fad_status st = device_major(&major, msg, msg_len);
-        if (st != FAD_OK)
-            return st;
-        pdl = major >= 9;
-    }
-    if (!pdl) {
-        kernel<<<(unsigned)blocks, 128, 0, stream>>>(a);
-        CUDA_TRY(cudaGetLastError());
-        return FAD_OK;
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
-    return FAD_OK;
+    return launch_kernel(kernel, dim3((unsigned)blocks), 128, 0, stream, FAD_COMBINE_PDL, a, msg,
+                         msg_len);
 }
 
 /* The sm_90a variants (the prefill kernel's, and the backward's in fad_bwd.cu)
@@ -1427,7 +1457,10 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
                             C::kBlockM, fad_packed_block_m());
         dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
                   plan.cta_per_split ? plan.num_splits : 1);
-        fwd_packed_kernel<T, kHeadDim, kMod, kPaged><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+        st = launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
+                           C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
     } else {
         /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
          * spilled 8-16 B at D128 (where, not yet read off their SASS), and
