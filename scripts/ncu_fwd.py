@@ -7,7 +7,8 @@
 deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (flash_attn_det).
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
 `python3 scripts/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
-fast mode on one non-causal prefill shape (where the two modes' costs differ).
+fast mode on one non-causal prefill shape (where the two modes' costs differ);
+`python3 scripts/ncu_fwd.py decode` only the decode call, beside SDPA cuDNN's on the same cache.
 """
 import sys
 
@@ -43,6 +44,8 @@ def main():
         return det_vs_fast(*(int(x) for x in sys.argv[2:6]))
     dev, bf = "cuda", torch.bfloat16
     fad.set_deterministic_mode(True)
+    if sys.argv[1:2] == ["decode"]:
+        return decode(128)
     B, L, H, D = 8, 4096, 16, 128
     q = torch.randn(B, L, H, D, device=dev, dtype=bf)
     k, v = torch.randn_like(q), torch.randn_like(q)
@@ -51,12 +54,21 @@ def main():
     for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         with sdpa_kernel(be):
             profiled(f"prefill D128 L4k sdpa {name}", lambda: F.scaled_dot_product_attention(qt, kt, vt))
+    decode(D, peers=False)
+
+
+def decode(D, peers=True):
+    dev, bf = "cuda", torch.bfloat16
     qd = torch.randn(1, 1, 32, D, device=dev, dtype=bf)
     kc = torch.randn(1, 8192, 8, D, device=dev, dtype=bf)
     vc = torch.randn_like(kc)
     sl = torch.full((1,), 8192, dtype=torch.int32, device=dev)
     profiled("decode B1 L8k det", lambda: fad.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=sl,
                                                                       causal=True))
+    if peers:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            profiled("decode B1 L8k sdpa cudnn", lambda: F.scaled_dot_product_attention(
+                qd.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True))
 
 
 if __name__ == "__main__":
