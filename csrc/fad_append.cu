@@ -31,6 +31,9 @@ __device__ __forceinline__ float rotary_at(const fad_append_params &p, const voi
 template <typename T>
 __global__ void __launch_bounds__(128) append_kernel(const __grid_constant__ fad_append_params p)
 {
+    /* The attention kernel after us (launched early on sm_90, FAD_ATTN_PDL) may
+     * start launching; it waits for this grid to end before it reads anything. */
+    pdl_launch_dependents();
     const int D = p.head_dim, R = p.rotary_dim, half = R / 2;
     const int q_rows = R > 0 ? p.seqlen_q : 0, per_seq = q_rows + 2 * p.seqlen_new;
     const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;

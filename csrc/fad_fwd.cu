@@ -74,9 +74,8 @@ __device__ __forceinline__ float alibi_slope_log2(const fad_fwd_params &p, int b
 /* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
  * masks them, and updates each row's max. Fragment element (mt, nb, e) is the
  * thread's row r = 2*mt + e/2, key t0 + 8*nb + 2*(lane%4) + e%2.
- * rk: each row's key range (kMask only). Rows r >= kLive are left alone
- * (see softmax_tile). */
-template <bool kMask, bool kMod, int kMT, int kNB, int kLive, class Rows>
+ * rk: each row's key range (kMask only). */
+template <bool kMask, bool kMod, int kMT, int kNB, class Rows>
 __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
                                            const fad_score_mod &mod, const Rows &rows,
                                            const fad_key_range *rk, int t0, int len_q, int len_k)
@@ -89,8 +88,6 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = 2 * mt + e / 2, key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
-                if (r >= kLive)
-                    continue;
                 float x = s[mt][nb][e];
                 if (kMod) {
                     x = fad_logit(&mod, x);
@@ -184,9 +181,9 @@ __device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
     }
 }
 
-/* x *= f[row] over a thread's accumulator fragments (row 2 mt + e / 2, rows
- * below kLive): the online-softmax rescale of o, and the fold's rescale of R. */
-template <int kMT, int kDB, int kLive = 2 * kMT>
+/* x *= f[row] over a thread's accumulator fragments (row 2 mt + e / 2): the
+ * online-softmax rescale of o, and the fold's rescale of R. */
+template <int kMT, int kDB>
 __device__ __forceinline__ void scale_rows(float (&x)[kMT][kDB][4], const float (&f)[2 * kMT])
 {
 #pragma unroll
@@ -195,21 +192,15 @@ __device__ __forceinline__ void scale_rows(float (&x)[kMT][kDB][4], const float 
         for (int nb = 0; nb < kDB; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                if (2 * mt + e / 2 < kLive)
-                    x[mt][nb][e] = FAD_MUL(x[mt][nb][e], f[2 * mt + e / 2]);
+                x[mt][nb][e] = FAD_MUL(x[mt][nb][e], f[2 * mt + e / 2]);
 }
 
 /* The softmax step of one kBlockN-key tile, between the two products: S (raw
  * dot products) -> scores, mask, the tile's row max, the online-softmax step
  * of the current split (m_s, l_s per thread, acc = its o, rescaled), and S
  * becomes P = exp2(score - max) in place. The one copy of this math: every
- * forward kernel, on mma.sync or wgmma, runs it on the same fragments.
- * kLive < 2 kMT: only the thread's rows r < kLive are rows of the result (the
- * packed kernel's warp whose upper 8 rows are padding, as in a decode step of
- * a group of <= 8 heads); the others are skipped, their P set to 0 and their
- * state left stale. A live row runs the same instructions either way, and
- * the all-rows vote below only skips multiplies by exactly 1. */
-template <bool kMod, int kMT, int kNB, int kDB, int kLive = 2 * kMT, class Rows>
+ * forward kernel, on mma.sync or wgmma, runs it on the same fragments. */
+template <bool kMod, int kMT, int kNB, int kDB, class Rows>
 __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
                                              float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
                                              bool need_mask, const fad_score_mod &mod,
@@ -227,17 +218,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
 #pragma unroll
         for (int r = 0; r < kRows; r++)
             rk[r] = fad_row_keys(rows.qrow(r), len_q, len_k, window_left, window_right);
-        score_tile<true, kMod, kMT, kNB, kLive>(s, m_tile, mod, rows, rk, t0, len_q, len_k);
+        score_tile<true, kMod>(s, m_tile, mod, rows, rk, t0, len_q, len_k);
     }
     else
-        score_tile<false, kMod, kMT, kNB, kLive>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
+        score_tile<false, kMod>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
     float scale[kRows], base[kRows], psum[kRows];
     bool all_one = true;
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
-        scale[r] = 1.f, base[r] = psum[r] = 0.f;
-        if (r >= kLive)
-            continue;
         float m_new;
         scale[r] = fad_rescale(m_s[r], FAD_MUL(quad_max(m_tile[r]), mod.exp_scale), &m_new);
         m_s[r] = m_new;
@@ -252,19 +240,15 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = 2 * mt + e / 2;
-                if (r >= kLive) {
-                    s[mt][nb][e] = 0.f;
-                    continue;
-                }
                 s[mt][nb][e] = fad_exp_score(s[mt][nb][e], mod.exp_scale, base[r]);
                 psum[r] = FAD_ADD(psum[r], s[mt][nb][e]);
             }
 #pragma unroll
-    for (int r = 0; r < kLive; r++)
+    for (int r = 0; r < kRows; r++)
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
     /* Multiplying by 1 is exact, so skipping it changes no bit. */
     if (!__all_sync(0xffffffffu, all_one))
-        scale_rows<kMT, kDB, kLive>(acc, scale);
+        scale_rows(acc, scale);
 }
 
 /* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
@@ -272,7 +256,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
  * O += P V chain is independent of the others, so a warp that owns a column
  * range gives those columns the bits of a warp that owns all of them. */
 template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod,
-          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, int kLive = 2 * kMT, class Rows>
+          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, class Rows>
 __device__ __forceinline__ void
 attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
             const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
@@ -298,9 +282,8 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
             for (int nb = 0; nb < 2 * kJ; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (2 * mt + e / 2 < kLive) /* only the rows that are rows of the result */
-                        share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
-                            sp[mt][nb][e];
+                    share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
+                        sp[mt][nb][e];
         named_barrier(share.bar_id, share.bar_threads);
 #pragma unroll
         for (int mt = 0; mt < kMT; mt++)
@@ -308,12 +291,11 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
             for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (2 * mt + e / 2 < kLive)
-                        s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
+                    s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
     }
 
-    softmax_tile<kMod, kMT, kNB, 2 * kColBlocks, kLive>(s, acc, m_s, l_s, need_mask, mod, rows, t0,
-                                                        len_q, len_k, window_left, window_right);
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
 
     /* O += P V: P goes straight from the S accumulators to A fragments. */
 #pragma unroll
@@ -931,11 +913,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 #ifndef FAD_PACKED_SHARE_S
 #define FAD_PACKED_SHARE_S 1
 #endif
-/* FAD_PACKED_SKIP_PAD: 1 = a row group whose upper 8 rows are all padding
- * runs the tile math on its lower 8 only (softmax_tile's kLive). */
-#ifndef FAD_PACKED_SKIP_PAD
-#define FAD_PACKED_SKIP_PAD 1
-#endif
 /* Column warps for head dim d: the knob, halved until each warp owns whole
  * 16-column blocks of the output. */
 constexpr int packed_col_warps(int d, int want)
@@ -980,43 +957,8 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-/* FAD_PACKED_PREFETCH: 1 = a split CTA of a plain KV cache asks L2 for the
- * first tiles of its split before it reads the sequence's length, so that the
- * DRAM fetch overlaps that dependent load and the address math after it. */
-#ifndef FAD_PACKED_PREFETCH
-#define FAD_PACKED_PREFETCH 1
-#endif
-/* The L2 prefetch above: key rows [k0, k0 + kTiles * 64) of kv head hk of
- * cache entry b, K and V, for a contiguous cache whose entry is b itself (no
- * cache_batch_idx, leftpad, pages or varlen: those need a load first). Rows
- * stop at the cache's capacity, so nothing outside the tensors is touched;
- * rows past the sequence's length are fetched for nothing. A hint only: the
- * tiles are still loaded, zero-filled past the length, as before. */
-template <typename T, int kTiles>
-__device__ __forceinline__ void prefetch_split_start(const fad_fwd_params &p, int b, int hk, int k0)
-{
-    if (!p.cache_seqlens || p.cache_batch_idx || p.cache_leftpad || p.block_table || p.cu_seqlens_q)
-        return;
-    const int row_bytes = p.head_dim * (int)sizeof(T);
-    for (int i = threadIdx.x; i < 2 * kTiles * 64; i += blockDim.x) {
-        const int r = k0 + i / 2;
-        if (r >= p.seqlen_k)
-            break;
-        const T *base = (const T *)(i % 2 ? p.v : p.k);
-        const int64_t off = (int64_t)b * (i % 2 ? p.v_batch_stride : p.k_batch_stride) +
-                            (int64_t)r * (i % 2 ? p.v_row_stride : p.k_row_stride) +
-                            (int64_t)hk * (i % 2 ? p.v_head_stride : p.k_head_stride);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off),
-                     "r"(row_bytes) : "memory");
-#else
-        (void)base, (void)off, (void)row_bytes;
-#endif
-    }
-}
-
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
-__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads, 1)
+__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
 fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
     /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
@@ -1035,8 +977,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int m_block = blockIdx.x % a.plan.m_blocks;
     const int bh = blockIdx.x / a.plan.m_blocks;
     const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
-    if (FAD_PACKED_PREFETCH && a.plan.cta_per_split)
-        prefetch_split_start<T, kStages - 1>(p, b, hk, (int)blockIdx.z * S);
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int n_rows = len_q * G; /* packed rows of (b, hk); the plan bounds seqlen_q * G */
@@ -1080,9 +1020,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
      * valid row only helps with the loads. */
     const int row0 = rw * 16 + lane / 4;
     const bool warp_active = m0 + rw * 16 < m_end;
-    /* the thread's second row (packed row + 8) exists in the warp: with 8 rows
-     * or fewer (a decode step with Hq / Hkv <= 8) the tile math skips it */
-    const bool hi_live = FAD_PACKED_SKIP_PAD == 0 || m0 + rw * 16 + 8 < m_end;
     const s_share share = {sX + rw * (kBlockN / 8 * 4 * 32), cw, 1 + rw, 32 * C::kColWarps};
     rows_packed<kRows> rows;
 #pragma unroll
@@ -1169,15 +1106,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                 for (int kk = 0; kk < kHeadDim / 16; kk++)
                     ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
 
-            const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
-            if (hi_live)
-                attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts>(
-                    acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
-                    need_mask, mod, rows, t0, len_q, len_k, p.window_left, p.window_right, share);
-            else /* the same math on the lower 8 rows only: the upper 8 are padding */
-                attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts, 1>(
-                    acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
-                    need_mask, mod, rows, t0, len_q, len_k, p.window_left, p.window_right, share);
+            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts>(
+                acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
+                t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
+                p.window_left, p.window_right, share);
             /* the next tile starts a split: fold this one into R (sR), fresh state */
             if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
                 fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, true);
@@ -1239,10 +1171,12 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
 #endif
 /* Knob that never changes a bit: 1 = launch the packed (decode) kernel as a
  * programmatic dependent of whatever runs before it in the stream (sm_90 on):
- * its CTAs are scheduled while that kernel ends, and wait before touching
- * global memory. */
+ * its CTAs are scheduled, and its code and parameters fetched, while that
+ * kernel ends; they wait before touching global memory. Decode B1 8k on the
+ * H200, back to back in a graph: 15.6 -> 15.0 us per call (benchmarks/NOTES.md,
+ * "Decode v6"). */
 #ifndef FAD_ATTN_PDL
-#define FAD_ATTN_PDL 0
+#define FAD_ATTN_PDL 1
 #endif
 /* Knob that never changes a bit: 1 = for fewer than 4 query rows, the 4 warps
  * of a combine CTA split one row's columns (0: one row per warp). */

@@ -423,6 +423,54 @@ def test_decode_step_in_cuda_graph_matches_eager():
     assert torch.equal(kc_g, kc_e) and torch.equal(vc_g, vc_e)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
+def test_decode_chain_reads_what_the_step_before_wrote_gpu(sched):
+    """On sm_90 the decode kernel is launched early (programmatic dependent launch) and must
+    wait for the kernel before it before reading anything. Each step here reads as q the
+    output the previous step's last kernel just wrote (the combine, or the decode kernel
+    itself), and appends into the cache the previous step read, with nothing in between
+    on the stream: eager and in a CUDA graph, the chain gives the bits of the same steps
+    run one at a time with a synchronize between them."""
+    gen = make_gen(57)
+    B, H, Hk, D, cap, steps = 2, 8, 2, 128, 4096, 6
+    q0 = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")
+    ks = randn(gen, (steps, B, 1, Hk, D), torch.bfloat16, "cuda")
+    vs = randn(gen, (steps, B, 1, Hk, D), torch.bfloat16, "cuda")
+    kc0 = randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda")
+    vc0 = randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda")
+    lens = [i32([s + t for s in (3000, 1200)], "cuda") for t in range(steps)]
+
+    def chain(kc, vc, sync):
+        q, outs = q0, []
+        for t in range(steps):
+            q = fad.flash_attn_with_kvcache(q, kc, vc, k=ks[t], v=vs[t], cache_seqlens=lens[t],
+                                            causal=True)
+            outs.append(q)
+            if sync:
+                torch.cuda.synchronize()
+        return outs
+
+    with force_schedule(sched):
+        ref = chain(kc0.clone(), vc0.clone(), True)
+        got = chain(kc0.clone(), vc0.clone(), False)
+        kc_g, vc_g = kc0.clone(), vc0.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph, on scratch caches
+            chain(kc0.clone(), vc0.clone(), False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = chain(kc_g, vc_g, False)
+        graph.replay()
+        torch.cuda.synchronize()
+    for t in range(steps):
+        assert torch.isfinite(ref[t]).all()
+        assert torch.equal(got[t], ref[t]), f"eager step {t} differs from the synchronized chain"
+        assert torch.equal(graphed[t], ref[t]), f"graph step {t} differs from the synchronized chain"
+
+
 # --- the packed decode kernel (GQA heads packed into M) vs the prefill kernel ----------
 # Query blocks of at most 16 rows run on fwd_packed_kernel (fad_core.c, use_packed_kernel);
 # FLASH_ATTN_DET_FWD_KERNEL=packed|prefill pins the kernel, so the same call can be run on
