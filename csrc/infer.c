@@ -371,14 +371,22 @@ static int rows_aligned(const DLTensor *t)
            (tensor_stride(t, 1) >= 0 && tensor_stride(t, 1) < ((int64_t)1 << 23));
 }
 
+/* What the rotary and append step writes and the attention then reads: the
+ * rotated q (B, Sq, H, D) and the new lengths (B,) int32, row-major views into
+ * one scratch tensor of torch's (one allocation, not two; the caller frees it
+ * after the launches, in stream order as run_infer's workspace). A view whose
+ * data is NULL is not written (no rotary; nothing appended). */
+typedef struct append_out {
+    DLManagedTensorVersioned *mem;
+    DLTensor q_rot, seqlens;
+} append_out;
+
 /* The rotary and append step of an infer_kvcache call (some of k, v, cos, sin
- * given): its params, and the tensors it writes that the attention then reads
- * (q_rot, seqlens_out; tmp[0..1], owned by the caller). LEAVE for what only the
- * general path does: CPU tensors (torch ops there), cos/sin to be converted,
- * and every misuse (it raises in its words). */
+ * given): its params, and its outputs in o. LEAVE for what only the general
+ * path does: CPU tensors (torch ops there), cos/sin to be converted, and every
+ * misuse (it raises in its words). */
 static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS],
-                       PyObject *interleaved, fad_append_params *ap,
-                       DLManagedTensorVersioned *tmp[2])
+                       PyObject *interleaved, fad_append_params *ap, append_out *o)
 {
     const DLTensor *q = t[KV_Q], *k = t[KV_K], *cos = t[KV_COS];
     if (q->device.device_type != kDLCUDA || q->ndim != 4 || !t[KV_K] != !t[KV_V] ||
@@ -388,14 +396,22 @@ static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS
     if (cos && (cos->ndim != 2 || cos->shape[1] <= 0 || 2 * cos->shape[1] > q->shape[3] ||
                 !(is_dtype(cos->dtype, kDLFloat, 32) || is_dtype(cos->dtype, q->dtype.code, 16))))
         return LEAVE;
-    if (cos && !(tmp[0] = new_tensor(st, q, 4, q->shape, q->dtype)))
-        return FAIL;
-    if (k && k->shape[1] > 0 &&
-        !(tmp[1] = new_tensor(st, q, 1, q->shape, (DLDataType){kDLInt, 32, 1}))) /* (B,) */
-        return FAIL;
+    /* q_rot first, its room rounded up to 256 bytes (and never empty, so that
+     * its data is not NULL), then the lengths */
+    const size_t q_room = cos ? (tensor_bytes(q) + 256) / 256 * 256 : 0;
+    const size_t n_room = k && k->shape[1] > 0 ? (size_t)q->shape[0] * 4 : 0;
+    char *base = NULL;
+    if (q_room + n_room) {
+        if (!(o->mem = new_workspace(st, q, q_room + n_room)))
+            return FAIL;
+        base = tensor_data(&o->mem->dl_tensor);
+    }
+    o->q_rot = (DLTensor){q_room ? base : NULL, q->device, 4, q->dtype, q->shape, NULL, 0};
+    o->seqlens = (DLTensor){n_room ? base + q_room : NULL, q->device, 1,
+                            (DLDataType){kDLInt, 32, 1}, q->shape /* (B,) */, NULL, 0};
     memset(ap, 0, sizeof *ap);
-    if (check_append(q, tmp[0] ? &tmp[0]->dl_tensor : NULL, k, t[KV_V], t[KV_KC], t[KV_VC],
-                     t[KV_SEQLENS], tmp[1] ? &tmp[1]->dl_tensor : NULL, t[KV_BATCH_IDX],
+    if (check_append(q, o->q_rot.data ? &o->q_rot : NULL, k, t[KV_V], t[KV_KC], t[KV_VC],
+                     t[KV_SEQLENS], o->seqlens.data ? &o->seqlens : NULL, t[KV_BATCH_IDX],
                      t[KV_LEFTPAD], t[KV_TABLE], cos, t[KV_SIN], ap))
         return LEAVE;
     const int il = PyObject_IsTrue(interleaved);
@@ -423,7 +439,7 @@ PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize
     static const int plain[KV_NTENSORS] = {[KV_Q] = 1, [KV_K] = 1, [KV_V] = 1, [KV_COS] = 1,
                                            [KV_SIN] = 1};
     DLTensor *t[KV_NTENSORS] = {NULL};
-    DLManagedTensorVersioned *tmp[2] = {NULL, NULL}; /* q_rot, seqlens_out */
+    append_out o = {NULL, {NULL}, {NULL}};
     fad_fwd_params p;
     fad_append_params ap;
     int appends;
@@ -439,18 +455,18 @@ PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize
         take = LEAVE;
     appends = t[KV_K] || t[KV_V] || t[KV_COS] || t[KV_SIN];
     if (take == TAKE && appends)
-        take = take_append(ta->st, t, args[KV_INTERLEAVED], &ap, tmp);
-    if (take == TAKE) /* the attention reads the rotated q and the lengths after the append */
-        take = check_fwd_kvcache(tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q], t[KV_KC], t[KV_VC], NULL,
-                                 NULL, tmp[1] ? &tmp[1]->dl_tensor : t[KV_SEQLENS],
-                                 t[KV_BATCH_IDX], t[KV_LEFTPAD], t[KV_TABLE], &p) ? LEAVE : TAKE;
+        take = take_append(ta->st, t, args[KV_INTERLEAVED], &ap, &o);
+    /* the attention reads the rotated q and the lengths after the append */
+    const DLTensor *q = o.q_rot.data ? &o.q_rot : t[KV_Q];
+    if (take == TAKE)
+        take = check_fwd_kvcache(q, t[KV_KC], t[KV_VC], NULL, NULL,
+                                 o.seqlens.data ? &o.seqlens : t[KV_SEQLENS], t[KV_BATCH_IDX],
+                                 t[KV_LEFTPAD], t[KV_TABLE], &p) ? LEAVE : TAKE;
     if (take == TAKE)
         take = take_options(ta->st, args[KV_SCALE], args[KV_CAUSAL], p.head_dim, &p);
     if (take == TAKE && appends) /* q rotates per row where the mask is local: causal here */
         ap.rotate_q_per_row = p.causal;
-    PyObject *res = finish_infer(ta->st, take, &p, tmp[0] ? &tmp[0]->dl_tensor : t[KV_Q],
-                                 appends ? &ap : NULL, args[KV_WANT_LSE]);
-    free_tensor(tmp[0]); /* after the launches, in stream order (run_infer's rule) */
-    free_tensor(tmp[1]);
+    PyObject *res = finish_infer(ta->st, take, &p, q, appends ? &ap : NULL, args[KV_WANT_LSE]);
+    free_tensor(o.mem); /* after the launches, in stream order (run_infer's rule) */
     return res;
 }
