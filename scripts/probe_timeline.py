@@ -45,7 +45,7 @@ def short(name):
     return name.split("<")[0].split("(")[0][:40]
 
 
-def analyse(tag, ks, calls_per_replay):
+def analyse(tag, ks):
     """ks: kernels of several replays in time order; a call starts at its first kernel."""
     first = short(ks[0][2])
     starts = [i for i, k in enumerate(ks) if short(k[2]) == first]
@@ -120,12 +120,12 @@ def main():
             def replays():
                 for _ in range(args.replays):
                     g.replay()
-            analyse(tag + " graph", kernel_events(replays), args.calls)
+            analyse(tag + " graph", kernel_events(replays))
 
             def eager():
                 for i in range(args.calls * args.replays):
                     fn(*sets[i % len(sets)])
-            analyse(tag + " eager", kernel_events(eager), args.calls)
+            analyse(tag + " eager", kernel_events(eager))
             del g
         except Exception as e:  # a peer missing on this build
             print(f"{tag}: {type(e).__name__}: {str(e)[:200]}")
