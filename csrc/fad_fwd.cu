@@ -102,14 +102,6 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
             }
 }
 
-/* One kBlockN-key tile for a warp's 16*kMT rows: S = Q K^T (k-chunks in
- * increasing order), scores and mask, the online-softmax step of the current
- * split (m_s, l_s per thread, acc = its o), O += P V. The one copy of this
- * math: fwd_kernel and fwd_packed_kernel both call it with the same kBlockN,
- * so a row walks the same tiles through the same instruction sequence in
- * either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
- * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
- * (masking an in-range key is a no-op, so the flag only costs time). */
 /* An lds_base for the V operand of a warp that owns the output columns from
  * 16-column block blk0 on: addr[c] is block blk0 + c, so at(row, j) (which
  * adds (j / 4) * 64 columns to addr[j % 4]) addresses block blk0 + j for any
@@ -125,25 +117,6 @@ __device__ __forceinline__ lds_base<kHeadDim> lds_cols(const void *tile, int row
         b.addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((chunk ^ row0) & 7) | (chunk & ~7)) * 8) * 2;
     }
     return b;
-}
-
-/* Several warps on the same rows (the packed kernel's column warps) may share
- * S: part p of kKeyParts computes the S columns of key blocks [p, p+1) *
- * kBlockN / kKeyParts, writes them (fp32, exact) to xchg, and after a barrier
- * of the bar_threads threads of the row group every warp reads all of S back
- * into the same fragment registers. Each S element is the same chain of MMAs
- * over the head dim whichever warp runs it, so the bits are those of one warp
- * computing all of S. kKeyParts = 1: no sharing (xchg unused). */
-struct s_share {
-    float *xchg;     /* kMT x kBlockN/8 x 4 x 32 floats of this row group */
-    int part;        /* this warp's key part */
-    int bar_id, bar_threads;
-};
-
-/* bar.sync on a named barrier (id > 0) for n threads, a multiple of 32. */
-__device__ __forceinline__ void named_barrier(int id, int n)
-{
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
 /* S += Q K^T over the head dim, k-chunks in increasing order, for the key
@@ -195,21 +168,21 @@ __device__ __forceinline__ void scale_rows(float (&x)[kMT][kDB][4], const float 
                 x[mt][nb][e] = FAD_MUL(x[mt][nb][e], f[2 * mt + e / 2]);
 }
 
-/* The softmax step of one kBlockN-key tile, between the two products: S (raw
- * dot products) -> scores, mask, the tile's row max, the online-softmax step
- * of the current split (m_s, l_s per thread, acc = its o, rescaled), and S
- * becomes P = exp2(score - max) in place. The one copy of this math: every
- * forward kernel, on mma.sync or wgmma, runs it on the same fragments. */
-template <bool kMod, int kMT, int kNB, int kDB, class Rows>
-__device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
-                                             float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-                                             bool need_mask, const fad_score_mod &mod,
-                                             const Rows &rows, int t0, int len_q, int len_k,
-                                             int window_left, int window_right)
+/* The softmax step of one kBlockN-key tile, between the two products, in two
+ * halves (softmax_tile runs both): S (raw dot products) -> scores, mask, the
+ * tile's row max (softmax_max); the online-softmax step of the current split
+ * (m_s, l_s per thread, acc = its o, rescaled), and S becomes P = exp2(score
+ * - max) in place (softmax_exp). The one copy of this math: every forward
+ * kernel, on mma.sync or wgmma, runs it on the same fragments. The packed
+ * kernel issues the next tile's S = Q K^T between the halves: the second is
+ * straight-line code, so those MMAs run under its exponentials. */
+template <bool kMod, int kMT, int kNB, class Rows>
+__device__ __forceinline__ void softmax_max(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
+                                            bool need_mask, const fad_score_mod &mod,
+                                            const Rows &rows, int t0, int len_q, int len_k,
+                                            int window_left, int window_right)
 {
     constexpr int kRows = 2 * kMT;
-    /* Scores -> masked, row max -> online softmax step. */
-    float m_tile[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         m_tile[r] = -INFINITY;
@@ -222,6 +195,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
     }
     else
         score_tile<false, kMod>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
+}
+
+/* kSkipUnitScale: skip the rescale of acc when every row's factor is 1 (a
+ * warp vote and a branch; worth it where acc is large). Multiplying by 1 is
+ * exact, so either way gives the same bits. */
+template <bool kSkipUnitScale, int kMT, int kNB, int kDB>
+__device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                            float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod)
+{
+    constexpr int kRows = 2 * kMT;
     float scale[kRows], base[kRows], psum[kRows];
     bool all_one = true;
 #pragma unroll
@@ -246,58 +230,34 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
-    /* Multiplying by 1 is exact, so skipping it changes no bit. */
-    if (!__all_sync(0xffffffffu, all_one))
+    if (!kSkipUnitScale || !__all_sync(0xffffffffu, all_one))
         scale_rows(acc, scale);
 }
 
-/* kColBlocks: the 16-column blocks of the output this warp accumulates (acc
- * holds only those; v_lds already points at the first). Each output column's
- * O += P V chain is independent of the others, so a warp that owns a column
- * range gives those columns the bits of a warp that owns all of them. */
-template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod,
-          int kColBlocks = kHeadDim / 16, int kKeyParts = 1, class Rows>
-__device__ __forceinline__ void
-attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
-            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
-            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
-            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
-            const s_share &share = s_share{})
+template <bool kMod, int kMT, int kNB, int kDB, class Rows>
+__device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                             float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                             bool need_mask, const fad_score_mod &mod,
+                                             const Rows &rows, int t0, int len_q, int len_k,
+                                             int window_left, int window_right)
 {
-    constexpr int kNB = kBlockN / 8;
-    static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
-    /* S = Q K^T for this warp's rows x kBlockN keys. */
-    float s[kMT][kNB][4] = {};
-    if constexpr (kKeyParts == 1) {
-        qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
-    } else {
-        constexpr int kJ = kBlockN / 16 / kKeyParts;
-        const int lane = threadIdx.x % 32;
-        float sp[kMT][2 * kJ][4] = {};
-        qk_tile<T, kHeadDim, kMT, kJ, kQInRegs>(sp, qf, q_lds, k_lds, share.part * kJ * 16);
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < 2 * kJ; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    share.xchg[((mt * kNB + share.part * 2 * kJ + nb) * 4 + e) * 32 + lane] =
-                        sp[mt][nb][e];
-        named_barrier(share.bar_id, share.bar_threads);
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kNB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nb][e] = share.xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
-    }
+    float m_tile[2 * kMT];
+    softmax_max<kMod>(s, m_tile, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                      window_right);
+    softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod);
+}
 
-    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
-                       window_right);
-
-    /* O += P V: P goes straight from the S accumulators to A fragments. */
+/* O += P V for one kBlockN-key tile: P goes straight from the S
+ * accumulators (after softmax_tile) to A fragments. kColBlocks: the
+ * 16-column blocks of the output this warp accumulates (acc holds only those;
+ * v_lds already points at the first). Each output column's O += P V chain is
+ * independent of the others, so a warp that owns a column range gives those
+ * columns the bits of a warp that owns all of them. */
+template <typename T, int kBlockN, int kMT, int kColBlocks, int kHeadDim>
+__device__ __forceinline__ void pv_tile(float (&acc)[kMT][2 * kColBlocks][4],
+                                        const float (&s)[kMT][kBlockN / 8][4],
+                                        const lds_base<kHeadDim> &v_lds)
+{
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) {
         uint32_t pf[kMT][4];
@@ -315,6 +275,30 @@ attend_tile(float (&acc)[kMT][2 * kColBlocks][4], float (&m_s)[2 * kMT], float (
             }
         }
     }
+}
+
+/* One kBlockN-key tile for a warp's 16*kMT rows on mma.sync (fwd_kernel):
+ * S = Q K^T (k-chunks in increasing order), scores and mask, the
+ * online-softmax step of the current split (m_s, l_s per thread, acc = its o),
+ * O += P V. The one copy of this math: fwd_packed_kernel runs the same three
+ * functions on the same fragments with the same kBlockN (with S one tile
+ * ahead), so a row walks the same tiles through the same instruction sequence
+ * in either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
+ * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
+ * (masking an in-range key is a no-op, so the flag only costs time). */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, class Rows>
+__device__ __forceinline__ void
+attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
+            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+{
+    float s[kMT][kBlockN / 8][4] = {};
+    qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
+    pv_tile<T, kBlockN, kMT, kHeadDim / 16>(acc, s, v_lds);
 }
 
 /* The two products of a tile on sm_90a, for the 64 rows of one warpgroup:
@@ -550,11 +534,15 @@ __device__ __forceinline__ void store_partial_row(const float (&acc)[kMT][kDB][4
  * per row (fad_kv_row, the CPU path's helper), shared by K and V, so a tile may
  * span pages of any multiple-of-16 size. k_h/v_h: k/v at this kv head. Returns
  * true when some row's page lies outside the cache: that row is zero-filled,
- * never read, and the caller poisons the rows it computes (NaN). */
-template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kSw128 = false>
+ * never read, and the caller poisons the rows it computes (NaN).
+ * v_src (a pipeline that copies V one tile after K): the V copies are not
+ * issued; each chunk's V source offset (-1: zero-fill) is kept there for
+ * load_v_paged, so each row's page is still looked up once. */
+template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kSw128 = false, int kVSrc = 1>
 __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params &p,
                                               const fad_seq &seq, const T *k_h, const T *v_h,
-                                              int t0, int rows, int D)
+                                              int t0, int rows, int D,
+                                              int64_t (*v_src)[kVSrc] = nullptr)
 {
     constexpr int kChunks = kHeadDim / 8;
     static_assert(kBlockN * kChunks % kThreads == 0, "whole chunks per thread");
@@ -573,9 +561,28 @@ __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params
         }
         const int at = tile_off<kHeadDim, kBlockN, kSw128>(row, col);
         cp_async16(sK + at, k_h + (ok ? ko + col : 0), ok ? 16 : 0);
-        cp_async16(sV + at, v_h + (ok ? vo + col : 0), ok ? 16 : 0);
+        if (v_src)
+            (*v_src)[i] = ok ? vo + col : -1;
+        else
+            cp_async16(sV + at, v_h + (ok ? vo + col : 0), ok ? 16 : 0);
     }
     return bad;
+}
+
+/* The V half of load_kv_paged(..., v_src): the copies it left out. */
+template <typename T, int kHeadDim, int kBlockN, int kThreads, int kVSrc>
+__device__ __forceinline__ void load_v_paged(T *sV, const T *v_h, const int64_t (&v_src)[kVSrc])
+{
+    constexpr int kChunks = kHeadDim / 8;
+    static_assert(kVSrc == kBlockN * kChunks / kThreads, "one offset per chunk");
+    const int tid = (int)opaque(threadIdx.x);
+#pragma unroll
+    for (int i = 0; i < kVSrc; i++) {
+        const int c = tid + i * kThreads;
+        const bool ok = v_src[i] >= 0;
+        cp_async16(sV + tile_off<kHeadDim, kBlockN, false>(c / kChunks, (c % kChunks) * 8),
+                   v_h + (ok ? v_src[i] : 0), ok ? 16 : 0);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -904,14 +911,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 #endif
 /* Knobs that never change a bit (scripts/ab_decode.sh compares them):
  * FAD_PACKED_COL_WARPS: warps per 16-row group, splitting the output columns
- * of O += P V (1, 2, 4; fewer where the head dim has too few 16-column blocks).
- * FAD_PACKED_SHARE_S: 1 = those warps also split S = Q K^T by key blocks and
- * exchange S through shared memory; 0 = each warp computes all of S. */
+ * of O += P V and the key blocks of S = Q K^T (1, 2, 4; fewer where the head
+ * dim has too few 16-column blocks). */
 #ifndef FAD_PACKED_COL_WARPS
 #define FAD_PACKED_COL_WARPS 4
-#endif
-#ifndef FAD_PACKED_SHARE_S
-#define FAD_PACKED_SHARE_S 1
 #endif
 /* Column warps for head dim d: the knob, halved until each warp owns whole
  * 16-column blocks of the output. */
@@ -923,7 +926,7 @@ constexpr int packed_col_warps(int d, int want)
 template <int kHeadDim, bool kMod> struct packed_cfg {
     /* kRowWarps groups of 16 packed rows (FAD_PACKED_WARPS); each group is run
      * by kColWarps warps (FAD_PACKED_COL_WARPS) that split the output columns
-     * and, with FAD_PACKED_SHARE_S, the S = Q K^T key blocks of a tile. */
+     * and the S = Q K^T key blocks of a tile (kKeyParts = kColWarps parts). */
     static constexpr int kRowWarps = FAD_PACKED_WARPS;
     static constexpr int kColWarps = packed_col_warps(kHeadDim, FAD_PACKED_COL_WARPS);
     static constexpr int kWarps = kRowWarps * kColWarps;
@@ -932,8 +935,8 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static constexpr int kBlockN = fwd_cfg<kHeadDim>::kBlockN; /* the prefill kernel's walk */
     static constexpr int kColBlocks = kHeadDim / 16 / kColWarps; /* per warp */
     static constexpr int kDBlocks = 2 * kColBlocks;              /* n8 blocks per warp */
-    static constexpr int kKeyParts =
-        FAD_PACKED_SHARE_S && kColWarps > 1 && (kBlockN / 16) % kColWarps == 0 ? kColWarps : 1;
+    static constexpr int kKeyParts = kColWarps;
+    static constexpr int kKeyBlocks = kBlockN / 16 / kKeyParts; /* 16-key blocks of S per warp */
     static constexpr bool kQInRegs = FAD_PACKED_Q_IN_REGS && kHeadDim <= 128;
     /* sQ may live inside sR only with one warp (sR is written by a warp
      * that ends a split while another may still be reading Q). */
@@ -941,17 +944,19 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
     static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
     static constexpr size_t kSmemQ = kQInR ? 0 : (size_t)kBlockM * kHeadDim * 2;
-    /* the S exchange: fp32 fragments of kBlockN keys per row group */
-    static constexpr size_t kSmemX = kKeyParts > 1 ? (size_t)kRowWarps * kBlockN / 8 * 4 * 32 * 4 : 0;
+    /* the S exchange, double-buffered: fp32 fragments of kBlockN keys per row group */
+    static constexpr int kXchgFloats = kBlockN / 8 * 4 * 32; /* one row group's S */
+    static constexpr size_t kSmemX = (size_t)2 * kRowWarps * kXchgFloats * 4;
     /* K/V stages: the knob, fewer where it would not fit in shared memory. */
     static constexpr int kStagesWant = kMod ? FAD_PACKED_STAGES_MOD : FAD_PACKED_STAGES;
     static constexpr size_t kStageBytes = (size_t)kStageElems * 2;
     static constexpr int kStagesFit = (int)((200 * 1024 - kSmemR - kSmemQ - kSmemX) / kStageBytes);
     static constexpr int kStages = kStagesWant < kStagesFit ? kStagesWant : kStagesFit;
     /* sR (fp32 merged o, one-CTA schedule with several splits); sQ (inside sR
-     * when Q is held in registers by a lone warp); kStages x (sK, sV); S exchange. */
+     * when Q is held in registers by a lone warp); kStages x (sK, sV); 2 S exchanges. */
     static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageBytes + kSmemX;
     static_assert(kStages >= 2, "at least double buffering");
+    static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
     static_assert(kRowWarps < 16, "named barriers 1 .. kRowWarps");
     static_assert(kBlockM * (kHeadDim / 8) % kThreads == 0, "whole Q chunks per thread");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -1020,7 +1025,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
      * valid row only helps with the loads. */
     const int row0 = rw * 16 + lane / 4;
     const bool warp_active = m0 + rw * 16 < m_end;
-    const s_share share = {sX + rw * (kBlockN / 8 * 4 * 32), cw, 1 + rw, 32 * C::kColWarps};
     rows_packed<kRows> rows;
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
@@ -1039,25 +1043,50 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
 
+    /* The pipeline. Tile j (keys t_first + j kBlockN ..) lives in stage
+     * j % kStages. The copies run K one tile ahead of V: commit group g holds
+     * K(g) and V(g - 1) (and Q with K(0)), and iteration j commits group
+     * j + kStages. Iteration j reads K(j + 1) and V(j), both in group j + 1.
+     * S = Q K^T runs one tile ahead of the softmax: iteration j issues this
+     * warp's key part of S(j + 1) between the two halves of tile j's softmax,
+     * so those MMAs run under its exponentials and O += P V; the parts meet in
+     * the S exchange sX[(j + 1) % 2] at iteration j + 1's barrier, the one
+     * barrier per tile. Every operation is the one attend_tile does on the
+     * same operands, in the same order per value: no bit changes. */
     bool bad_page = false; /* paged: this thread met a page outside the cache */
-    auto load_kv = [&](int t0, int st) { /* st: element offset of the stage */
-        if constexpr (kPaged) {
-            bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
-                sK + st, sV + st, p, seq, (const T *)p.k + hk * p.k_head_stride,
-                (const T *)p.v + hk * p.v_head_stride, t0, len_k - t0, D);
-        } else {
-            load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(sK + st,
-                                                          k_g + (int64_t)t0 * p.k_row_stride,
-                                                          (int)p.k_row_stride, len_k - t0, D);
-            load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(sV + st,
-                                                          v_g + (int64_t)t0 * p.v_row_stride,
-                                                          (int)p.v_row_stride, len_k - t0, D);
+    int64_t v_src[kPaged ? kBlockN * (kHeadDim / 8) / C::kThreads : 1]; /* paged: V(g - 1)'s rows */
+    const T *k_h = (const T *)p.k + hk * p.k_head_stride; /* paged: the cache at this kv head */
+    const T *v_h = (const T *)p.v + hk * p.v_head_stride;
+    auto tile_at = [&](int j) { return t_first + j * kBlockN; };
+    /* stage offsets (elements) one tile on and one tile back */
+    constexpr int kRing = kStages * C::kStageElems;
+    auto next_stage = [](int st) { return st + C::kStageElems == kRing ? 0 : st + C::kStageElems; };
+    auto prev_stage = [](int st) { return (st == 0 ? kRing : st) - C::kStageElems; };
+    /* group g: V(g - 1) into stage st_v, K(g) into stage st_k; V first, since
+     * a paged K(g) overwrites v_src */
+    auto load_group = [&](int g, int st_v, int st_k) {
+        if (g >= 1 && tile_at(g - 1) < t_last) {
+            const int t0 = tile_at(g - 1);
+            if constexpr (kPaged)
+                load_v_paged<T, kHeadDim, kBlockN, C::kThreads>(sV + st_v, v_h, v_src);
+            else
+                load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(
+                    sV + st_v, v_g + (int64_t)t0 * p.v_row_stride, (int)p.v_row_stride, len_k - t0, D);
         }
+        if (tile_at(g) < t_last) {
+            const int t0 = tile_at(g);
+            if constexpr (kPaged)
+                bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
+                    sK + st_k, nullptr, p, seq, k_h, v_h, t0, len_k - t0, D, &v_src);
+            else
+                load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(
+                    sK + st_k, k_g + (int64_t)t0 * p.k_row_stride, (int)p.k_row_stride, len_k - t0, D);
+        }
+        cp_async_commit(); /* empty groups past the walk keep the count uniform */
     };
 
-    /* Prologue: Q (row by row: each packed row has its own address), then
-     * kStages - 1 K/V tiles, one commit group each (empty groups past the
-     * walk keep the count uniform). */
+    /* Prologue: Q (row by row: each packed row has its own address) joins
+     * group 0; groups 0 .. kStages - 1. */
     {
         constexpr int kChunks = kHeadDim / 8;
 #pragma unroll
@@ -1073,51 +1102,85 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         }
     }
 #pragma unroll
-    for (int st = 0; st < kStages - 1; st++) {
-        if (t_first + st * kBlockN < t_last)
-            load_kv(t_first + st * kBlockN, st * C::kStageElems);
-        cp_async_commit();
-    }
+    for (int g = 0; g < kStages; g++)
+        load_group(g, (g == 0 ? kStages - 1 : g - 1) * C::kStageElems, g * C::kStageElems);
 
     uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
     const lds_base<kHeadDim> q_lds(sQ, rw * 16 + lane % 16, lane / 16);
     const lds_base<kHeadDim> k_lds0(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
     const lds_base<kHeadDim> v_lds0 =
         lds_cols<kHeadDim>(sV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16, cw * kColBlocks);
+    /* this row group's two S exchanges; this warp's part starts at key block kp0 */
+    float *const xchg0 = sX + rw * C::kXchgFloats;
+    float *const xchg1 = sX + (C::kRowWarps + rw) * C::kXchgFloats;
+    constexpr int kNB = kBlockN / 8, kJ = C::kKeyBlocks;
+    const int kp0 = cw * kJ;
+    /* this warp's part of S = Q K^T (sp zeroed) for the K tile in stage st */
+    auto qk_part = [&](float (&sp)[kMT][2 * kJ][4], int st) {
+        qk_tile<T, kHeadDim, kMT, kJ, C::kQInRegs>(sp, qf, q_lds, k_lds0.reload(st * 2), kp0 * 16);
+    };
+    auto publish = [&](const float (&sp)[kMT][2 * kJ][4], float *xchg) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < 2 * kJ; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    xchg[((mt * kNB + 2 * kp0 + nb) * 4 + e) * 32 + lane] = sp[mt][nb][e];
+    };
 
-    constexpr int kRing = kStages * C::kStageElems; /* stage offsets in elements */
-    int stage = 0, load_stage = (kStages - 1) * C::kStageElems;
+    cp_async_wait<kStages - 1>(); /* group 0: Q and K(0) (this thread's copies) */
+    __syncthreads();              /* ... everyone's */
+    if (warp_active) {
+        if constexpr (C::kQInRegs)
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; kk++)
+                ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
+        float sp[kMT][2 * kJ][4] = {};
+        qk_part(sp, 0);
+        publish(sp, xchg0);
+        cur_split = t_first / S;
+        start_split(acc, m_s, l_s);
+    }
+
+    int st = 0; /* tile j's stage */
 #pragma unroll 1
-    for (int t0 = t_first; t0 < t_last; t0 += kBlockN) {
-        cp_async_wait<kStages - 2>(); /* Q and K/V(t0) landed (this thread's copies) */
-        __syncthreads(); /* ... everyone's; every warp is done with load_stage's last tile */
-        if (t0 + (kStages - 1) * kBlockN < t_last)
-            load_kv(t0 + (kStages - 1) * kBlockN, load_stage);
-        cp_async_commit();
-        load_stage = load_stage + C::kStageElems == kRing ? 0 : load_stage + C::kStageElems;
+    for (int j = 0; tile_at(j) < t_last; j++) {
+        const int t0 = tile_at(j), st_next = next_stage(st);
+        cp_async_wait<kStages - 2>(); /* group j + 1: K(j + 1), V(j) (this thread's copies) */
+        __syncthreads(); /* ... everyone's; S(j) is whole; K(j)'s and V(j - 1)'s stages are free */
+        load_group(j + kStages, prev_stage(st), st);
 
         if (warp_active) {
-            if (cur_split < 0) { /* the first split starts */
-                cur_split = t0 / S;
-                start_split(acc, m_s, l_s);
-            }
-            if constexpr (C::kQInRegs) if (t0 == t_first)
+            float s[kMT][kNB][4];
+            const float *xchg = j % 2 ? xchg1 : xchg0;
 #pragma unroll
-                for (int kk = 0; kk < kHeadDim / 16; kk++)
-                    ldmatrix_x4(qf[0][C::kQInRegs ? kk : 0], q_lds.at(0, kk));
-
-            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kColBlocks, C::kKeyParts>(
-                acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * 2), v_lds0.reload(stage * 2),
-                t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right, share);
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[mt][nb][e] = xchg[((mt * kNB + nb) * 4 + e) * 32 + lane];
+            float m_tile[kRows];
+            softmax_max<kMod>(s, m_tile, t0 < unmasked_lo || t0 + kBlockN > unmasked_hi, mod, rows,
+                              t0, len_q, len_k, p.window_left, p.window_right);
+            /* S(j + 1), branch-free so that it shares softmax_exp's basic
+             * block; on the last tile it recomputes S(j) from K(j) (intact:
+             * no copy follows it) into the exchange nobody reads. */
+            const bool has_next = t0 + kBlockN < t_last;
+            float sp[kMT][2 * kJ][4] = {};
+            qk_part(sp, has_next ? st_next : st);
+            softmax_exp<false>(s, acc, m_s, l_s, m_tile, mod);
+            pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
+            publish(sp, j % 2 ? xchg0 : xchg1);
             /* the next tile starts a split: fold this one into R (sR), fresh state */
-            if (t0 + kBlockN < t_last && (t0 + kBlockN) / S != cur_split) {
+            if (has_next && (t0 + kBlockN) / S != cur_split) {
                 fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, true);
                 cur_split = (t0 + kBlockN) / S;
                 start_split(acc, m_s, l_s);
             }
         }
-        stage = stage + C::kStageElems == kRing ? 0 : stage + C::kStageElems;
+        st = st_next;
     }
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */

@@ -201,16 +201,15 @@ FAD_HD float fad_exp_score(float s, float exp_scale, float base)
 #endif
 FAD_HD float fad_rescale(float m_old, float m_tile, float *m_new)
 {
-    if (m_old == -INFINITY) {
-        *m_new = fmaxf(m_old, m_tile); /* (fmaxf: a NaN tile max leaves -inf) */
-        return 1.f;
-    }
-    if (!(m_tile > FAD_ADD(m_old, FAD_RESCALE_SLACK))) {
-        *m_new = m_old;
-        return 1.f;
-    }
-    *m_new = m_tile;
-    return fad_exp2(m_old - m_tile); /* m_tile > m_old here, m_old finite */
+    /* Selects, not branches: kernels issue the next tile's MMAs ahead of this
+     * step, and a branch here would end the basic block they share with the
+     * exponentials that follow (fwd_packed_kernel). */
+    const int fresh = m_old == -INFINITY;
+    const int moves = !fresh && m_tile > FAD_ADD(m_old, FAD_RESCALE_SLACK);
+    const float factor = fad_exp2(m_old - m_tile); /* used only when m_tile > m_old, finite */
+    /* (fmaxf: a NaN tile max leaves a fresh row at -inf) */
+    *m_new = fresh ? fmaxf(m_old, m_tile) : moves ? m_tile : m_old;
+    return moves ? factor : 1.f;
 }
 
 /* The max a tile's exponents are taken against: 0 when the row has seen no

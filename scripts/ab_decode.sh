@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A/B of the packed decode kernel's knobs in ONE device call. Each variant is a comma-separated
-# list of preprocessor defines (csrc/fad_fwd.cu, csrc/fad_internal.h), e.g.
-#   scripts/ab_decode.sh FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=4,FAD_PACKED_SHARE_S=0
-# With no argument: 1 column warp (the old kernel), 2 and 4 column warps with shared S, 4 column
-# warps each computing all of S. Variants are built in parallel (one source copy each, sm_90
-# only), then, one after the other, each runs the bit tests of the packed kernel and of paged KV
+# list of preprocessor defines (csrc/fad_fwd.cu, csrc/fad_internal.h), "-" for none, e.g.
+#   scripts/ab_decode.sh FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=2 -
+# A variant that starts with @DIR builds the sources in DIR (another commit's setup.py, csrc,
+# flash_attn_det, tests, benchmarks, e.g. carried in .carry/) instead of this tree's:
+#   scripts/ab_decode.sh @.carry/base -
+# With no argument: 1, 2 and 4 column warps. Variants are built in parallel (one source copy
+# each, sm_90 only), then, one after the other, each runs the bit tests of the packed kernel and of paged KV
 # (tests/test_kvcache.py -k "packed or paged") and bench_decode on L8192/L32768 x B1/B8
 # (fad_det, plus sdpa_cudnn for the first variant), printing one table per variant.
 # The knobs never change a bit: the tests compare against the prefill kernel on every variant.
@@ -12,8 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 if [ $# -eq 0 ]; then
-    set -- FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=2 FAD_PACKED_COL_WARPS=4,FAD_PACKED_SHARE_S=0 \
-        FAD_PACKED_COL_WARPS=4
+    set -- FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=2 FAD_PACKED_COL_WARPS=4
 fi
 root=/tmp/ab_decode
 commit="${FLASH_ATTN_DET_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}+ab"
@@ -25,9 +26,11 @@ for v in "$@"; do
     mkdir -p "$d"
     # a whole source copy: python -m pytest and benchmarks/common.py put the cwd / the copy's
     # root first on sys.path, so each variant runs from its own directory
-    cp -r setup.py pyproject.toml csrc flash_attn_det tests benchmarks "$d"/
+    src=.
+    if [[ "$v" == @* ]]; then src=${v%%,*}; src=${src#@}; v=${v#"@$src"}; v=${v#,}; fi
+    (cd "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det tests benchmarks "$d"/)
     rm -rf "$d"/flash_attn_det/_C*.so "$d"/build "$d"/benchmarks/results
-    defs=$(echo "$v" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')
+    defs=$(echo "$v" | tr ',' '\n' | grep -v '^-\?$' | sed 's/^/-D/' | tr '\n' ' ' || true)
     (cd "$d" && CFLAGS="$defs" NVCC_APPEND_FLAGS="$defs" FLASH_ATTN_DET_CUDA_ARCHS=90 \
         python3 setup.py build_ext --inplace > "$d/build.log" 2>&1; echo $? > "$d/build.rc") &
 done
