@@ -938,23 +938,19 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static constexpr int kKeyParts = kColWarps;
     static constexpr int kKeyBlocks = kBlockN / 16 / kKeyParts; /* 16-key blocks of S per warp */
     static constexpr bool kQInRegs = FAD_PACKED_Q_IN_REGS && kHeadDim <= 128;
-    /* sQ may live inside sR only with one warp (sR is written by a warp
-     * that ends a split while another may still be reading Q). */
-    static constexpr bool kQInR = kQInRegs && kWarps == 1;
     static constexpr int kStageElems = 2 * kBlockN * kHeadDim; /* one K + one V tile */
-    static constexpr size_t kSmemR = (size_t)kBlockM * kHeadDim * 4;
-    static constexpr size_t kSmemQ = kQInR ? 0 : (size_t)kBlockM * kHeadDim * 2;
+    static constexpr size_t kSmemQ = (size_t)kBlockM * kHeadDim * 2;
     /* the S exchange, double-buffered: fp32 fragments of kBlockN keys per row group */
     static constexpr int kXchgFloats = kBlockN / 8 * 4 * 32; /* one row group's S */
     static constexpr size_t kSmemX = (size_t)2 * kRowWarps * kXchgFloats * 4;
     /* K/V stages: the knob, fewer where it would not fit in shared memory. */
     static constexpr int kStagesWant = kMod ? FAD_PACKED_STAGES_MOD : FAD_PACKED_STAGES;
     static constexpr size_t kStageBytes = (size_t)kStageElems * 2;
-    static constexpr int kStagesFit = (int)((200 * 1024 - kSmemR - kSmemQ - kSmemX) / kStageBytes);
+    static constexpr int kStagesFit = (int)((200 * 1024 - kSmemQ - kSmemX) / kStageBytes);
     static constexpr int kStages = kStagesWant < kStagesFit ? kStagesWant : kStagesFit;
-    /* sR (fp32 merged o, one-CTA schedule with several splits); sQ (inside sR
-     * when Q is held in registers by a lone warp); kStages x (sK, sV); 2 S exchanges. */
-    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)kStages * kStageBytes + kSmemX;
+    /* sQ; kStages x (sK, sV); 2 S exchanges. (The merged result R of a
+     * one-CTA schedule lives in registers: a warp's R is its acc's columns.) */
+    static constexpr size_t kSmemBytes = kSmemQ + (size_t)kStages * kStageBytes + kSmemX;
     static_assert(kStages >= 2, "at least double buffering");
     static_assert((kBlockN / 16) % kKeyParts == 0, "whole key blocks per part");
     static_assert(kRowWarps < 16, "named barriers 1 .. kRowWarps");
@@ -1006,11 +1002,10 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    float *sR = reinterpret_cast<float *>(smem_raw);
-    T *sQ = reinterpret_cast<T *>(smem_raw + (C::kQInR ? 0 : C::kSmemR));
-    T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemR + C::kSmemQ); /* stage s: + s * kStageElems */
+    T *sQ = reinterpret_cast<T *>(smem_raw);
+    T *sK = reinterpret_cast<T *>(smem_raw + C::kSmemQ); /* stage s: + s * kStageElems */
     T *sV = sK + kBlockN * kHeadDim;
-    float *sX = reinterpret_cast<float *>(smem_raw + C::kSmemR + C::kSmemQ + kStages * C::kStageBytes);
+    float *sX = reinterpret_cast<float *>(smem_raw + C::kSmemQ + kStages * C::kStageBytes);
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     /* row group rw (16 packed rows), column part cw (output columns
@@ -1035,7 +1030,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
 
-    float mR[kRows], lR[kRows];
+    float mR[kRows], lR[kRows], oR[kMT][kDB][4] = {}; /* R: the splits folded so far */
     bool have_R = false;
     float acc[kMT][kDB][4] = {}, m_s[kRows], l_s[kRows];
 #pragma unroll
@@ -1173,9 +1168,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             softmax_exp<false>(s, acc, m_s, l_s, m_tile, mod);
             pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
             publish(sp, j % 2 ? xchg0 : xchg1);
-            /* the next tile starts a split: fold this one into R (sR), fresh state */
+            /* the next tile starts a split: fold this one into R, fresh state */
             if (has_next && (t0 + kBlockN) / S != cur_split) {
-                fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, true);
+                fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
                 cur_split = (t0 + kBlockN) / S;
                 start_split(acc, m_s, l_s);
             }
@@ -1207,7 +1202,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         return;
     }
     if (cur_split >= 0)
-        fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, false);
+        fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, false);
 
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
