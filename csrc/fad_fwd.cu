@@ -1291,12 +1291,12 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
     bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
     /* The fold is a chain, its loads are not: each batch of kBatch splits is
      * fetched at once (one memory round trip per batch rather than per split;
-     * with few rows, as at decode, this kernel is latency-bound), then merged
-     * in split order exactly as before. */
-    constexpr int kBatch = kC <= 4 ? 16 : 8; /* ov: kBatch x kC registers */
-    for (int s0 = fad_first_split(r, S); s0 < s_end; s0 += kBatch) {
-        float2 ml[kBatch];
-        float ov[kBatch][kC];
+     * with few rows, as at decode, this kernel is latency-bound), and the next
+     * batch's fetch is issued before this batch is merged (two register sets,
+     * A and B), so at long context the round trips overlap the merges. The
+     * merges run in split order exactly as before. */
+    constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4; /* 2 x kBatch x (kC + 2) registers */
+    auto fetch = [&](float2 (&ml)[kBatch], float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
             const size_t idx = (size_t)(s0 + u) * split_stride + row;
@@ -1306,6 +1306,8 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             for (int c = 0; c < kC; c++)
                 ov[u][c] = live && col[c] < D ? a.ws_o[idx * D + col[c]] : 0.f;
         }
+    };
+    auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
             if (s0 + u >= s_end)
@@ -1319,6 +1321,21 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             l = fad_merge_value(l, ml[u].y, w);
             m = w.m;
         }
+    };
+    float2 ml_a[kBatch], ml_b[kBatch];
+    float ov_a[kBatch][kC], ov_b[kBatch][kC];
+    int s0 = fad_first_split(r, S);
+    if (s0 < s_end)
+        fetch(ml_a, ov_a, s0);
+    for (; s0 < s_end; s0 += 2 * kBatch) {
+        if (s0 + kBatch < s_end)
+            fetch(ml_b, ov_b, s0 + kBatch);
+        merge(ml_a, ov_a, s0);
+        if (s0 + kBatch >= s_end)
+            break;
+        if (s0 + 2 * kBatch < s_end)
+            fetch(ml_a, ov_a, s0 + 2 * kBatch);
+        merge(ml_b, ov_b, s0 + kBatch);
     }
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
