@@ -1293,43 +1293,36 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
      * fetched at once (one memory round trip per batch rather than per split;
      * with few rows, as at decode, this kernel is latency-bound), and the next
      * batch's fetch is issued before this batch is merged (two register sets,
-     * A and B), so up to 2 kBatch splits are in flight: 64 at decode (kC = 1),
-     * a 32k cache's 64 splits in one round trip. A batch's (m, l) are one per
-     * lane (lane u: split s0 + u), handed to the warp by shuffles that do not
-     * wait on the merge chain. The merges run in split order exactly as
-     * before. */
-    constexpr int kBatch = 32 / kC; /* ov: 32 registers per set */
-    auto fetch = [&](float2 &ml, float (&ov)[kBatch][kC], int s0) {
-        const size_t mine = (size_t)(s0 + lane) * split_stride + row;
-        ml = lane < kBatch && s0 + lane < s_end ? *reinterpret_cast<const float2 *>(a.ws_ml + mine * 2)
-                                                : make_float2(0.f, 0.f);
+     * A and B), so at long context the round trips overlap the merges. The
+     * merges run in split order exactly as before. */
+    constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4; /* 2 x kBatch x (kC + 2) registers */
+    auto fetch = [&](float2 (&ml)[kBatch], float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
             const size_t idx = (size_t)(s0 + u) * split_stride + row;
             const bool live = s0 + u < s_end;
+            ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
 #pragma unroll
             for (int c = 0; c < kC; c++)
                 ov[u][c] = live && col[c] < D ? a.ws_o[idx * D + col[c]] : 0.f;
         }
     };
-    auto merge = [&](const float2 &ml, const float (&ov)[kBatch][kC], int s0) {
+    auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
-            if (s0 + u >= s_end) /* warp-uniform: one row per warp */
+            if (s0 + u >= s_end)
                 break;
-            const float m_u = __shfl_sync(0xffffffffu, ml.x, u);
-            const float l_u = __shfl_sync(0xffffffffu, ml.y, u);
-            poison |= p.block_table && l_u != l_u; /* paged only: NaN inputs stay as before */
-            fad_merge_w w = fad_merge_weights(m, m_u);
+            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
+            fad_merge_w w = fad_merge_weights(m, ml[u].x);
 #pragma unroll
             for (int c = 0; c < kC; c++)
                 if (col[c] < D)
                     o[c] = fad_merge_value(o[c], ov[u][c], w);
-            l = fad_merge_value(l, l_u, w);
+            l = fad_merge_value(l, ml[u].y, w);
             m = w.m;
         }
     };
-    float2 ml_a, ml_b;
+    float2 ml_a[kBatch], ml_b[kBatch];
     float ov_a[kBatch][kC], ov_b[kBatch][kC];
     int s0 = fad_first_split(r, S);
     if (s0 < s_end)
