@@ -1307,19 +1307,26 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                 ov[u][c] = live && col[c] < D ? a.ws_o[idx * D + col[c]] : 0.f;
         }
     };
+    /* A split past the row's last is skipped with selects, not a branch: with
+     * the batch in one basic block the (m) chain runs ahead while the
+     * exponentials and the (l, o) updates of earlier splits trail behind it.
+     * (A merge with an empty state is no identity: it would turn a -0 into
+     * +0.) Columns past D are merged too, from zeros, and never stored. */
     auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
-            if (s0 + u >= s_end)
-                break;
-            poison |= p.block_table && ml[u].y != ml[u].y; /* paged only: NaN inputs stay as before */
-            fad_merge_w w = fad_merge_weights(m, ml[u].x);
+            const bool live = s0 + u < s_end;
+            /* paged only: NaN inputs stay as before */
+            poison |= live && p.block_table && ml[u].y != ml[u].y;
+            const fad_merge_w w = fad_merge_weights(m, ml[u].x);
 #pragma unroll
-            for (int c = 0; c < kC; c++)
-                if (col[c] < D)
-                    o[c] = fad_merge_value(o[c], ov[u][c], w);
-            l = fad_merge_value(l, ml[u].y, w);
-            m = w.m;
+            for (int c = 0; c < kC; c++) {
+                const float v = fad_merge_value(o[c], ov[u][c], w);
+                o[c] = live ? v : o[c];
+            }
+            const float lv = fad_merge_value(l, ml[u].y, w);
+            l = live ? lv : l;
+            m = live ? w.m : m;
         }
     };
     float2 ml_a[kBatch], ml_b[kBatch];
