@@ -901,9 +901,11 @@ fwd_kernel(const __grid_constant__ fwd_args a)
  * pipeline, so each SM keeps enough bytes in flight for a memory-bound walk.
  *
  * Bits: a row walks the same kBlockN tiles (fwd_cfg's) in the same order,
- * split by split, through the same attend_tile / fold_split / store_* code as
- * in fwd_kernel; only the row's address, its head and its query index (mask,
- * ALiBi position) are computed differently, and MMA rows are independent. The
+ * split by split, through the same qk_tile / softmax_max / softmax_exp /
+ * pv_tile / fold_split / store_* code as in fwd_kernel (here with S = Q K^T
+ * one tile ahead, see the tile loop); only the row's address, its head and
+ * its query index (mask, ALiBi position) are computed differently, and MMA
+ * rows are independent. The
  * tiles a CTA walks beyond a row's own key range are fully masked for that
  * row, an exact identity (fad_math.h), as they are in the prefill kernel. */
 #ifndef FAD_PACKED_Q_IN_REGS
