@@ -6,8 +6,8 @@
 # flash_attn_det, tests, benchmarks, e.g. carried in .carry/) instead of this tree's:
 #   scripts/ab_decode.sh @.carry/base -
 # With no argument: 1, 2 and 4 column warps. Variants are built in parallel (one source copy
-# each, sm_90 only), then, one after the other, each runs the bit tests of the packed kernel and of paged KV
-# (tests/test_kvcache.py -k "packed or paged") and bench_decode on L8192/L32768 x B1/B8
+# each, sm_90 only), then, one after the other, each runs the bit tests of the packed kernel and
+# of paged KV (tests/test_kvcache.py -k "packed or paged") and bench_decode on L8192/L32768 x B1/B8
 # (fad_det, plus sdpa_cudnn for the first variant), printing one table per variant.
 # The knobs never change a bit: the tests compare against the prefill kernel on every variant.
 set -uo pipefail
