@@ -199,11 +199,17 @@ __device__ __forceinline__ void softmax_max(float (&s)[kMT][kNB][4], float (&m_t
 
 /* kSkipUnitScale: skip the rescale of acc when every row's factor is 1 (a
  * warp vote and a branch; worth it where acc is large). Multiplying by 1 is
- * exact, so either way gives the same bits. */
-template <bool kSkipUnitScale, int kMT, int kNB, int kDB>
+ * exact, so either way gives the same bits. before_scale() runs after the
+ * exponentials and before acc is touched: the warp-specialized kernel waits
+ * there for the previous tile's O += P V, which runs under the exponentials. */
+struct no_op {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <bool kSkipUnitScale, int kMT, int kNB, int kDB, class BeforeScale = no_op>
 __device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
                                             float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod)
+                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod,
+                                            const BeforeScale &before_scale = {})
 {
     constexpr int kRows = 2 * kMT;
     float scale[kRows], base[kRows], psum[kRows];
@@ -230,6 +236,7 @@ __device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
+    before_scale();
     if (!kSkipUnitScale || !__all_sync(0xffffffffu, all_one))
         scale_rows(acc, scale);
 }
@@ -338,15 +345,20 @@ __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
  * split's first tile: what adding to zeros gives, up to the sign of an exact
  * zero, with no zeroing of acc at each split start -- ~114 instructions per
  * split at D128, about half of what deterministic mode added over fast mode). */
-template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
-                                               const float (&s)[1][kBlockN / 8][4],
-                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
-                                               bool acc_live)
+template <typename T, int kBlockN>
+__device__ __forceinline__ void p_fragments(const float (&s)[1][kBlockN / 8][4],
+                                            uint32_t (&pf)[kBlockN / 16][4])
 {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
+}
+/* (pf already packed: issue_pv_wgmma's second half) */
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void issue_pv_wgmma_pf(float (&acc)[1][kHeadDim / 8][4],
+                                                  uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
+                                                  bool acc_live)
+{
     const uint64_t v_desc0 = gmma_desc(v_addr, kBlockN * 128, 1024);
     wgmma_fence_operand(acc[0]);
     wgmma_fence();
@@ -355,6 +367,15 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
         wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr,
                          kk > 0 || acc_live);
     wgmma_commit();
+}
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
+                                               const float (&s)[1][kBlockN / 8][4],
+                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
+                                               bool acc_live)
+{
+    p_fragments<T, kBlockN>(s, pf);
+    issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
 }
 
 /* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V; while_s()
@@ -891,6 +912,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                       p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison);
     }
 }
+
+#include "fad_fwd_ws.cuh"
 
 /* The packed kernel, for short query blocks (decode): one CTA per (sequence,
  * kv head, kBlockM packed rows [, split]). Packed row pr = i * G + g is query
@@ -1527,6 +1550,25 @@ static fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *m
     return FAD_OK;
 }
 
+/* The warp-specialized kernel (fad_fwd_ws.cuh): one CTA per pair of the
+ * plan's 64-row query blocks. */
+template <typename T, int kHeadDim>
+static fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    using C = fwd_ws_cfg<kHeadDim>;
+    static int smem_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(fwd_ws_kernel<T, kHeadDim>, smem_set, C::kSmemBytes, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
+                        C::kBlockM, fad_block_m(a.p.head_dim));
+    dim3 grid((unsigned)((int64_t)(a.plan.m_blocks + 1) / 2 * a.p.batch * a.p.num_heads), 1,
+              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    fwd_ws_kernel<T, kHeadDim><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    return FAD_OK;
+}
+
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -1555,9 +1597,15 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
         fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
-        if (st == FAD_OK)
+        if constexpr (kHasWgmma && kHeadDim == 128 && FAD_WG_WS) {
+            if (st == FAD_OK && wgmma)
+                st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
+            else if (st == FAD_OK)
+                st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        } else if (st == FAD_OK) {
             st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
                        : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        }
         if (st != FAD_OK)
             return st;
     }

@@ -51,6 +51,24 @@ extern "C" {
 #ifndef FAD_WG_LOADS_DURING_S
 #define FAD_WG_LOADS_DURING_S 1
 #endif
+/* FAD_WG_WS: 1 = at D128 the sm_90a prefill runs the warp-specialized
+ * kernel (fad_fwd_ws.cuh: a cp.async producer warpgroup, two consumer
+ * warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the same bits.
+ * FAD_WS_STAGES: its K/V ring depth. FAD_WS_PRODUCER_REGS /
+ * FAD_WS_CONSUMER_REGS: the registers per thread setmaxnreg gives each side
+ * (P + 2 * C <= 3 * 168: what __launch_bounds__ gives 384 threads). */
+#ifndef FAD_WG_WS
+#define FAD_WG_WS 1
+#endif
+#ifndef FAD_WS_STAGES
+#define FAD_WS_STAGES 4
+#endif
+#ifndef FAD_WS_PRODUCER_REGS
+#define FAD_WS_PRODUCER_REGS 40
+#endif
+#ifndef FAD_WS_CONSUMER_REGS
+#define FAD_WS_CONSUMER_REGS 232
+#endif
 
 #ifdef __CUDACC__
 #define FAD_HOST_DEVICE __host__ __device__

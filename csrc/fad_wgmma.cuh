@@ -71,7 +71,49 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
 /* Shared memory written through the generic proxy (cp.async, st.shared) that
  * wgmma reads next: each writing thread fences before the barrier. */
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* mbarriers (shared-memory arrive/wait barriers with a phase bit), for the
+ * warp-specialized prefill kernel (fad_fwd_ws.cuh): a producer warpgroup
+ * fills pipeline stages with cp.async and consumer warpgroups release them,
+ * with no CTA-wide barrier in the loop. A barrier completes a phase when its
+ * expected count of arrivals has come; waiters name the phase by its parity. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+/* Makes the initialised barriers visible to the other threads (before a barrier). */
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* One arrival, made when every cp.async this thread issued so far has landed
+ * (noinc: the barrier's expected count includes it). */
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* Waits until the phase of parity `parity` has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* Hands registers between warpgroups (every warp of a warpgroup runs the same
+ * one): the producer gives its share up, the consumers take it. */
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 #else
+__device__ __forceinline__ void mbar_init(uint64_t *, int) {}
+__device__ __forceinline__ void mbar_init_fence() {}
+__device__ __forceinline__ void mbar_arrive(uint64_t *) {}
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *) {}
+__device__ __forceinline__ void mbar_wait(uint64_t *, int) {}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {}
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
 template <int N> __device__ __forceinline__ void wgmma_wait() {}
