@@ -204,8 +204,19 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
         wait_full(t0), release(t0);
 
+    /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
+     * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
+     * per 32 tensor-core clocks, the whole 128 B/clk of shared memory. */
+    constexpr bool kQInRegs = FAD_WS_Q_REGS;
+    uint32_t qf[1][kQInRegs ? kHeadDim / 16 : 1][4];
+    if constexpr (kQInRegs)
+        if (walked)
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; kk++)
+                ldmatrix_x4(qf[0][kk], smem_addr(sQ + c * kBlockM * kHeadDim +
+                                                 swz128<kBlockM>((warp % 4) * 16 + lane % 16,
+                                                                 16 * kk + 8 * (lane / 16))));
     if (walked) {
-        const uint32_t qf_unused[1][1][4] = {};
         float s[1][kBlockN / 8][4];
         float m_tile[2];
         uint32_t pf[kBlockN / 16][4];
@@ -215,7 +226,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; j++)
             s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-        issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, false>(s, qf_unused, q_addr, k_addr(t0));
+        issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
         wgmma_wait<0>();
         wgmma_fence_operand(s[0]);
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
@@ -248,7 +259,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; j++)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, false>(s, qf_unused, q_addr, k_addr(t0));
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
             acc_live = true;
             wgmma_wait<1>(); /* S of tile t0 (the older group) */

@@ -60,6 +60,9 @@ extern "C" {
 #ifndef FAD_WG_WS
 #define FAD_WG_WS 1
 #endif
+#ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
+#define FAD_WS_Q_REGS 1
+#endif
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif
