@@ -199,28 +199,6 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
-    /* Ping-pong (FAD_WS_PINGPONG): the consumers take turns at issuing
-     * their products, consumer 0 first, so one's softmax runs while the
-     * other's products occupy the tensor cores. A turn is one issue point
-     * (a tile's S, then each S(t + 1) with P V(t), then the last P V): a
-     * consumer with n tiles takes n + 1 turns, and the one with fewer then
-     * takes empty turns, so the two counts match. Consumer c waits at named
-     * barrier 1 + c, and when its turn is done lets the other go. Tiles are
-     * waited for outside the turns. */
-    const int my_turns = walked ? (my_last - my_first) / kBlockN + 1 : 0;
-    const int turns = max(walk0.walks ? (walk0.last - walk0.first) / kBlockN + 1 : 0,
-                          walk1.walks ? (walk1.last - walk1.first) / kBlockN + 1 : 0);
-    auto turn_begin = [&]() {
-        if constexpr (FAD_WS_PINGPONG)
-            named_bar_sync(1 + c, 256);
-    };
-    auto turn_end = [&]() {
-        if constexpr (FAD_WS_PINGPONG)
-            named_bar_arrive(2 - c, 256);
-    };
-    if (c == 1)
-        turn_end(); /* consumer 0 goes first */
-
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
@@ -248,9 +226,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; j++)
             s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-        turn_begin();
         issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
-        turn_end();
         wgmma_wait<0>();
         wgmma_fence_operand(s[0]);
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
@@ -274,9 +250,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                 release(t_done);
             };
             if (t0 + kBlockN >= my_last) {
-                turn_begin();
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-                turn_end();
                 pv_done();
                 break;
             }
@@ -285,10 +259,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; j++)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-            turn_begin();
             issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-            turn_end();
             acc_live = true;
             wgmma_wait<1>(); /* S of tile t0 (the older group) */
             wgmma_fence_operand(s[0]);
@@ -306,10 +278,6 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             }
         }
     }
-    for (int i = my_turns; i < turns; i++) /* (before the tiles below: the other may need our turns to reach them) */
-        turn_begin(), turn_end();
-    if (FAD_WS_PINGPONG && c == 0) /* takes consumer 1's last arrival: no barrier is left half-arrived */
-        turn_begin();
     for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
         wait_full(t0), release(t0);
     if (m0 >= len_q)

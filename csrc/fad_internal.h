@@ -63,9 +63,6 @@ extern "C" {
 #ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
 #define FAD_WS_Q_REGS 1
 #endif
-#ifndef FAD_WS_PINGPONG /* 1 = its consumers take turns at issuing their products */
-#define FAD_WS_PINGPONG 1
-#endif
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif

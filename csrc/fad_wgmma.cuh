@@ -102,10 +102,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
                  "r"(parity)
                  : "memory");
 }
-/* Named barrier `id` (1..15; 0 is __syncthreads) of n threads: sync waits
- * for all n, arrive counts without waiting. */
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 /* Hands registers between warpgroups (every warp of a warpgroup runs the same
  * one): the producer gives its share up, the consumers take it. */
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -116,8 +112,6 @@ __device__ __forceinline__ void mbar_init_fence() {}
 __device__ __forceinline__ void mbar_arrive(uint64_t *) {}
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *) {}
 __device__ __forceinline__ void mbar_wait(uint64_t *, int) {}
-__device__ __forceinline__ void named_bar_sync(int, int) {}
-__device__ __forceinline__ void named_bar_arrive(int, int) {}
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() {}
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {}
 __device__ __forceinline__ void wgmma_fence() {}
