@@ -197,23 +197,21 @@ __device__ __forceinline__ void softmax_max(float (&s)[kMT][kNB][4], float (&m_t
         score_tile<false, kMod>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
 }
 
-/* kSkipUnitScale: skip the rescale of acc when every row's factor is 1 (a
- * warp vote and a branch; worth it where acc is large). Multiplying by 1 is
- * exact, so either way gives the same bits. before_scale() runs after the
- * exponentials and before acc is touched: the warp-specialized kernel waits
- * there for the previous tile's O += P V, which runs under the exponentials. */
-struct no_op {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <bool kSkipUnitScale, int kMT, int kNB, int kDB, class BeforeScale = no_op>
-__device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
-                                            float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
-                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod,
-                                            const BeforeScale &before_scale = {})
+/* softmax_exp in two parts: softmax_exp_p is the online-softmax step of the
+ * current split for everything but acc -- the new max m_s, S -> P in place,
+ * l_s -- and leaves acc's factors in scale (all_one: every factor of the
+ * thread is 1); rescale_acc then applies them to acc. The warp-specialized
+ * kernel (fad_fwd_ws.cuh) runs the two apart, with the previous tile's
+ * O += P V finishing in between. */
+template <int kMT, int kNB>
+__device__ __forceinline__ void softmax_exp_p(float (&s)[kMT][kNB][4], float (&m_s)[2 * kMT],
+                                              float (&l_s)[2 * kMT], const float (&m_tile)[2 * kMT],
+                                              const fad_score_mod &mod, float (&scale)[2 * kMT],
+                                              bool &all_one)
 {
     constexpr int kRows = 2 * kMT;
-    float scale[kRows], base[kRows], psum[kRows];
-    bool all_one = true;
+    float base[kRows], psum[kRows];
+    all_one = true;
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         float m_new;
@@ -236,9 +234,28 @@ __device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc
 #pragma unroll
     for (int r = 0; r < kRows; r++)
         l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
-    before_scale();
+}
+
+/* kSkipUnitScale: skip the rescale of acc when every row's factor is 1 (a
+ * warp vote and a branch; worth it where acc is large). Multiplying by 1 is
+ * exact, so either way gives the same bits. */
+template <bool kSkipUnitScale, int kMT, int kDB>
+__device__ __forceinline__ void rescale_acc(float (&acc)[kMT][kDB][4], const float (&scale)[2 * kMT],
+                                            bool all_one)
+{
     if (!kSkipUnitScale || !__all_sync(0xffffffffu, all_one))
         scale_rows(acc, scale);
+}
+
+template <bool kSkipUnitScale, int kMT, int kNB, int kDB>
+__device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                            float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod)
+{
+    float scale[2 * kMT];
+    bool all_one;
+    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+    rescale_acc<kSkipUnitScale>(acc, scale, all_one);
 }
 
 template <bool kMod, int kMT, int kNB, int kDB, class Rows>

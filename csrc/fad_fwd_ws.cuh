@@ -22,10 +22,11 @@
  *     traffic per flop;
  *   - no copy instructions and no CTA barrier in the consumers' loop, and the
  *     producer's registers go to the consumers (setmaxnreg);
- *   - S = Q K^T of tile t+1 is issued before O += P V of tile t, and the
- *     consumer waits for that O += P V only after tile t+1's exponentials
- *     (softmax_exp's before_scale): the tensor cores work under the softmax.
- *     The operations on acc are the same, in the same order, so the bits are.
+ *   - S = Q K^T of tile t+1 is issued before O += P V of tile t (acc's
+ *     rescale for tile t runs under the first), and the consumer waits for
+ *     that O += P V only after tile t+1's exponentials: the tensor cores
+ *     work under the softmax. The operations on acc are the same, in the
+ *     same order, so the bits are.
  */
 #ifndef FAD_FWD_WS_CUH
 #define FAD_FWD_WS_CUH
@@ -181,28 +182,39 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
     const uint32_t kv_addr0 = smem_addr(sKV);
-    auto tile_index = [&](int t0) { return (t0 - u_first) / kBlockN; };
-    auto k_addr = [&](int t0) {
-        return kv_addr0 + (uint32_t)(tile_index(t0) % kStages) * 2 * (uint32_t)C::kTileBytes;
+    /* Tile i of the union walk sits in stage i % kStages, and its copy
+     * completes phase i / kStages of that stage's `full` barrier. In the
+     * tile loop a (stage, phase) pair steps along with the tile (next()):
+     * no division per tile. */
+    struct ring_pos {
+        int stage, phase;
+        __device__ __forceinline__ ring_pos next() const
+        {
+            return stage + 1 == kStages ? ring_pos{0, phase ^ 1} : ring_pos{stage + 1, phase};
+        }
     };
-    /* Waits until tile t0 has landed; the fence orders the copies (generic
-     * proxy) before the wgmma reads (async proxy). */
-    auto wait_full = [&](int t0) {
-        const int i = tile_index(t0);
-        mbar_wait(&full[i % kStages], (i / kStages) & 1);
+    auto pos_of = [&](int t0) {
+        const int i = (t0 - u_first) / kBlockN;
+        return ring_pos{i % kStages, (i / kStages) & 1};
+    };
+    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
+    /* Waits until the tile at r has landed; the fence orders the copies
+     * (generic proxy) before the wgmma reads (async proxy). */
+    auto wait_full = [&](ring_pos r) {
+        mbar_wait(&full[r.stage], r.phase);
         fence_async_smem();
     };
-    auto release = [&](int t0) {
+    auto release = [&](ring_pos r) {
         __syncwarp();
         if (lane == 0)
-            mbar_arrive(&empty[tile_index(t0) % kStages]);
+            mbar_arrive(&empty[r.stage]);
     };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
-        wait_full(t0), release(t0);
+        wait_full(pos_of(t0)), release(pos_of(t0));
 
     /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
      * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
@@ -218,68 +230,80 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                                                                  16 * kk + 8 * (lane / 16))));
     if (walked) {
         float s[1][kBlockN / 8][4];
-        float m_tile[2];
+        float m_tile[2], scale[2]; /* scale: acc's factors for the tile in s (softmax_exp_p) */
+        bool all_one;
         uint32_t pf[kBlockN / 16][4];
         /* Prologue: S and the softmax of the first tile. */
         int t0 = my_first;
-        wait_full(t0);
+        ring_pos pos = pos_of(t0); /* tile t0's */
+        wait_full(pos);
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; j++)
             s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-        issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
+        issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(pos));
         wgmma_wait<0>();
         wgmma_fence_operand(s[0]);
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
                            p.window_right);
-        softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod);
+        softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
         int split_left = (S - t0 % S) / kBlockN;
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
+        /* Each turn of the loop: s holds P of tile t0, and scale its factors
+         * for acc. Issue S of the next tile into s, rescale acc meanwhile,
+         * then issue O += P V of tile t0 (the tensor cores run the two in
+         * that order); the next tile's softmax then runs while O += P V does,
+         * which is waited for only after the exponentials. acc gets the same
+         * operations in the same order as in fwd_kernel (a split's first
+         * P V overwrites acc, so its rescale is skipped). Each path issues its
+         * groups on straight-line code, so ptxas sees which group each
+         * wgmma_wait retires. */
         for (;;) {
-            /* s holds P of tile t0: pack it; then (unless t0 is the last
-             * tile) S of the next tile into s, issued ahead of O += P V of
-             * tile t0 (the tensor cores run them in that order). Each path
-             * issues its groups on straight-line code, so ptxas sees which
-             * group each wgmma_wait retires. */
             p_fragments<T, kBlockN>(s, pf);
-            const uint32_t v_addr = k_addr(t0) + (uint32_t)C::kTileBytes;
-            const int t_done = t0;
-            auto pv_done = [&]() { /* O += P V of tile t_done has finished */
+            const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
+            const ring_pos pos_done = pos;
+            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
                 wgmma_wait<0>();
                 wgmma_fence_operand(acc[0]);
                 wgmma_fence_operand(pf);
-                release(t_done);
+                release(pos_done);
             };
             if (t0 + kBlockN >= my_last) {
+                if (acc_live)
+                    rescale_acc<true>(acc, scale, all_one);
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
                 pv_done();
                 break;
             }
             t0 += kBlockN;
-            wait_full(t0);
+            pos = pos.next();
+            wait_full(pos);
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; j++)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(t0));
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(pos));
+            if (acc_live)
+                rescale_acc<true>(acc, scale, all_one);
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
             acc_live = true;
             wgmma_wait<1>(); /* S of tile t0 (the older group) */
             wgmma_fence_operand(s[0]);
             softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
                                p.window_left, p.window_right);
-            if (--split_left == 0) { /* the split ends with tile t_done: fold, fresh state */
+            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
                 pv_done();
                 fold(true);
                 split_left = S / kBlockN;
                 start_split_ml<1>(m_s, l_s);
                 acc_live = false;
-                softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod);
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
             } else {
-                softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod, pv_done);
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                pv_done();
             }
         }
     }
     for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
-        wait_full(t0), release(t0);
+        wait_full(pos_of(t0)), release(pos_of(t0));
     if (m0 >= len_q)
         return;
 

@@ -58,7 +58,10 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
  * instead of rebuilding the descriptor from its address. */
 __device__ __forceinline__ uint64_t gmma_desc_at(uint64_t desc, uint32_t bytes)
 {
-    return desc + (bytes >> 4);
+    /* The sum stays in the low word: add there, and ptxas keeps one copy of
+     * the constant high word instead of a 64-bit add with carry per operand. */
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4), hi = (uint32_t)(desc >> 32);
+    return (uint64_t)hi << 32 | lo;
 }
 
 #if FAD_HAS_WGMMA

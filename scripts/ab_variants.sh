@@ -7,14 +7,20 @@
 # (the knobs are in csrc/fad_internal.h). AB_PYTEST="tests/test_gpu.py::test_head_dims" also runs
 # that pytest selection (words without spaces) on each variant, so a fast variant that is wrong
 # shows as such. AB_PERF="python3 benchmarks/bench_decode.py --quick" replaces the perf probe.
+# A variant that starts with @DIR builds the sources in DIR (another commit's tree, e.g. from
+# `git archive <rev> setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks` into
+# .carry/base) with the defines after it: scripts/ab_variants.sh @.carry/base -
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=0
 for v in "$@"; do
     n=$((n + 1))
-    defs=$(echo "${v%%:*}" | tr ',' '\n' | grep -v '^-$' | sed 's/^/-D/' | tr '\n' ' ' || true)
+    from=.
+    if [[ "$v" == @* ]]; then from=${v%%,*}; from=${from#@}; v=${v#"@$from"}; v=${v#,}; fi
+    defs=$(echo "${v%%:*}" | tr ',' '\n' | grep -v '^-\?$' | sed 's/^/-D/' | tr '\n' ' ' || true)
     src=/tmp/ab/$n
-    rm -rf "$src" && mkdir -p "$src" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks "$src"/
+    rm -rf "$src" && mkdir -p "$src" && (cd "$from" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks "$src"/)
+    rm -rf "$src"/flash_attn_det/_C*.so "$src"/build
     ( cd "$src" && CFLAGS="$defs" NVCC_APPEND_FLAGS="$defs" FLASH_ATTN_DET_CUDA_ARCHS=90 \
         python3 setup.py build_ext --inplace > build.log 2>&1 || { tail -20 build.log; exit 1; } ) &
 done
