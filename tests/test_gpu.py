@@ -497,6 +497,11 @@ _VARIANT_CASES = [
     dict(D=40, Sq=300, Sk=1500, causal=True, dtype="float16", window_size=(200, 5)),
     dict(D=72, Sq=400, Sk=1200, causal=False, dtype="bfloat16", window_size=(-1, 100)),
     dict(D=128, Sq=333, Sk=4000, causal=True, dtype="bfloat16", softcap=15.0),  # both mma.sync
+    # the warp-specialized kernel's own walks: an odd count of 64-row blocks, a window that makes
+    # its two consumers start and end on different tiles, D < 128, query rows with no key
+    dict(D=128, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
+    dict(D=96, Sq=200, Sk=1000, causal=True, dtype="float16"),
+    dict(D=128, Sq=600, Sk=200, causal=True, dtype="bfloat16"),
 ]
 
 
