@@ -30,7 +30,10 @@
  * merged result R stays in registers. The tile walk, the fragments and the
  * softmax code are the mma.sync variant's, and a wgmma chain rounds like the
  * mma.sync chain it replaces (scripts/wgmma_probe.cu; tests/test_gpu.py
- * compares the variants), so the bits are the same on either.
+ * compares the variants), so the bits are the same on either. At D 128 that
+ * variant is the warp-specialized fwd_ws_kernel (fad_fwd_ws.cuh: a producer
+ * warpgroup copies K/V for two consumer warpgroups, each running this file's
+ * tile math on its 64 rows).
  */
 #include <stdlib.h>
 #include <string.h>
