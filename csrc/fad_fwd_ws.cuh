@@ -252,35 +252,21 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
          * for acc. Issue S of the next tile into s, rescale acc meanwhile,
          * then issue O += P V of tile t0 (the tensor cores run the two in
          * that order); the next tile's softmax then runs while O += P V does,
-         * which is waited for at the next turn's start. acc gets the same
+         * which is waited for only after the exponentials. acc gets the same
          * operations in the same order as in fwd_kernel (a split's first
          * P V overwrites acc, so its rescale is skipped). Each path issues its
          * groups on straight-line code, so ptxas sees which group each
          * wgmma_wait retires. */
-        /* The wait for O += P V of the previous tile opens the next loop
-         * turn (pv_pending), not the end of this one: ptxas hoisted a wait
-         * placed after the exponentials above them, so they no longer ran
-         * under the product; it does not move one across the loop's back edge. */
-        bool pv_pending = false;
-        ring_pos pos_pv = pos; /* the tile of the pending O += P V */
-        auto pv_done = [&]() {
-            wgmma_wait<0>();
-            wgmma_fence_operand(acc[0]);
-            wgmma_fence_operand(pf);
-            release(pos_pv);
-            pv_pending = false;
-        };
         for (;;) {
-            /* (unconditional, so that ptxas sees every group retired before
-             * pf and acc are touched; a no-op when none is in flight) */
-            wgmma_wait<0>();
-            wgmma_fence_operand(acc[0]);
-            wgmma_fence_operand(pf);
-            if (pv_pending)
-                release(pos_pv), pv_pending = false;
             p_fragments<T, kBlockN>(s, pf);
             const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
-            pos_pv = pos;
+            const ring_pos pos_done = pos;
+            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
+                wgmma_wait<0>();
+                wgmma_fence_operand(acc[0]);
+                wgmma_fence_operand(pf);
+                release(pos_done);
+            };
             if (t0 + kBlockN >= my_last) {
                 if (acc_live)
                     rescale_acc<true>(acc, scale, all_one);
@@ -298,19 +284,22 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             if (acc_live)
                 rescale_acc<true>(acc, scale, all_one);
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-            acc_live = pv_pending = true;
+            acc_live = true;
             wgmma_wait<1>(); /* S of tile t0 (the older group) */
             wgmma_fence_operand(s[0]);
             softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
                                p.window_left, p.window_right);
-            if (--split_left == 0) { /* the split ends with the tile at pos_pv: fold, fresh state */
+            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
                 pv_done();
                 fold(true);
                 split_left = S / kBlockN;
                 start_split_ml<1>(m_s, l_s);
                 acc_live = false;
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+            } else {
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                pv_done();
             }
-            softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
         }
     }
     for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
