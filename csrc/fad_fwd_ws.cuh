@@ -23,9 +23,8 @@
  *   - no copy instructions and no CTA barrier in the consumers' loop, and the
  *     producer's registers go to the consumers (setmaxnreg);
  *   - S = Q K^T of tile t+1 is issued before O += P V of tile t (acc's
- *     rescale for tile t runs under the first), and the consumer waits for
- *     that O += P V only after tile t+1's exponentials: the tensor cores
- *     work under the softmax. The operations on acc are the same, in the
+ *     rescale for tile t runs under the first), and tile t+1's row max
+ *     runs while O += P V does. The operations on acc are the same, in the
  *     same order, so the bits are.
  */
 #ifndef FAD_FWD_WS_CUH
@@ -251,8 +250,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         /* Each turn of the loop: s holds P of tile t0, and scale its factors
          * for acc. Issue S of the next tile into s, rescale acc meanwhile,
          * then issue O += P V of tile t0 (the tensor cores run the two in
-         * that order); the next tile's softmax then runs while O += P V does,
-         * which is waited for only after the exponentials. acc gets the same
+         * that order); the next tile's softmax then starts while O += P V
+         * runs. (The source waits for it after the exponentials; ptxas
+         * schedules that wait above them. Waiting at the next turn's start
+         * instead, which keeps the exponentials under the product, measured
+         * 4-7% slower: benchmarks/NOTES.md, "Prefill v6".) acc gets the same
          * operations in the same order as in fwd_kernel (a split's first
          * P V overwrites acc, so its rescale is skipped). Each path issues its
          * groups on straight-line code, so ptxas sees which group each
