@@ -101,8 +101,24 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_ti
                 if (kMask && (key < rk[r].lo || key >= rk[r].hi))
                     x = -INFINITY;
                 s[mt][nb][e] = x;
-                m_tile[r] = fmaxf(m_tile[r], x);
             }
+    /* Each row's max over its 2 * kNB values as a balanced tree (log2 steps
+     * deep, not 2 * kNB): a max is exact, so any order gives the same value. */
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float v[2 * kNB];
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++)
+                v[2 * nb] = s[mt][nb][2 * h], v[2 * nb + 1] = s[mt][nb][2 * h + 1];
+#pragma unroll
+            for (int w = 1; w < 2 * kNB; w *= 2)
+#pragma unroll
+                for (int i = 0; i + w < 2 * kNB; i += 2 * w)
+                    v[i] = fmaxf(v[i], v[i + w]);
+            m_tile[2 * mt + h] = fmaxf(m_tile[2 * mt + h], v[0]);
+        }
 }
 
 /* An lds_base for the V operand of a warp that owns the output columns from
