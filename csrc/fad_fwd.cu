@@ -736,6 +736,51 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
+/* The end of a prefill row block, shared by fwd_kernel and fwd_ws_kernel.
+ * This thread's rows are m0 + row0 + 8 r of the sequence; lse_row0 is the
+ * flat row of its query 0; D the head dim; poison (a page outside the
+ * cache) writes NaN. */
+
+/* CTA-per-split schedule: the block's one split, index `split`, ends: its
+ * state (m_s, quad-summed l_s, acc = o) goes to the workspace. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void store_split_rows(const fwd_args &a, int D, int split, int64_t lse_row0,
+                                                 int m0, int row0, int len_q,
+                                                 const float (&acc)[kMT][kDB][4],
+                                                 const float (&m_s)[2 * kMT],
+                                                 const float (&l_s)[2 * kMT], bool poison)
+{
+    const size_t row_base = (size_t)split * fad_flat_rows(&a.p) + lse_row0 + m0;
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        const float nan = __int_as_float(0x7fffffff);
+        const float l_row = poison ? nan : quad_sum(l_s[r]);
+        const int row = row0 + 8 * r;
+        if (m0 + row < len_q)
+            store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + (row_base + row) * D,
+                              a.ws_ml + (row_base + row) * 2, D);
+    }
+}
+
+/* Otherwise: the merged result R (acc after the last fold, mR, lR),
+ * normalised, to out and lse of head h. */
+template <typename T, int kMT, int kDB>
+__device__ __forceinline__ void store_result_rows(const fad_fwd_params &p, int D, const fad_seq &seq,
+                                                  int h, int64_t lse_row0, int m0, int row0, int len_q,
+                                                  const float (&acc)[kMT][kDB][4],
+                                                  const float (&mR)[2 * kMT],
+                                                  const float (&lR)[2 * kMT], bool poison)
+{
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        const int row = m0 + row0 + 8 * r;
+        if (row < len_q)
+            store_row(acc, r, mR[r], lR[r],
+                      (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
+                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison);
+    }
+}
+
 /* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim, kWgmma>::kThreads, fwd_cfg<kHeadDim, kWgmma>::kMinBlocks)
@@ -920,33 +965,13 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
-        if (walked) {
-            const size_t row_base = (size_t)(t_first / S) * fad_flat_rows(&p) + lse_row0 + m0;
-#pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                const float nan = __int_as_float(0x7fffffff);
-                const float l_row = poison ? nan : quad_sum(l_s[r]);
-                const int row = row0 + 8 * r;
-                if (m0 + row < len_q)
-                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row,
-                                      a.ws_o + (row_base + row) * D,
-                                      a.ws_ml + (row_base + row) * 2, D);
-            }
-        }
+        if (walked)
+            store_split_rows(a, D, t_first / S, lse_row0, m0, row0, len_q, acc, m_s, l_s, poison);
         return;
     }
     if (walked) /* R is now in acc, mR, lR */
         fold(false);
-
-    /* Normalise R and write out and lse. */
-#pragma unroll
-    for (int r = 0; r < kRows; r++) {
-        const int row = m0 + row0 + 8 * r;
-        if (row < len_q)
-            store_row(acc, r, mR[r], lR[r],
-                      (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison);
-    }
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison);
 }
 
 #include "fad_fwd_ws.cuh"

@@ -232,14 +232,18 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         float m_tile[2], scale[2]; /* scale: acc's factors for the tile in s (softmax_exp_p) */
         bool all_one;
         uint32_t pf[kBlockN / 16][4];
+        /* S = Q K^T of the tile at r into s (zeroed: the chain adds to it) */
+        auto issue_s = [&](ring_pos r) {
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; j++)
+                s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
+        };
         /* Prologue: S and the softmax of the first tile. */
         int t0 = my_first;
         ring_pos pos = pos_of(t0); /* tile t0's */
         wait_full(pos);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; j++)
-            s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-        issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(pos));
+        issue_s(pos);
         wgmma_wait<0>();
         wgmma_fence_operand(s[0]);
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
@@ -279,10 +283,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             t0 += kBlockN;
             pos = pos.next();
             wait_full(pos);
-#pragma unroll
-            for (int j = 0; j < kBlockN / 8; j++)
-                s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(pos));
+            issue_s(pos);
             if (acc_live)
                 rescale_acc<true>(acc, scale, all_one);
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
@@ -310,28 +311,13 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         return;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
-        if (walked) {
-            const size_t row_base = (size_t)(my_first / S) * fad_flat_rows(&p) + lse_row0 + m0;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = row0 + 8 * r;
-                if (m0 + row < len_q)
-                    store_partial_row(acc, r, m_s[r], quad_sum(l_s[r]),
-                                      a.ws_o + (row_base + row) * D, a.ws_ml + (row_base + row) * 2, D);
-            }
-        }
+        if (walked)
+            store_split_rows(a, D, my_first / S, lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
         return;
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = m0 + row0 + 8 * r;
-        if (row < len_q)
-            store_row(acc, r, mR[r], lR[r],
-                      (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, false);
-    }
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false);
 }
 
 #endif /* FAD_FWD_WS_CUH */
