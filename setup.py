@@ -20,8 +20,10 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc")
-C_SOURCES = ["module.c", "glue.c", "infer.c", "fad_core.c", "fad_cpu.c", "fad_bwd_cpu.c"]
-CUDA_SOURCES = ["fad_fwd.cu", "fad_bwd.cu", "fad_append.cu"]
+C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c", "fad_cpu.c",
+             "fad_bwd_cpu.c"]
+CUDA_SOURCES = sorted(os.path.join("cuda", f) for f in os.listdir(os.path.join(ROOT, CSRC, "cuda"))
+                      if f.endswith(".cu"))
 DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89
 
 

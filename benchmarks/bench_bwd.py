@@ -113,7 +113,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
     ap.add_argument("--rounds", type=int, default=4,
                     help="turns the impls of a config take, one after the other (default 4)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if args.preset != "cpu-smoke" else "cpu")

@@ -166,7 +166,7 @@ def main():
     ap.add_argument("--batches", default=None, help="comma list of batch sizes")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--out", default=os.path.join(common.REPO, "benchmarks", "results"))
+    ap.add_argument("--out", default=os.path.join(common.REPO, "benchmarks", "out"))
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
 

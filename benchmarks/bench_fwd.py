@@ -7,7 +7,7 @@ Exact commands (from the repository root, after
     python3 benchmarks/bench_fwd.py --preset full    # the whole matrix, 96 configs
     python3 benchmarks/bench_fwd.py --preset seed    # the seed report's two configs, fp16
 
-Writes under benchmarks/results/ (--out): <tag>.jsonl (one record per (impl, config)),
+Writes under benchmarks/out/ (--out; ignored by git): <tag>.jsonl (one record per (impl, config)),
 <tag>.md (tables) and <tag>.png (TFLOP/s vs seqlen; skipped without matplotlib);
 tag = fwd_<preset>_<timestamp> unless --tag. `--from-jsonl FILE` redraws the table
 and plot of an earlier run without measuring. `--cpu-smoke` runs a tiny matrix on
@@ -232,8 +232,9 @@ def parse_args(argv=None):
     ap.add_argument("--preset", choices=["quick", "full", "seed"], default="quick",
                     help="config matrix (default quick)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "results"),
-                    help="output folder (default benchmarks/results)")
+                                                  "out"),
+                    help="output folder (default benchmarks/out, ignored by git; copy a run that "
+                         "the docs cite to benchmarks/results/ and index it there)")
     ap.add_argument("--tag", help="output file name without extension "
                                   "(default fwd_<preset>_<timestamp>)")
     ap.add_argument("--iters", type=int, default=10,

@@ -6,71 +6,10 @@
 #define FAD_INTERNAL_H
 
 #include "fad.h"
+#include "fad_config.h"
 
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-/* Tile shape of the forward kernel per head-dim class: tuning knobs that never
- * change a bit (rows are independent), compared with scripts/ab_variants.sh.
- * FAD_WIDE_MAX_D: head dims up to this give each warp 32 query rows (else 16).
- * FAD_D64_WARPS / FAD_D128_WARPS: warps per CTA for D <= 64 and 64 < D <= 128
- * (4 above). FAD_D64_MIN_BLOCKS: CTAs per SM the D <= 64 register budget allows. */
-#ifndef FAD_WIDE_MAX_D
-#define FAD_WIDE_MAX_D 0
-#endif
-#ifndef FAD_D64_WARPS
-#define FAD_D64_WARPS 8
-#endif
-#ifndef FAD_D64_MIN_BLOCKS
-#define FAD_D64_MIN_BLOCKS 2
-#endif
-#ifndef FAD_D128_WARPS
-#define FAD_D128_WARPS 4
-#endif
-/* FAD_WG_Q_REGS_MIN_D / FAD_WG_R_REGS_MIN_D: in the sm_90a prefill variant,
- * head-dim classes from this one up keep Q (wgmma A from registers) / the
- * merged result's o in registers; smaller ones keep them in shared memory.
- * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
- * H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64 keeps Q in shared
- * memory; R in registers, no faster at first, is 5-7% faster at D64 since
- * the copy and fold changes of "Prefill v3" (0 B spilled). */
-#ifndef FAD_WG_Q_REGS_MIN_D
-#define FAD_WG_Q_REGS_MIN_D 128
-#endif
-#ifndef FAD_WG_R_REGS_MIN_D
-#define FAD_WG_R_REGS_MIN_D 64
-#endif
-/* FAD_WG_LEAN_LOADS: 1 = the sm_90a variant copies K/V tiles with
- * load_tile_lean (per-chunk offsets from one per-thread base; A/B knob). */
-#ifndef FAD_WG_LEAN_LOADS
-#define FAD_WG_LEAN_LOADS 1
-#endif
-/* FAD_WG_LOADS_DURING_S: 1 = the sm_90a variant issues the next tile's K/V
- * copies while S = Q K^T runs (0: before it, as the mma.sync kernel does). */
-#ifndef FAD_WG_LOADS_DURING_S
-#define FAD_WG_LOADS_DURING_S 1
-#endif
-/* FAD_WG_WS: 1 = at D128 the sm_90a prefill runs the warp-specialized
- * kernel (fad_fwd_ws.cuh: a cp.async producer warpgroup, two consumer
- * warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the same bits.
- * FAD_WS_STAGES: its K/V ring depth. FAD_WS_PRODUCER_REGS /
- * FAD_WS_CONSUMER_REGS: the registers per thread setmaxnreg gives each side
- * (P + 2 * C <= 3 * 168: what __launch_bounds__ gives 384 threads). */
-#ifndef FAD_WG_WS
-#define FAD_WG_WS 1
-#endif
-#ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
-#define FAD_WS_Q_REGS 1
-#endif
-#ifndef FAD_WS_STAGES
-#define FAD_WS_STAGES 4
-#endif
-#ifndef FAD_WS_PRODUCER_REGS
-#define FAD_WS_PRODUCER_REGS 40
-#endif
-#ifndef FAD_WS_CONSUMER_REGS
-#define FAD_WS_CONSUMER_REGS 232
 #endif
 
 #ifdef __CUDACC__
@@ -84,30 +23,11 @@ static inline FAD_HOST_DEVICE int fad_fwd_warps(int head_dim)
     return head_dim <= 64 ? FAD_D64_WARPS : head_dim <= 128 ? FAD_D128_WARPS : 4;
 }
 
-/* Query rows per CTA of the forward kernel (fwd_cfg in fad_fwd.cu). */
+/* Query rows per CTA of the forward kernel (fwd_cfg in cuda/fwd_block.cuh). */
 static inline FAD_HOST_DEVICE int fad_block_m(int head_dim)
 {
     return fad_fwd_warps(head_dim) * 16 * (head_dim <= FAD_WIDE_MAX_D ? 2 : 1);
 }
-
-/* The packed forward kernel (fwd_packed_kernel: GQA heads packed into M, for
- * decode and other short query blocks). Knobs that never change a bit:
- * FAD_PACKED_WARPS: warps (16 packed rows each) per CTA; FAD_PACKED_STAGES(_MOD):
- * depth of its K/V cp.async pipeline (without / with softcap or ALiBi; fewer
- * where shared memory is short); FAD_PACKED_MAX_SQ: the longest query
- * block (seqlen_q, max_seqlen_q for varlen) that runs on it. */
-#ifndef FAD_PACKED_WARPS
-#define FAD_PACKED_WARPS 1
-#endif
-#ifndef FAD_PACKED_STAGES
-#define FAD_PACKED_STAGES 3
-#endif
-#ifndef FAD_PACKED_STAGES_MOD /* the softcap/ALiBi variant (3 stages spill 24 B at D128) */
-#define FAD_PACKED_STAGES_MOD 4
-#endif
-#ifndef FAD_PACKED_MAX_SQ
-#define FAD_PACKED_MAX_SQ 16
-#endif
 
 /* Packed rows ((query row, head of the group) pairs) per CTA of the packed kernel. */
 static inline FAD_HOST_DEVICE int fad_packed_block_m(void) { return FAD_PACKED_WARPS * 16; }
@@ -170,15 +90,18 @@ void fad_load_kv_head(const fad_fwd_params *p, const struct fad_seq *seq, int hk
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 
-/* CUDA side (fad_fwd.cu, or fad_nocuda.c in a CPU-only build). */
+/* CUDA side (cuda/, or fad_nocuda.c in a CPU-only build). The current device's
+ * SM count and compute-capability major (cuda/device.cu, asked once per device). */
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
+fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len);
+/* The forward's kernels (cuda/fwd_launch.cu). */
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
                                struct CUstream_st *stream, char *msg, size_t msg_len);
 /* Nonzero in *use when the sm_90a (wgmma) kernel variants may run on the
  * current device: an sm_90a build, an sm_90 GPU, FLASH_ATTN_DET_WGMMA not "0";
- * 2 when it is "force" (no size rule: fad_bwd.cu). */
+ * 2 when it is "force" (no size rule: cuda/bwd_launch.cu). */
 fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len);
-/* The backward's kernels (fad_bwd.cu); bp->fwd resolved, dsum: one fp32 per flat row. */
+/* The backward's kernels (cuda/bwd_launch.cu); bp->fwd resolved, dsum: one fp32 per flat row. */
 fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,
                                char *msg, size_t msg_len);
 

@@ -4,8 +4,8 @@
  *
  * Build (CPU):  gcc -O2 -std=c11 -ffp-contract=off -Icsrc tests/capi_demo.c \
  *                   csrc/fad_core.c csrc/fad_cpu.c csrc/fad_nocuda.c -lm -o demo
- * Build (CUDA): compile with -DFAD_DEMO_CUDA and link with csrc/fad_fwd.cu
- *               (nvcc) instead of fad_nocuda.c.
+ * Build (CUDA): compile with -DFAD_DEMO_CUDA and link with the kernel files
+ *               csrc/cuda/*.cu (nvcc) instead of fad_nocuda.c.
  *
  * Every check prints one line "CHECK <name> ok" or "CHECK <name> FAIL <why>";
  * the last line is "OK" (exit 0) when all passed, else "FAILED n" (exit 1).

@@ -1,8 +1,8 @@
 """The public C API (csrc/fad.h) used from a plain C program, tests/capi_demo.c.
 
 The CPU variant is compiled with gcc against the C core (no Python, no torch)
-and runs everywhere gcc is present. The CUDA variant links csrc/fad_fwd.cu
-built by nvcc; it is built when nvcc is present and run when a GPU is.
+and runs everywhere gcc is present. The CUDA variant links the kernel files
+of csrc/cuda/ built by nvcc; it is built when nvcc is present and run when a GPU is.
 """
 import math
 import os
@@ -111,11 +111,19 @@ def cuda_demo_exe(tmp_path_factory):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         objs.append(obj)
-    cuda_objs = [os.path.join(d, src + ".o") for src in ("fad_fwd.cu", "fad_bwd.cu")]
+    cuda_dir = os.path.join(CSRC, "cuda")
+    cuda_srcs = sorted(f for f in os.listdir(cuda_dir) if f.endswith(".cu"))
+    cuda_objs = [os.path.join(d, src + ".o") for src in cuda_srcs]
+    compiles = [  # the kernel files compile side by side
+        subprocess.Popen([nvcc, "-c", "-O2", "-std=c++17", os.path.join(cuda_dir, src), "-I" + CSRC,
+                          "--expt-relaxed-constexpr", f"-arch=sm_{arch}", "-o", obj],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for src, obj in zip(cuda_srcs, cuda_objs)
+    ]
+    for job in compiles:
+        out, err = job.communicate(timeout=900)
+        assert job.returncode == 0, f"{' '.join(job.args)}\n{out}\n{err}"
     steps = [
-        [nvcc, "-c", "-O2", "-std=c++17", "-x", "cu", os.path.join(CSRC, os.path.basename(o)[:-2]),
-         "-I" + CSRC, "--expt-relaxed-constexpr", f"-arch=sm_{arch}", "-o", o] for o in cuda_objs
-    ] + [
         [nvcc, "-c", "-O2", "-x", "c", "-DFAD_DEMO_CUDA", "-I" + CSRC, DEMO,
          "-o", os.path.join(d, "demo.o"), "-Xcompiler", "-std=c11"],
         [nvcc, "-o", os.path.join(d, "demo"), os.path.join(d, "demo.o")] + cuda_objs + objs +

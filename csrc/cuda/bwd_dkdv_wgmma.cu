@@ -1,0 +1,191 @@
+/*
+ * bwd_dkdv_wgmma.cu — the Hopper (sm_90a) variant of dkdv_kernel (bwd_dkdv.cu)
+ * on warpgroup MMA; this header also describes its sibling, dq_wgmma_kernel
+ * (bwd_dq_wgmma.cu).
+ *
+ * Same work, same order, same fragments: each variant computes what its
+ * mma.sync sibling computes, chain by chain (every product a chain of k16
+ * steps in increasing order, fad_wgmma.cuh), with the same element-wise math
+ * on the same accumulator layout. A wgmma chain rounds like the mma.sync
+ * chain it replaces (tests/wgmma_probe.cu), so the gradients keep their
+ * bits (tests/test_backward.py compares the two variants bit for bit).
+ * What changes is who reads the operands: the tensor cores read them from
+ * 128-byte-swizzled shared memory (swz128) instead of every warp loading
+ * fragments with ldmatrix, which is what bounded the mma.sync kernels
+ * (benchmarks/NOTES.md, "Backward v1").
+ *
+ * dkdv_wgmma_kernel: one CTA per (sequence, kv head, kKeys keys); warpgroup w
+ * owns keys 64w .. 64w + 63 of them, so each wgmma has M = 64 keys:
+ *   S^T  (64 keys x kStepM rows) = K  Q^T     A: sK (K-major)  B: sQ (K-major)
+ *   dP^T (64 keys x kStepM rows) = V  dO^T    A: sV            B: sdO
+ *   dV   (64 keys x D)          += P^T  dO    A: P^T registers B: sdO (MN-major)
+ *   dK   (64 keys x D)          += dS^T Q     A: dS^T registers B: sQ (MN-major)
+ * Steps: the group's query heads in increasing order, then row tiles of
+ * kStepM rows from the sequence's row 0 up (the mma.sync kernel's order; its
+ * steps are shorter, which only regroups the same k16 chain).
+ *
+ * dq_wgmma_kernel: one CTA per (sequence, query head, kRows rows); warpgroup
+ * w owns rows 64w .. 64w + 63:
+ *   S  (64 rows x kTileN keys) = Q K^T        A: sQ            B: sK (K-major)
+ *   dP (64 rows x kTileN keys) = dO V^T       A: sdO           B: sV (K-major)
+ *   dQ (64 rows x D)          += dS K         A: dS registers  B: sK (MN-major)
+ * Key tiles from key 0 up.
+ *
+ * Shapes: kHeadDim 64 or 128 (D <= kHeadDim, the columns beyond D zero-filled
+ * in shared memory and never stored); no softcap or ALiBi (those stay on the
+ * mma.sync kernels, as in the forward).
+ */
+#include "bwd_tile_wgmma.cuh"
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDkdvThreads, 1)
+dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
+{
+    using C = bwd_wg_cfg<kHeadDim>;
+    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kMB = kM / 8;
+    const fad_fwd_params &p = a.p;
+    dkdv_work w;
+    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
+        return;
+    const fad_seq &seq = w.seq;
+    const int hk = w.hk, group = w.group, n0 = w.n0;
+    const int mt_first = w.mt_first, mt_count = w.mt_count;
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
+    const int steps = group * mt_count; /* step = (group head g, row tile): g outer */
+
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    T *sK = reinterpret_cast<T *>(wg_smem), *sV = sK + kN * kHeadDim;
+    T *sQ = sV + kN * kHeadDim; /* stage st: + st * kStepElems; sdO follows sQ */
+    float *sL = reinterpret_cast<float *>(sQ + C::kDkdvStages * C::kStepElems); /* [stage][kM] lse2, then dsum */
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
+    const int64_t lse_hs = fad_lse_head_stride(&p);
+
+    auto load_step = [&](int step, int st) {
+        const int h = hk * group + step / mt_count, m0 = (mt_first + step % mt_count) * kM;
+        T *q_s = sQ + st * C::kStepElems;
+        load_tile_lean<T, kHeadDim, kM, C::kDkdvThreads, true>(
+            q_s, q_g + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride, (int)p.q_row_stride,
+            len_q - m0, D);
+        load_tile_lean<T, kHeadDim, kM, C::kDkdvThreads, true>(
+            q_s + kM * kHeadDim, do_g + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
+            (int)p.out_row_stride, len_q - m0, D);
+        for (int t = tid; t < kM; t += C::kDkdvThreads) {
+            const int64_t flat = seq.row0 + h * lse_hs + m0 + t;
+            const bool exists = m0 + t < len_q;
+            sL[st * 2 * kM + t] = lse_log2(p, flat, exists);
+            sL[st * 2 * kM + kM + t] = exists ? a.dsum[flat] : 0.f;
+        }
+    };
+
+    /* Prologue: K, V and the first step's tiles in flight. */
+    load_tile<T, kHeadDim, kN, C::kDkdvThreads, true>(
+        sK, (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
+        (int)p.k_row_stride, len_k - n0, D);
+    load_tile<T, kHeadDim, kN, C::kDkdvThreads, true>(
+        sV, (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride,
+        (int)p.v_row_stride, len_k - n0, D);
+    if (steps > 0)
+        load_step(0, 0);
+    cp_async_commit();
+
+    /* This warpgroup's keys: n0 + 64 wg ..; this thread's: n0 + key_row + 8r. */
+    const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
+    const int key_row = warp * 16 + lane / 4, wg_n0 = n0 + wg * 64;
+    const float scale = p.softmax_scale;
+    const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
+    const fad_band band = fad_make_band(len_q, len_k, wl, wr);
+    float dk[kDB][4] = {}, dv[kDB][4] = {};
+    uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
+
+    for (int step = 0, st = 0; step < steps; step++, st = st + 1 == C::kDkdvStages ? 0 : st + 1) {
+        cp_async_wait_all();
+        fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
+        __syncthreads();    /* step's tiles landed; every warp is done with the stage reloaded next */
+
+        const int m0 = (mt_first + step % mt_count) * kM;
+        const uint32_t q_addr = smem_addr(sQ + st * C::kStepElems), do_addr = q_addr + kM * kHeadDim * 2;
+        const float *lse2 = sL + st * 2 * kM, *dsum = lse2 + kM;
+
+        /* S^T = K Q^T, then dP^T = V dO^T: two groups in flight. */
+        float pt[kMB][4], ds[kMB][4]; /* written by their first k-chunk */
+        issue_ss<T, kHeadDim, kN, kM>(pt, k_addr, q_addr);
+        issue_ss<T, kHeadDim, kN, kM>(ds, v_addr, do_addr);
+        /* The next step's copies, while the tensor cores run S^T and dP^T. */
+        if (step + 1 < steps)
+            load_step(step + 1, st + 1 == C::kDkdvStages ? 0 : st + 1);
+        cp_async_commit();
+        wgmma_wait<1>(); /* S^T landed (and, deferred, the last step's dV, dK) */
+        wgmma_fence_operand(pt);
+        if constexpr (C::kDkdvDefer) {
+            wgmma_fence_operand(dv);
+            wgmma_fence_operand(dk);
+            wgmma_fence_operand(pf);
+            wgmma_fence_operand(sf);
+        }
+
+        /* P^T: element (nb, e) is key n0 + key_row + 8 (e/2), row m0 + 8 nb + 2 (lane%4) + e%2. */
+        const fad_key_range first = fad_row_keys(m0, len_q, len_k, wl, wr);
+        const fad_key_range last = fad_row_keys(min(m0 + kM, len_q) - 1, len_q, len_k, wl, wr);
+        /* (one loop per case: a per-element test of need_mask costs a branch each) */
+        if (wg_n0 < last.lo || wg_n0 + 64 > first.hi)
+            scores_to_p<true, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+        else
+            scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+
+        /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed. */
+        wgmma_wait<0>();
+        wgmma_fence_operand(ds);
+#pragma unroll
+        for (int nb = 0; nb < kMB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
+                ds[nb][e] = FAD_MUL(FAD_MUL(pt[nb][e], FAD_ADD(ds[nb][e], -dsum[i_loc])), scale);
+            }
+
+        /* dV += P^T dO and dK += dS^T Q, P^T and dS^T from the accumulators
+         * as A fragments. (Issued together, after dS^T: dV issued before it
+         * kept P^T's fragments live beside dS^T, and the D128 build spilled.) */
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; kk++) {
+            p_fragment<T>(pt, kk, pf[kk]);
+            p_fragment<T>(ds, kk, sf[kk]);
+        }
+        issue_rs_mn<T, kHeadDim, kM>(dv, pf, do_addr);
+        issue_rs_mn<T, kHeadDim, kM>(dk, sf, q_addr);
+        if constexpr (!C::kDkdvDefer) {
+            wgmma_wait<0>();
+            wgmma_fence_operand(dv);
+            wgmma_fence_operand(dk);
+            wgmma_fence_operand(pf);
+            wgmma_fence_operand(sf);
+        }
+    }
+    if constexpr (C::kDkdvDefer) {
+        wgmma_wait<0>();
+        wgmma_fence_operand(dv);
+        wgmma_fence_operand(dk);
+    }
+    cp_async_wait_all();
+
+    store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, 0);
+}
+
+template <typename T, int kHeadDim>
+fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    static int smem_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(dkdv_wgmma_kernel<T, kHeadDim>, smem_set, bwd_wg_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    dkdv_wgmma_kernel<T, kHeadDim><<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, bwd_wg_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
+    CUDA_TRY(cudaGetLastError());
+    return FAD_OK;
+}
+
+#define FAD_INST(T, D) \
+    template fad_status launch_dkdv_wgmma<T, D>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+FAD_BWD_WGMMA_VARIANTS(FAD_INST)

@@ -1,0 +1,125 @@
+/*
+ * bwd_dq_wgmma.cu — the Hopper (sm_90a) variant of dq_kernel (bwd_dq.cu) on
+ * warpgroup MMA; bwd_dkdv_wgmma.cu's header describes both variants.
+ */
+#include "bwd_tile_wgmma.cuh"
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDqThreads, 1)
+dq_wgmma_kernel(const __grid_constant__ bwd_args a)
+{
+    using C = bwd_wg_cfg<kHeadDim>;
+    constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8;
+    const fad_fwd_params &p = a.p;
+    dq_work w;
+    if (!dq_work_of_cta<kM, kN>(a, &w))
+        return;
+    const fad_seq &seq = w.seq;
+    const int h = w.h, hk = w.hk, m0 = w.m0, t_first = w.t_first, t_last = w.t_last;
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
+
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    T *sQ = reinterpret_cast<T *>(wg_smem), *sdO = sQ + kM * kHeadDim;
+    T *sK = sdO + kM * kHeadDim, *sV = sK + kN * kHeadDim; /* stage st: + st * kKvElems */
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
+    const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+    auto load_kv = [&](int t0, int st) {
+        load_tile_lean<T, kHeadDim, kN, C::kDqThreads, true>(sK + st * C::kKvElems, k_g + (int64_t)t0 * p.k_row_stride,
+                                                      (int)p.k_row_stride, len_k - t0, D);
+        load_tile_lean<T, kHeadDim, kN, C::kDqThreads, true>(sV + st * C::kKvElems, v_g + (int64_t)t0 * p.v_row_stride,
+                                                      (int)p.v_row_stride, len_k - t0, D);
+    };
+    load_q_do<T, kHeadDim, kM, C::kDqThreads, true>(sQ, sdO, a, seq, h, m0);
+    if (t_first < t_last)
+        load_kv(t_first, 0);
+    cp_async_commit();
+
+    /* This thread's rows: m0 + row0 + 8r (warp w of the CTA owns rows 16w ..). */
+    const int row0 = warp * 16 + lane / 4;
+    float lse2[2], dsum[2];
+    fad_key_range rk[2];
+    dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
+    /* A tile needs no mask when it lies inside every row of this warpgroup
+     * (its last row: the last below len_q, or wg_m0 when it has none; such
+     * rows have lse +inf, so their P is 0 whatever the mask). */
+    const int wg_m0 = m0 + wg * 64;
+    const fad_key_range wg_first = fad_row_keys(wg_m0, len_q, len_k, wl, wr);
+    const fad_key_range wg_last = fad_row_keys(min(wg_m0 + 64, max(len_q, wg_m0 + 1)) - 1, len_q, len_k, wl, wr);
+    const float scale = p.softmax_scale;
+    const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
+    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
+    float dq[kDB][4] = {};
+    uint32_t sf[kN / 16][4]; /* dS as A fragments */
+
+    for (int t0 = t_first, st = 0; t0 < t_last; t0 += kN, st = st + 1 == C::kDqStages ? 0 : st + 1) {
+        cp_async_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        const uint32_t k_addr = smem_addr(sK + st * C::kKvElems), v_addr = k_addr + kN * kHeadDim * 2;
+
+        /* S = Q K^T, then dP = dO V^T: two groups in flight. */
+        float pr[kNB][4], ds[kNB][4]; /* written by their first k-chunk */
+        issue_ss<T, kHeadDim, kM, kN>(pr, q_addr, k_addr);
+        issue_ss<T, kHeadDim, kM, kN>(ds, do_addr, v_addr);
+        /* The next tile's copies, while the tensor cores run S and dP. */
+        if (t0 + kN < t_last)
+            load_kv(t0 + kN, st + 1 == C::kDqStages ? 0 : st + 1);
+        cp_async_commit();
+        wgmma_wait<1>(); /* S landed (and, deferred, the last tile's dQ) */
+        wgmma_fence_operand(pr);
+        if constexpr (C::kDqDefer) {
+            wgmma_fence_operand(dq);
+            wgmma_fence_operand(sf);
+        }
+        /* P: element (nb, e) is row m0 + row0 + 8 (e/2), key t0 + 8 nb + 2 (lane%4) + e%2. */
+        if (t0 < wg_last.lo || t0 + kN > wg_first.hi)
+            scores_to_p<true>(pr, lse2, rk, mod, t0);
+        else
+            scores_to_p<false>(pr, lse2, rk, mod, t0);
+        /* dS = P (dP - D) scale, in place in ds. */
+        wgmma_wait<0>();
+        wgmma_fence_operand(ds);
+#pragma unroll
+        for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                ds[nb][e] = FAD_MUL(FAD_MUL(pr[nb][e], FAD_ADD(ds[nb][e], -dsum[e / 2])), scale);
+
+        /* dQ += dS K (K read MN-major: its rows are the k dim). */
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; kk++)
+            p_fragment<T>(ds, kk, sf[kk]);
+        issue_rs_mn<T, kHeadDim, kN>(dq, sf, k_addr);
+        if constexpr (!C::kDqDefer) {
+            wgmma_wait<0>();
+            wgmma_fence_operand(dq);
+            wgmma_fence_operand(sf);
+        }
+    }
+    if constexpr (C::kDqDefer) {
+        wgmma_wait<0>();
+        wgmma_fence_operand(dq);
+    }
+    cp_async_wait_all();
+
+    store_dq<T>(dq, a, seq, h, m0 + row0);
+}
+
+template <typename T, int kHeadDim>
+fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    static int smem_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(dq_wgmma_kernel<T, kHeadDim>, smem_set, bwd_wg_cfg<kHeadDim>::kDqSmem, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    dq_wgmma_kernel<T, kHeadDim><<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDqThreads, bwd_wg_cfg<kHeadDim>::kDqSmem, stream>>>(a);
+    CUDA_TRY(cudaGetLastError());
+    return FAD_OK;
+}
+
+#define FAD_INST(T, D) \
+    template fad_status launch_dq_wgmma<T, D>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+FAD_BWD_WGMMA_VARIANTS(FAD_INST)

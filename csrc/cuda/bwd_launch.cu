@@ -1,0 +1,101 @@
+/*
+ * bwd_launch.cu — the backward's one dispatch point: a call's compile-time
+ * variant (dtype x head dim x score mod) and its kernels, dsum then dK/dV and
+ * dQ on mma.sync or on their sm_90a variants.
+ */
+#include "bwd_cfg.cuh"
+#include "bwd_launch.h"
+#include "mma.cuh"
+
+/* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64 and 128 without a score mod,
+ * where fad_use_wgmma allows them; the same bits as the mma.sync kernels, so
+ * which one runs may depend on anything, the grid size included. Their CTAs
+ * are twice as large (128 keys for dK/dV), so on a grid of fewer dK/dV CTAs
+ * than SMs the mma.sync kernels run instead (measured: a B8 L256 training
+ * step, benchmarks/NOTES.md, "Backward v2"), unless forced. */
+template <typename T, int kHeadDim, bool kMod>
+static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if constexpr (kHeadDim <= 128 && !kMod) {
+        using C = bwd_wg_cfg<kHeadDim>;
+        const fad_fwd_params &p = a.p;
+        a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
+        a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
+        const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
+        const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
+        fad_status st = FAD_OK;
+        if (dkdv_ctas > 0)
+            st = launch_dkdv_wgmma<T, kHeadDim>(a, dkdv_ctas, stream, msg, msg_len);
+        if (st == FAD_OK && dq_ctas > 0)
+            st = launch_dq_wgmma<T, kHeadDim>(a, dq_ctas, stream, msg, msg_len);
+        return st;
+    } else {
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma backward for D %d", kHeadDim);
+    }
+}
+
+template <typename T, int kHeadDim, bool kMod>
+static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    using C = bwd_cfg<kHeadDim>;
+    int wgmma = 0;
+    fad_status st = FAD_OK;
+    if (kHeadDim <= 128 && !kMod)
+        st = fad_use_wgmma(&wgmma, msg, msg_len);
+    const fad_fwd_params &p = a.p;
+    if constexpr (kHeadDim <= 128 && !kMod) {
+        int sms = 0;
+        if (st == FAD_OK && wgmma == 1)
+            st = fad_cuda_num_sms(&sms, msg, msg_len);
+        const int64_t ctas = (int64_t)((p.seqlen_k + bwd_wg_cfg<kHeadDim>::kKeys - 1) /
+                                       bwd_wg_cfg<kHeadDim>::kKeys) * p.batch * p.num_heads_k;
+        if (wgmma == 1 && ctas < sms)
+            wgmma = 0;
+    }
+    if (st != FAD_OK)
+        return st;
+    const int64_t rows4 = (int64_t)(p.seqlen_q + 3) / 4 * p.batch * p.num_heads;
+    st = launch_dsum<T>(a, rows4, stream, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (wgmma)
+        return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
+    a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
+    a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
+    const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;
+    const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
+    if (dkdv_ctas > 0)
+        st = launch_dkdv<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
+    if (st == FAD_OK)
+        st = launch_dq<T, kHeadDim, kMod>(a, dq_ctas, stream, msg, msg_len);
+    return st;
+}
+
+template <typename T, bool kMod>
+static fad_status bwd_dispatch_head_dim(bwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    if (a.p.head_dim <= 64)
+        return launch_bwd<T, 64, kMod>(a, s, msg, msg_len);
+    if (a.p.head_dim <= 128)
+        return launch_bwd<T, 128, kMod>(a, s, msg, msg_len);
+    return launch_bwd<T, 256, kMod>(a, s, msg, msg_len);
+}
+
+/* The one place the backward picks its compile-time variant: dtype x head
+ * dim x whether scores carry a mod (softcap/ALiBi). */
+extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum,
+                                          struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    bwd_args a;
+    a.p = bp->fwd;
+    a.dout = bp->dout, a.dq = bp->dq, a.dk = bp->dk, a.dv = bp->dv;
+    a.dsum = dsum;
+    a.n_blocks = a.m_blocks = 0;
+    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes;
+    if (a.p.dtype == FAD_BFLOAT16)
+        return mod ? bwd_dispatch_head_dim<__nv_bfloat16, true>(a, stream, msg, msg_len)
+                   : bwd_dispatch_head_dim<__nv_bfloat16, false>(a, stream, msg, msg_len);
+    return mod ? bwd_dispatch_head_dim<__half, true>(a, stream, msg, msg_len)
+               : bwd_dispatch_head_dim<__half, false>(a, stream, msg, msg_len);
+}
+

@@ -1,0 +1,45 @@
+/*
+ * bwd_launch.h — what the backward's files share on the host side: the kernel
+ * argument (bwd_args), the list of compile-time variants and the launch
+ * function of each kernel file (bwd_dsum.cu, bwd_dkdv.cu, bwd_dq.cu and their
+ * sm_90a variants bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu); bwd_launch.cu picks.
+ */
+#ifndef FAD_BWD_LAUNCH_H
+#define FAD_BWD_LAUNCH_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fad_internal.h"
+
+struct bwd_args {
+    fad_fwd_params p;  /* the forward's tensors and options (resolved) */
+    const void *dout;  /* like out */
+    void *dq, *dk, *dv; /* like q, k, v */
+    float *dsum;       /* one fp32 per flat row: D_i */
+    int n_blocks;      /* key tiles per (sequence, kv head) in dkdv_kernel's grid */
+    int m_blocks;      /* row tiles per (sequence, head) in dq_kernel's grid */
+};
+
+/* The compile-time variants, X(T, kHeadDim, kMod): dtype x head-dim class x
+ * whether scores carry a mod (softcap/ALiBi). The wgmma kernels exist for
+ * D 64 and 128 without a mod: X(T, kHeadDim). */
+#define FAD_BWD_VARIANTS_T(X, T) \
+    X(T, 64, false) X(T, 64, true) X(T, 128, false) X(T, 128, true) X(T, 256, false) X(T, 256, true)
+#define FAD_BWD_VARIANTS(X) FAD_BWD_VARIANTS_T(X, __half) FAD_BWD_VARIANTS_T(X, __nv_bfloat16)
+#define FAD_BWD_WGMMA_VARIANTS(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
+
+/* Each launches its kernel on a grid of `ctas` CTAs (a.n_blocks, a.m_blocks set). */
+template <typename T>
+fad_status launch_dsum(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+template <typename T, int kHeadDim, bool kMod>
+fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+template <typename T, int kHeadDim, bool kMod>
+fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+template <typename T, int kHeadDim>
+fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+template <typename T, int kHeadDim>
+fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+
+#endif /* FAD_BWD_LAUNCH_H */

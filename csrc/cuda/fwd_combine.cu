@@ -1,0 +1,149 @@
+/*
+ * fwd_combine.cu — the combine kernel of the CTA-per-split schedule: folds a
+ * row's split partials left to right with fad_merge_* (fad_math.h), the fold a
+ * one-CTA schedule runs in registers (fold_split), so both give the same bits;
+ * and its launch.
+ */
+#include "fwd_block.cuh"
+
+/* Shapes: ws_ml (num_splits, flat rows, 2) fp32 (m, l) and ws_o (num_splits,
+ * flat rows, D) fp32 o of each split's partial state (a row's splits that its
+ * keys never reach are not read); out / softmax_lse as in fad_fwd_params.
+ * kParts warps share a query row, each folding a 1/kParts slice of its
+ * columns (kParts = 1: 4 rows per CTA, one per warp; kParts = 4: one row per
+ * CTA, for short queries such as decode, where the fold's memory round trip
+ * is the whole cost and fewer loads per lane shorten it). Every warp of a row
+ * computes the same (m, l) chain, and each column's chain is the same
+ * operations in the same split order, so kParts changes no bit. */
+template <typename T, int kHeadDim, int kParts> /* kHeadDim: the variant's bound on D */
+__global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
+{
+    using ops = dtype_ops<T>;
+    constexpr int kRowsPerCta = 4 / kParts;
+    constexpr int kC = (kHeadDim + 32 * kParts - 1) / (32 * kParts); /* columns per lane */
+    const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, part = warp % kParts;
+    const int q_blocks = (p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta; /* row blocks per (batch, head) */
+    const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
+    const int i = (blockIdx.x % q_blocks) * kRowsPerCta + warp / kParts; /* query row of sequence b */
+    /* Launched early (FAD_COMBINE_PDL), it may read the call's inputs before
+     * pdl_wait_primary (the attention kernel lets it launch only once its own
+     * predecessor is done) but not the partials; and every CTA waits before
+     * it ends, so that this grid never ends before the attention kernel. */
+    const fad_seq seq = fad_get_seq(&p, b);
+    if (!seq.valid && p.cache_seqlens) {
+        pdl_wait_primary();
+        if (part == 0)
+            poison_row(p, seq, h, i, lane, 32);
+        return;
+    }
+    pdl_wait_primary();
+    pdl_launch_dependents(); /* the next call's attention kernel, if launched early */
+    if (i >= seq.len_q)
+        return;
+    const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
+    const size_t split_stride = (size_t)fad_flat_rows(&p);
+
+    fad_key_range r = fad_row_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
+    float m = -INFINITY, l = 0.f, o[kC];
+    int col[kC]; /* this lane's columns */
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        o[c] = 0.f, col[c] = (part * kC + c) * 32 + lane;
+    const int s_end = fad_end_split(r, S);
+    bool poison = false; /* a split CTA met a page outside the cache: (m, l) = NaN */
+    /* The fold is a chain, its loads are not: each batch of kBatch splits is
+     * fetched at once (one memory round trip per batch rather than per split;
+     * with few rows, as at decode, this kernel is latency-bound), and the next
+     * batch's fetch is issued before this batch is merged (two register sets,
+     * A and B), so at long context the round trips overlap the merges. The
+     * merges run in split order exactly as before. */
+    constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4; /* 2 x kBatch x (kC + 2) registers */
+    auto fetch = [&](float2 (&ml)[kBatch], float (&ov)[kBatch][kC], int s0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const size_t idx = (size_t)(s0 + u) * split_stride + row;
+            const bool live = s0 + u < s_end;
+            ml[u] = live ? *reinterpret_cast<const float2 *>(a.ws_ml + idx * 2) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int c = 0; c < kC; c++)
+                ov[u][c] = live && col[c] < D ? a.ws_o[idx * D + col[c]] : 0.f;
+        }
+    };
+    /* A split past the row's last is skipped with selects, not a branch: with
+     * the batch in one basic block the (m) chain runs ahead while the
+     * exponentials and the (l, o) updates of earlier splits trail behind it.
+     * (A merge with an empty state is no identity: it would turn a -0 into
+     * +0.) Columns past D are merged too, from zeros, and never stored. */
+    auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const bool live = s0 + u < s_end;
+            /* paged only: NaN inputs stay as before */
+            poison |= live && p.block_table && ml[u].y != ml[u].y;
+            const fad_merge_w w = fad_merge_weights(m, ml[u].x);
+#pragma unroll
+            for (int c = 0; c < kC; c++) {
+                const float v = fad_merge_value(o[c], ov[u][c], w);
+                o[c] = live ? v : o[c];
+            }
+            const float lv = fad_merge_value(l, ml[u].y, w);
+            l = live ? lv : l;
+            m = live ? w.m : m;
+        }
+    };
+    float2 ml_a[kBatch], ml_b[kBatch];
+    float ov_a[kBatch][kC], ov_b[kBatch][kC];
+    int s0 = fad_first_split(r, S);
+    if (s0 < s_end)
+        fetch(ml_a, ov_a, s0);
+    for (; s0 < s_end; s0 += 2 * kBatch) {
+        if (s0 + kBatch < s_end)
+            fetch(ml_b, ov_b, s0 + kBatch);
+        merge(ml_a, ov_a, s0);
+        if (s0 + kBatch >= s_end)
+            break;
+        if (s0 + 2 * kBatch < s_end)
+            fetch(ml_a, ov_a, s0 + 2 * kBatch);
+        merge(ml_b, ov_b, s0 + kBatch);
+    }
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+    T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+#pragma unroll
+    for (int c = 0; c < kC; c++)
+        if (col[c] < D) {
+            uint32_t two = ops::pack(FAD_MUL(o[c], inv), 0.f);
+            out[col[c]] = *reinterpret_cast<T *>(&two);
+        }
+    if (lane == 0 && part == 0 && p.softmax_lse)
+        p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
+}
+
+/* CTA-per-split schedule: the combine kernel, for every (batch, head, query
+ * row), whichever kernel wrote the partials: 4 rows per block, one warp each,
+ * or for fewer than 4 query rows one row per block, its columns split over
+ * the 4 warps (decode).
+ * On sm_90 it is launched as a programmatic dependent of the attention kernel
+ * (FAD_COMBINE_PDL): its CTAs launch while the last split CTAs still run and
+ * wait in griddepcontrol.wait, so the gap between the two kernels (a few us
+ * at decode, where the attention kernel itself takes ~12) is hidden. Bits:
+ * the same kernel reads the same complete partials. */
+template <typename T, int kHeadDim>
+fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if (!a.plan.cta_per_split)
+        return FAD_OK;
+    /* Short queries (decode): the 4 warps of a CTA share one row's columns. */
+    const bool by_cols = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4;
+    const int rows_per_cta = by_cols ? 1 : 4;
+    const int64_t blocks =
+        (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
+    void (*kernel)(fwd_args) = by_cols ? combine_kernel<T, kHeadDim, 4> : combine_kernel<T, kHeadDim, 1>;
+    return launch_kernel(kernel, dim3((unsigned)blocks), 128, 0, stream, FAD_COMBINE_PDL, a, msg,
+                         msg_len);
+}
+
+#define FAD_INST(T, D) template fad_status launch_combine<T, D>(const fwd_args &, cudaStream_t, char *, size_t);
+#define FAD_INST_D(T, D, MOD, PAGED) FAD_INST(T, D)
+FAD_FWD_HEAD_DIMS(FAD_INST)

@@ -1,0 +1,118 @@
+/*
+ * fwd_launch.cu — the forward's one dispatch point: a call's compile-time
+ * variant (dtype x head dim x score mod x paged KV), its kernel (the packed
+ * kernel for short query blocks; else the prefill kernel on mma.sync, on
+ * wgmma, or warp-specialized), then the combine of a CTA-per-split plan.
+ */
+#include "fwd_launch.h"
+#include "mma.cuh"
+
+/* Launches kernel<<<grid, block, smem, stream>>>(a), as a programmatic
+ * dependent of the kernel ahead of it in the stream when pdl is set and the
+ * GPU has it (sm_90 on): its CTAs may then be scheduled while that kernel's
+ * last CTAs still run, and wait in griddepcontrol.wait (pdl_wait_primary)
+ * before touching what it wrote. */
+fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,
+                                cudaStream_t stream, int pdl, const fwd_args &a, char *msg,
+                                size_t msg_len)
+{
+    if (pdl) {
+        int major = 0;
+        fad_status st = fad_cuda_cc_major(&major, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        pdl = major >= 9;
+    }
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(a);
+        CUDA_TRY(cudaGetLastError());
+        return FAD_OK;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+    return FAD_OK;
+}
+
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
+static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if (a.plan.packed) {
+        fad_status st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+    } else {
+        /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
+         * spilled 8-16 B at D128 (where, not yet read off their SASS), and
+         * spills around in-flight wgmma are the suspect in the D64 failure
+         * (benchmarks/NOTES.md, "Prefill on wgmma"). */
+        constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
+        int wgmma = 0;
+        fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
+        if constexpr (kHasWgmma && kHeadDim == 128 && FAD_WG_WS) {
+            if (st == FAD_OK && wgmma)
+                st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
+            else if (st == FAD_OK)
+                st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        } else if (st == FAD_OK) {
+            st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
+                       : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        }
+        if (st != FAD_OK)
+            return st;
+    }
+    CUDA_TRY(cudaGetLastError());
+    return launch_combine<T, kHeadDim>(a, stream, msg, msg_len);
+}
+
+template <typename T, bool kMod, bool kPaged>
+static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    const int D = a.p.head_dim;
+    if (D <= 64) return launch<T, 64, kMod, kPaged>(a, s, msg, msg_len);
+    if (D <= 128) return launch<T, 128, kMod, kPaged>(a, s, msg, msg_len);
+    if (D <= 192) return launch<T, 192, kMod, kPaged>(a, s, msg, msg_len);
+    return launch<T, 256, kMod, kPaged>(a, s, msg, msg_len);
+}
+
+/* Paged KV (block_table) is its own compile-time variant: the block-table
+ * look-ups stay out of the contiguous kernels' registers. */
+template <typename T, bool kMod>
+static fad_status dispatch_paged(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    if (a.p.block_table)
+        return dispatch_head_dim<T, kMod, true>(a, s, msg, msg_len);
+    return dispatch_head_dim<T, kMod, false>(a, s, msg, msg_len);
+}
+
+/* The one place a call picks its compile-time variant: dtype x head dim x
+ * whether scores need a mod (softcap/ALiBi) before the softmax x paged KV. */
+template <typename T>
+static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
+{
+    if (a.p.softcap > 0.f || a.p.alibi_slopes)
+        return dispatch_paged<T, true>(a, s, msg, msg_len);
+    return dispatch_paged<T, false>(a, s, msg, msg_len);
+}
+
+extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan,
+                                          void *workspace, struct CUstream_st *stream, char *msg,
+                                          size_t msg_len)
+{
+    fwd_args a;
+    a.p = *p;
+    a.plan = *plan;
+    a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
+    a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
+    if (p->dtype == FAD_BFLOAT16)
+        return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
+    return dispatch_mod<__half>(a, stream, msg, msg_len);
+}

@@ -1,0 +1,52 @@
+/*
+ * fwd_launch.h — what the forward's files share on the host side: the kernel
+ * argument (fwd_args), the list of compile-time variants, and the launch
+ * function of each kernel file. Each kernel file (fwd_prefill.cu,
+ * fwd_prefill_ws.cu, fwd_decode.cu, fwd_combine.cu) defines its launcher and
+ * instantiates it for every variant, so the files compile side by side;
+ * fwd_launch.cu picks which one a call runs.
+ */
+#ifndef FAD_FWD_LAUNCH_H
+#define FAD_FWD_LAUNCH_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fad_internal.h"
+
+struct fwd_args {
+    fad_fwd_params p;
+    fad_plan plan;
+    float *ws_o;  /* partial o, CTA-per-split schedule only */
+    float *ws_ml; /* partial (m, l) */
+};
+
+/* The compile-time variants, X(T, kHeadDim, kMod, kPaged): dtype x head-dim
+ * class x whether scores need a mod (softcap/ALiBi) x paged KV. */
+#define FAD_FWD_VARIANTS_D(X, T, D) X(T, D, false, false) X(T, D, false, true) X(T, D, true, false) X(T, D, true, true)
+#define FAD_FWD_VARIANTS_T(X, T) \
+    FAD_FWD_VARIANTS_D(X, T, 64) FAD_FWD_VARIANTS_D(X, T, 128) FAD_FWD_VARIANTS_D(X, T, 192) FAD_FWD_VARIANTS_D(X, T, 256)
+#define FAD_FWD_VARIANTS(X) FAD_FWD_VARIANTS_T(X, __half) FAD_FWD_VARIANTS_T(X, __nv_bfloat16)
+/* X(T, kHeadDim): the variants of kernels that take no score mod or pages (the combine). */
+#define FAD_FWD_HEAD_DIMS_T(X, T) X(T, 64) X(T, 128) X(T, 192) X(T, 256)
+#define FAD_FWD_HEAD_DIMS(X) FAD_FWD_HEAD_DIMS_T(X, __half) FAD_FWD_HEAD_DIMS_T(X, __nv_bfloat16)
+
+/* fwd_prefill.cu: fwd_kernel (kWgmma: its sm_90a variant). */
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
+fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+/* fwd_prefill_ws.cu: fwd_ws_kernel (sm_90a, D 128). */
+template <typename T, int kHeadDim>
+fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+/* fwd_decode.cu: fwd_packed_kernel. */
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
+fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+/* fwd_combine.cu: combine_kernel (nothing to do unless the plan is CTA-per-split). */
+template <typename T, int kHeadDim>
+fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+/* fwd_launch.cu: kernel<<<grid, block, smem, stream>>>(a), as a programmatic
+ * dependent of the kernel before it when pdl is set and the GPU has it. */
+fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,
+                         cudaStream_t stream, int pdl, const fwd_args &a, char *msg, size_t msg_len);
+
+#endif /* FAD_FWD_LAUNCH_H */

@@ -1,0 +1,341 @@
+/*
+ * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 128):
+ * one producer warpgroup copies K/V tiles, two consumer warpgroups compute.
+ * It runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill.cu).
+ *
+ * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
+ * head, pair of 64-row query blocks m_block 2x and 2x + 1 of the plan [,
+ * split]); 384 threads:
+ *   warpgroup 0, the producer: Q of both blocks, then every K/V tile the
+ *     two blocks walk, into a ring of kStages stages (cp.async; each copy
+ *     arrives on the stage's `full` mbarrier when it lands);
+ *   warpgroups 1 and 2, the consumers: block 2x and 2x + 1, each exactly
+ *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
+ *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
+ *     fold_split on the same fragments -- so every row gets fwd_kernel's bits.
+ *     A consumer releases a stage (its `empty` mbarrier) once its products
+ *     on it are done; tiles outside its own walk it only waits for and releases.
+ *
+ * Why it is faster than fwd_kernel's wgmma variant (benchmarks/NOTES.md,
+ * "Prefill v6"):
+ *   - the K/V tile of one stage feeds 128 query rows, not 64: half the L2
+ *     traffic per flop;
+ *   - no copy instructions and no CTA barrier in the consumers' loop, and the
+ *     producer's registers go to the consumers (setmaxnreg);
+ *   - S = Q K^T of tile t+1 is issued before O += P V of tile t (acc's
+ *     rescale for tile t runs under the first), and tile t+1's row max
+ *     runs while O += P V does. The operations on acc are the same, in the
+ *     same order, so the bits are.
+ */
+#include "fwd_block.cuh"
+#include "fwd_tile_wgmma.cuh"
+
+template <int kHeadDim> struct fwd_ws_cfg {
+    static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup (the plan's tile) */
+    static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
+    static constexpr int kConsumers = 2;               /* consumer warpgroups */
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    static constexpr int kStages = FAD_WS_STAGES;      /* K/V ring depth */
+    static constexpr int kProducerRegs = FAD_WS_PRODUCER_REGS;
+    static constexpr int kConsumerRegs = FAD_WS_CONSUMER_REGS;
+    static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
+    static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
+    static constexpr size_t kBarOffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
+    static constexpr size_t kSmemBytes = kBarOffset + (2 * kStages + 1) * sizeof(uint64_t);
+    static_assert(kHeadDim == 128, "the consumers' registers are budgeted for D 128");
+    /* setmaxnreg moves registers inside the CTA's allocation, which
+     * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
+     * rounded down to a multiple of 8 (168 here): a consumer's alloc would
+     * wait forever for registers the producer never freed. */
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    static_assert((kProducerRegs + kConsumerRegs * kConsumers) * 128 <= kLaunchRegs * kThreads,
+                  "setmaxnreg: the registers the producer frees must cover the consumers'");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim>::kThreads, 1)
+fwd_ws_kernel(const __grid_constant__ fwd_args a)
+{
+    pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
+    using C = fwd_ws_cfg<kHeadDim>;
+    constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages;
+    const fad_fwd_params &p = a.p;
+    const int S = a.plan.split_size;
+
+    const int pairs = (a.plan.m_blocks + 1) / 2;
+    const int pair = blockIdx.x % pairs, bh = blockIdx.x / pairs;
+    const int b = bh / p.num_heads, h = bh % p.num_heads;
+    const int hk = h / (p.num_heads / p.num_heads_k);
+    const fad_seq seq = fad_get_seq(&p, b);
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
+        for (int i = pair * 2 * kBlockM + warp; i < (pair + 1) * 2 * kBlockM; i += C::kThreads / 32)
+            poison_row(p, seq, h, i, lane, 32);
+        return;
+    }
+
+    /* Each consumer's tiles [first, last), by fwd_kernel's rules (walks =
+     * false: no tile -- no rows, or its split is masked for every row). The
+     * producer copies the union [u_first, u_last). (Two named values, not an
+     * array indexed by the consumer: that would live in local memory.) */
+    struct walk {
+        bool walks;
+        int first, last;
+    };
+    auto walk_of = [&](int c) {
+        const int m0 = (2 * pair + c) * kBlockM, m_end = min(m0 + kBlockM, len_q);
+        walk w = {false, 0, 0};
+        if (m0 < len_q) {
+            const fad_key_range lo = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
+            const fad_key_range hi = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
+            w.walks = tile_walk<kBlockN>(a.plan, lo, hi, len_k, &w.first, &w.last) && w.first < w.last;
+        }
+        return w;
+    };
+    static_assert(C::kConsumers == 2, "walk0, walk1");
+    const walk walk0 = walk_of(0), walk1 = walk_of(1);
+    const int u_first = min(walk0.walks ? walk0.first : INT_MAX, walk1.walks ? walk1.first : INT_MAX);
+    const int u_last = max(walk0.walks ? walk0.last : INT_MIN, walk1.walks ? walk1.last : INT_MIN);
+    const bool any_walk = u_first < u_last;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
+    T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
+    uint64_t *empty = full + kStages, *q_full = empty + kStages;
+    if (tid == 0) {
+        for (int st = 0; st < kStages; st++) {
+            mbar_init(&full[st], 128);                /* every producer thread's copies */
+            mbar_init(&empty[st], 4 * C::kConsumers); /* one arrival per consumer warp */
+        }
+        mbar_init(q_full, 128);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    const int D = p.head_dim;
+    if (wg == 0) {
+        /* ---- producer: Q, then the K/V tiles of the union walk, in order ---- */
+        setmaxnreg_dec<C::kProducerRegs>();
+#pragma unroll
+        for (int c = 0; c < C::kConsumers; c++) {
+            const int m0 = (2 * pair + c) * kBlockM;
+            const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
+                           h * p.q_head_stride;
+            load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
+                                                       (int)p.q_row_stride, len_q - m0, D);
+        }
+        mbar_arrive_cp_async(q_full);
+        if (!any_walk) {
+            cp_async_wait_all();
+            return;
+        }
+        const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
+        const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+        for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
+            const int st = i % kStages;
+            if (i >= kStages) /* the consumers are done with the tile kStages back */
+                mbar_wait(&empty[st], (i / kStages - 1) & 1);
+            T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
+                                                           (int)p.k_row_stride, len_k - t0, D);
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
+                                                           v_g + (int64_t)t0 * p.v_row_stride,
+                                                           (int)p.v_row_stride, len_k - t0, D);
+            mbar_arrive_cp_async(&full[st]);
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    /* ---- consumer c: 64 query rows ---- */
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int c = wg - 1;
+    const int m0 = (2 * pair + c) * kBlockM;
+    const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
+    const int m_end = min(m0 + kBlockM, len_q);
+    const walk mine = c ? walk1 : walk0;
+    const bool walked = mine.walks;
+    const int my_first = walked ? mine.first : u_last, my_last = walked ? mine.last : u_last;
+    const bool partial = a.plan.cta_per_split;
+
+    const int row0 = (warp % 4) * 16 + lane / 4; /* this thread's rows: row0 + 8r */
+    const fad_key_range first_row = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
+    const fad_key_range last_row = fad_row_keys(max(m_end - 1, m0), len_q, len_k, p.window_left, p.window_right);
+    const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, false);
+    const rows_prefill rows = {m0 + row0, 0.f};
+
+    float mR[2], lR[2], m_s[2], l_s[2];
+    float oR[1][kHeadDim / 8][4] = {}; /* R's o: the empty state's */
+    float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
+    bool have_R = false;
+    auto fold = [&](bool to_R) {
+        fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
+    };
+
+    const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
+    const uint32_t kv_addr0 = smem_addr(sKV);
+    /* Tile i of the union walk sits in stage i % kStages, and its copy
+     * completes phase i / kStages of that stage's `full` barrier. In the
+     * tile loop a (stage, phase) pair steps along with the tile (next()):
+     * no division per tile. */
+    struct ring_pos {
+        int stage, phase;
+        __device__ __forceinline__ ring_pos next() const
+        {
+            return stage + 1 == kStages ? ring_pos{0, phase ^ 1} : ring_pos{stage + 1, phase};
+        }
+    };
+    auto pos_of = [&](int t0) {
+        const int i = (t0 - u_first) / kBlockN;
+        return ring_pos{i % kStages, (i / kStages) & 1};
+    };
+    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
+    /* Waits until the tile at r has landed; the fence orders the copies
+     * (generic proxy) before the wgmma reads (async proxy). */
+    auto wait_full = [&](ring_pos r) {
+        mbar_wait(&full[r.stage], r.phase);
+        fence_async_smem();
+    };
+    auto release = [&](ring_pos r) {
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(&empty[r.stage]);
+    };
+    auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
+
+    mbar_wait(q_full, 0);
+    fence_async_smem();
+    for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
+        wait_full(pos_of(t0)), release(pos_of(t0));
+
+    /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
+     * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
+     * per 32 tensor-core clocks, the whole 128 B/clk of shared memory. */
+    constexpr bool kQInRegs = FAD_WS_Q_REGS;
+    uint32_t qf[1][kQInRegs ? kHeadDim / 16 : 1][4];
+    if constexpr (kQInRegs)
+        if (walked)
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; kk++)
+                ldmatrix_x4(qf[0][kk], smem_addr(sQ + c * kBlockM * kHeadDim +
+                                                 swz128<kBlockM>((warp % 4) * 16 + lane % 16,
+                                                                 16 * kk + 8 * (lane / 16))));
+    if (walked) {
+        float s[1][kBlockN / 8][4];
+        float m_tile[2], scale[2]; /* scale: acc's factors for the tile in s (softmax_exp_p) */
+        bool all_one;
+        uint32_t pf[kBlockN / 16][4];
+        /* S = Q K^T of the tile at r into s (zeroed: the chain adds to it) */
+        auto issue_s = [&](ring_pos r) {
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; j++)
+                s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
+        };
+        /* Prologue: S and the softmax of the first tile. */
+        int t0 = my_first;
+        ring_pos pos = pos_of(t0); /* tile t0's */
+        wait_full(pos);
+        issue_s(pos);
+        wgmma_wait<0>();
+        wgmma_fence_operand(s[0]);
+        softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
+                           p.window_right);
+        softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+        int split_left = (S - t0 % S) / kBlockN;
+        bool acc_live = false; /* acc holds this split's o: false until its first P V */
+        /* Each turn of the loop: s holds P of tile t0, and scale its factors
+         * for acc. Issue S of the next tile into s, rescale acc meanwhile,
+         * then issue O += P V of tile t0 (the tensor cores run the two in
+         * that order); the next tile's softmax then starts while O += P V
+         * runs. (The source waits for it after the exponentials; ptxas
+         * schedules that wait above them. Waiting at the next turn's start
+         * instead, which keeps the exponentials under the product, measured
+         * 4-7% slower: benchmarks/NOTES.md, "Prefill v6".) acc gets the same
+         * operations in the same order as in fwd_kernel (a split's first
+         * P V overwrites acc, so its rescale is skipped). Each path issues its
+         * groups on straight-line code, so ptxas sees which group each
+         * wgmma_wait retires. */
+        for (;;) {
+            p_fragments<T, kBlockN>(s, pf);
+            const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
+            const ring_pos pos_done = pos;
+            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
+                wgmma_wait<0>();
+                wgmma_fence_operand(acc[0]);
+                wgmma_fence_operand(pf);
+                release(pos_done);
+            };
+            if (t0 + kBlockN >= my_last) {
+                if (acc_live)
+                    rescale_acc<true>(acc, scale, all_one);
+                issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
+                pv_done();
+                break;
+            }
+            t0 += kBlockN;
+            pos = pos.next();
+            wait_full(pos);
+            issue_s(pos);
+            if (acc_live)
+                rescale_acc<true>(acc, scale, all_one);
+            issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
+            acc_live = true;
+            wgmma_wait<1>(); /* S of tile t0 (the older group) */
+            wgmma_fence_operand(s[0]);
+            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
+                               p.window_left, p.window_right);
+            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
+                pv_done();
+                fold(true);
+                split_left = S / kBlockN;
+                start_split_ml<1>(m_s, l_s);
+                acc_live = false;
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+            } else {
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                pv_done();
+            }
+        }
+    }
+    for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
+        wait_full(pos_of(t0)), release(pos_of(t0));
+    if (m0 >= len_q)
+        return;
+
+    if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
+        if (walked)
+            store_split_rows(a, D, my_first / S, lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
+        return;
+    }
+    if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
+        fold(false);
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false);
+}
+
+template <typename T, int kHeadDim>
+fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    using C = fwd_ws_cfg<kHeadDim>;
+    static int smem_set[FAD_MAX_DEVICES];
+    fad_status st = allow_smem(fwd_ws_kernel<T, kHeadDim>, smem_set, C::kSmemBytes, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
+                        C::kBlockM, fad_block_m(a.p.head_dim));
+    dim3 grid((unsigned)((int64_t)(a.plan.m_blocks + 1) / 2 * a.p.batch * a.p.num_heads), 1,
+              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    fwd_ws_kernel<T, kHeadDim><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    return FAD_OK;
+}
+
+template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 128>(const fwd_args &, cudaStream_t, char *, size_t);

@@ -1,0 +1,461 @@
+/*
+ * fwd_tile.cuh — the per-tile math every forward kernel shares (fwd_kernel,
+ * fwd_ws_kernel, fwd_packed_kernel): a thread's rows, S = Q K^T and O += P V
+ * on mma.sync, scores and mask, the online-softmax step, the fold of a split
+ * into the row's merged result, and the store of a row. The one copy of this
+ * math: a row gets the same bits whichever kernel runs it (fwd_prefill.cu's
+ * header says why).
+ *
+ * Fragment shapes (mma.m16n8k16, mma.cuh): a thread holds rows r = 2*mt + e/2
+ * of its warp's 16*kMT, s[kMT][kNB][4] (kNB n8 blocks of keys), acc
+ * [kMT][kDB][4] (kDB n8 blocks of output columns).
+ */
+#ifndef FAD_FWD_TILE_CUH
+#define FAD_FWD_TILE_CUH
+
+#include "fad_seq.h"
+#include "mma.cuh"
+
+/* Where a thread's rows come from. A thread holds rows r = 2*mt + e/2 of its
+ * warp's 16*kMT (fragment element (mt, nb, e) belongs to row r). qrow(r): the
+ * row's query index in its sequence (its mask and its ALiBi position);
+ * slope(r): its ALiBi slope times log2(e), 0 for none. The prefill kernel's
+ * rows are consecutive query rows of one head; the packed kernel's are
+ * (query row, head of the kv group) pairs. Nothing else about a row enters
+ * the tile math, and MMA rows are independent: so a row gets the same bits
+ * whichever kernel and whichever position inside M it runs in. */
+struct rows_prefill {
+    int qrow0;        /* query row of r = 0; row r is qrow0 + 8 r */
+    float slope_log2; /* one head per CTA */
+    __device__ __forceinline__ int qrow(int r) const { return qrow0 + 8 * r; }
+    __device__ __forceinline__ float slope(int) const { return slope_log2; }
+};
+
+template <int kRows> struct rows_packed {
+    int qrow_[kRows];
+    float slope_[kRows];
+    __device__ __forceinline__ int qrow(int r) const { return qrow_[r]; }
+    __device__ __forceinline__ float slope(int r) const { return slope_[r]; }
+};
+
+/* ALiBi slope of head h of sequence b in log2 units (0 without ALiBi). */
+__device__ __forceinline__ float alibi_slope_log2(const fad_fwd_params &p, int b, int h)
+{
+    return p.alibi_slopes ? FAD_MUL(p.alibi_slopes[b * p.alibi_batch_stride + h], FAD_LOG2E) : 0.f;
+}
+
+/* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
+ * masks them, and updates each row's max. Fragment element (mt, nb, e) is the
+ * thread's row r = 2*mt + e/2, key t0 + 8*nb + 2*(lane%4) + e%2.
+ * rk: each row's key range (kMask only). */
+template <bool kMask, bool kMod, int kMT, int kNB, class Rows>
+__device__ __forceinline__ void score_tile(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
+                                           const fad_score_mod &mod, const Rows &rows,
+                                           const fad_key_range *rk, int t0, int len_q, int len_k)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + e / 2, key = t0 + nb * 8 + (lane % 4) * 2 + (e % 2);
+                float x = s[mt][nb][e];
+                if (kMod) {
+                    x = fad_logit(&mod, x);
+                    const float slope = rows.slope(r);
+                    if (slope != 0.f)
+                        x = FAD_ADD(x, fad_alibi_log2(slope, rows.qrow(r), key, len_q, len_k));
+                }
+                if (kMask && (key < rk[r].lo || key >= rk[r].hi))
+                    x = -INFINITY;
+                s[mt][nb][e] = x;
+            }
+    /* Each row's max over its 2 * kNB values as a balanced tree (log2 steps
+     * deep, not 2 * kNB): a max is exact, so any order gives the same value. */
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float v[2 * kNB];
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++)
+                v[2 * nb] = s[mt][nb][2 * h], v[2 * nb + 1] = s[mt][nb][2 * h + 1];
+#pragma unroll
+            for (int w = 1; w < 2 * kNB; w *= 2)
+#pragma unroll
+                for (int i = 0; i + w < 2 * kNB; i += 2 * w)
+                    v[i] = fmaxf(v[i], v[i + w]);
+            m_tile[2 * mt + h] = fmaxf(m_tile[2 * mt + h], v[0]);
+        }
+}
+
+/* An lds_base for the V operand of a warp that owns the output columns from
+ * 16-column block blk0 on: addr[c] is block blk0 + c, so at(row, j) (which
+ * adds (j / 4) * 64 columns to addr[j % 4]) addresses block blk0 + j for any
+ * j (4 blocks on is the same swizzle position, 64 columns further). blk0 = 0
+ * is lds_base's own constructor. */
+template <int kHeadDim>
+__device__ __forceinline__ lds_base<kHeadDim> lds_cols(const void *tile, int row0, int x, int blk0)
+{
+    lds_base<kHeadDim> b(tile, row0, x);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int chunk = 2 * (blk0 + c) + x;
+        b.addr[c] = smem_addr(tile) + (row0 * kHeadDim + (((chunk ^ row0) & 7) | (chunk & ~7)) * 8) * 2;
+    }
+    return b;
+}
+
+/* S += Q K^T over the head dim, k-chunks in increasing order, for the key
+ * blocks [j0, j0 + kJ) of the tile (16 keys each) into s[.][0 .. 2 kJ). */
+template <typename T, int kHeadDim, int kMT, int kJ, bool kQInRegs, int kNBs>
+__device__ __forceinline__ void qk_tile(float (&s)[kMT][kNBs][4],
+                                        const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+                                        const lds_base<kHeadDim> &q_lds,
+                                        const lds_base<kHeadDim> &k_lds, int row_off)
+{
+    using ops = dtype_ops<T>;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; kk++) {
+        uint32_t af[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++) {
+            if (kQInRegs) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    af[mt][i] = qf[mt][kQInRegs ? kk : 0][i];
+            } else {
+                ldmatrix_x4(af[mt], q_lds.at(mt * 16, kk));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kJ; j++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, k_lds.at(row_off + j * 16, kk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++) {
+                ops::mma(s[mt][2 * j], af[mt], bf[0], bf[1]);
+                ops::mma(s[mt][2 * j + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* x *= f[row] over a thread's accumulator fragments (row 2 mt + e / 2): the
+ * online-softmax rescale of o, and the fold's rescale of R. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void scale_rows(float (&x)[kMT][kDB][4], const float (&f)[2 * kMT])
+{
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                x[mt][nb][e] = FAD_MUL(x[mt][nb][e], f[2 * mt + e / 2]);
+}
+
+/* The softmax step of one kBlockN-key tile, between the two products, in two
+ * halves (softmax_tile runs both): S (raw dot products) -> scores, mask, the
+ * tile's row max (softmax_max); the online-softmax step of the current split
+ * (m_s, l_s per thread, acc = its o, rescaled), and S becomes P = exp2(score
+ * - max) in place (softmax_exp). The one copy of this math: every forward
+ * kernel, on mma.sync or wgmma, runs it on the same fragments. The packed
+ * kernel issues the next tile's S = Q K^T between the halves: the second is
+ * straight-line code, so those MMAs run under its exponentials. */
+template <bool kMod, int kMT, int kNB, class Rows>
+__device__ __forceinline__ void softmax_max(float (&s)[kMT][kNB][4], float (&m_tile)[2 * kMT],
+                                            bool need_mask, const fad_score_mod &mod,
+                                            const Rows &rows, int t0, int len_q, int len_k,
+                                            int window_left, int window_right)
+{
+    constexpr int kRows = 2 * kMT;
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        m_tile[r] = -INFINITY;
+    if (need_mask) {
+        fad_key_range rk[kRows]; /* recomputed here: registers are scarce in the loop */
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            rk[r] = fad_row_keys(rows.qrow(r), len_q, len_k, window_left, window_right);
+        score_tile<true, kMod>(s, m_tile, mod, rows, rk, t0, len_q, len_k);
+    }
+    else
+        score_tile<false, kMod>(s, m_tile, mod, rows, nullptr, t0, len_q, len_k);
+}
+
+/* softmax_exp in two parts: softmax_exp_p is the online-softmax step of the
+ * current split for everything but acc -- the new max m_s, S -> P in place,
+ * l_s -- and leaves acc's factors in scale (all_one: every factor of the
+ * thread is 1); rescale_acc then applies them to acc. The warp-specialized
+ * kernel (fad_fwd_ws.cuh) runs the two apart, with the previous tile's
+ * O += P V finishing in between. */
+template <int kMT, int kNB>
+__device__ __forceinline__ void softmax_exp_p(float (&s)[kMT][kNB][4], float (&m_s)[2 * kMT],
+                                              float (&l_s)[2 * kMT], const float (&m_tile)[2 * kMT],
+                                              const fad_score_mod &mod, float (&scale)[2 * kMT],
+                                              bool &all_one)
+{
+    constexpr int kRows = 2 * kMT;
+    float base[kRows], psum[kRows];
+    all_one = true;
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        float m_new;
+        scale[r] = fad_rescale(m_s[r], FAD_MUL(quad_max(m_tile[r]), mod.exp_scale), &m_new);
+        m_s[r] = m_new;
+        base[r] = fad_exp_base(m_new);
+        psum[r] = 0.f;
+        all_one &= scale[r] == 1.f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + e / 2;
+                s[mt][nb][e] = fad_exp_score(s[mt][nb][e], mod.exp_scale, base[r]);
+                psum[r] = FAD_ADD(psum[r], s[mt][nb][e]);
+            }
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        l_s[r] = FAD_FMA(l_s[r], scale[r], psum[r]);
+}
+
+/* kSkipUnitScale: skip the rescale of acc when every row's factor is 1 (a
+ * warp vote and a branch; worth it where acc is large). Multiplying by 1 is
+ * exact, so either way gives the same bits. */
+template <bool kSkipUnitScale, int kMT, int kDB>
+__device__ __forceinline__ void rescale_acc(float (&acc)[kMT][kDB][4], const float (&scale)[2 * kMT],
+                                            bool all_one)
+{
+    if (!kSkipUnitScale || !__all_sync(0xffffffffu, all_one))
+        scale_rows(acc, scale);
+}
+
+template <bool kSkipUnitScale, int kMT, int kNB, int kDB>
+__device__ __forceinline__ void softmax_exp(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                            float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                            const float (&m_tile)[2 * kMT], const fad_score_mod &mod)
+{
+    float scale[2 * kMT];
+    bool all_one;
+    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+    rescale_acc<kSkipUnitScale>(acc, scale, all_one);
+}
+
+template <bool kMod, int kMT, int kNB, int kDB, class Rows>
+__device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&acc)[kMT][kDB][4],
+                                             float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+                                             bool need_mask, const fad_score_mod &mod,
+                                             const Rows &rows, int t0, int len_q, int len_k,
+                                             int window_left, int window_right)
+{
+    float m_tile[2 * kMT];
+    softmax_max<kMod>(s, m_tile, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                      window_right);
+    softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod);
+}
+
+/* O += P V for one kBlockN-key tile: P goes straight from the S
+ * accumulators (after softmax_tile) to A fragments. kColBlocks: the
+ * 16-column blocks of the output this warp accumulates (acc holds only those;
+ * v_lds already points at the first). Each output column's O += P V chain is
+ * independent of the others, so a warp that owns a column range gives those
+ * columns the bits of a warp that owns all of them. */
+template <typename T, int kBlockN, int kMT, int kColBlocks, int kHeadDim>
+__device__ __forceinline__ void pv_tile(float (&acc)[kMT][2 * kColBlocks][4],
+                                        const float (&s)[kMT][kBlockN / 8][4],
+                                        const lds_base<kHeadDim> &v_lds)
+{
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; kk++) {
+        uint32_t pf[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+            p_fragment<T>(s[mt], kk, pf[mt]);
+#pragma unroll
+        for (int j = 0; j < kColBlocks; j++) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(vf, v_lds.at(kk * 16, j));
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++) {
+                dtype_ops<T>::mma(acc[mt][2 * j], pf[mt], vf[0], vf[1]);
+                dtype_ops<T>::mma(acc[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+            }
+        }
+    }
+}
+
+/* One kBlockN-key tile for a warp's 16*kMT rows on mma.sync (fwd_kernel):
+ * S = Q K^T (k-chunks in increasing order), scores and mask, the
+ * online-softmax step of the current split (m_s, l_s per thread, acc = its o),
+ * O += P V. The one copy of this math: fwd_packed_kernel runs the same three
+ * functions on the same fragments with the same kBlockN (with S one tile
+ * ahead), so a row walks the same tiles through the same instruction sequence
+ * in either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
+ * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
+ * (masking an in-range key is a no-op, so the flag only costs time). */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, class Rows>
+__device__ __forceinline__ void
+attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
+            const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
+            const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
+            const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+{
+    float s[kMT][kBlockN / 8][4] = {};
+    qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
+    softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
+                       window_right);
+    pv_tile<T, kBlockN, kMT, kHeadDim / 16>(acc, s, v_lds);
+}
+
+/* A fresh online-softmax state for a split that starts: (m, l) only (the
+ * wgmma variant overwrites acc at the split's first P V) ... */
+template <int kMT>
+__device__ __forceinline__ void start_split_ml(float (&m_s)[2 * kMT], float (&l_s)[2 * kMT])
+{
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++)
+        m_s[r] = -INFINITY, l_s[r] = 0.f;
+}
+
+/* ... or (m, l, o). */
+template <int kMT, int kDB>
+__device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m_s)[2 * kMT],
+                                            float (&l_s)[2 * kMT])
+{
+    start_split_ml<kMT>(m_s, l_s);
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nb][e] = 0.f;
+}
+
+/* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
+ * element of the thread). In shared memory: thread-private slots, slot-major
+ * so that a warp's accesses hit 32 banks. In registers (the sm_90a prefill
+ * variant at D128): no shared-memory round trip per split. */
+template <int kMT, int kDB, int kThreads> struct r_in_smem {
+    float *sR;
+    static constexpr bool kSmem = true;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const
+    {
+        return sR[((mt * kDB + nb) * 4 + e) * kThreads + threadIdx.x];
+    }
+};
+template <int kMT, int kDB> struct r_in_regs {
+    float (&o)[kMT][kDB][4];
+    static constexpr bool kSmem = false;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
+};
+
+/* A split ends: fold its state (acc, m_s, l_s) into the row's result R with
+ * fad_merge_* -- into R's o (to_R), or, for the last split, into acc, ready
+ * to normalise. Before the first fold R is the empty state (o = 0), exactly
+ * what the combine kernel starts from. Every lane must call it (quad_sum,
+ * __any_sync). Where R lives does not change a bit: the same operations on the
+ * same values. fad_merge_value is o_R * wa + o_s * wb; R's weight wa is 1
+ * unless some row's max moved past R's (or R is empty), so in registers the
+ * multiply by it is skipped, exactly, when no row of the warp needs it. */
+template <int kMT, int kDB, class RO>
+__device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const float (&m_s)[2 * kMT],
+                                           const float (&l_s)[2 * kMT], float (&mR)[2 * kMT],
+                                           float (&lR)[2 * kMT], const RO &R, bool &have_R,
+                                           bool to_R)
+{
+    fad_merge_w w[2 * kMT];
+    bool scales_R = false;
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        w[r] = fad_merge_weights(mR[r], m_s[r]);
+        lR[r] = fad_merge_value(lR[r], quad_sum(l_s[r]), w[r]);
+        mR[r] = w[r].m;
+        scales_R |= w[r].wa != 1.f;
+    }
+    /* In registers (R starts zeroed: the empty state's o), R's o * wa is
+     * applied in place where some row of the warp needs it, and each value is
+     * then one FMA. In shared memory (unwritten before the first fold, and
+     * maybe still holding Q) the plain fad_merge_value with a select: a second
+     * unrolled loop there made the D256 tile loop 25% slower, fast mode too. */
+    if constexpr (!RO::kSmem) {
+        /* (An empty R is +0: scaling it by wa in [0, 1] changes no bit.) */
+        if (have_R && __any_sync(0xffffffffu, scales_R)) {
+            float wa[2 * kMT];
+#pragma unroll
+            for (int r = 0; r < 2 * kMT; r++)
+                wa[r] = w[r].wa;
+            scale_rows(R.o, wa);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float &slot = R.at(mt, nb, e);
+                const fad_merge_w &we = w[2 * mt + e / 2];
+                const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
+                                          : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
+                if (to_R)
+                    slot = v;
+                else
+                    acc[mt][nb][e] = v;
+            }
+            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+             * ahead of the FMAs (that many live registers spill the loop). */
+            if (RO::kSmem)
+                __syncwarp();
+        }
+    have_R = true;
+}
+
+/* Row r of this thread, merged result (acc, m, l): normalised output to o
+ * (the row's D values; acc holds columns col0 ..) and, with_lse, its lse. */
+template <typename T, int kMT, int kDB>
+__device__ __forceinline__ void store_row(const float (&acc)[kMT][kDB][4], int r, float m, float l,
+                                          T *o, float *lse, int D, int col0 = 0,
+                                          bool with_lse = true, bool poison = false)
+{
+    using ops = dtype_ops<T>;
+    const int lane = threadIdx.x % 32;
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+#pragma unroll
+    for (int nb = 0; nb < kDB; nb++) {
+        const int col = col0 + nb * 8 + (lane % 4) * 2;
+        if (col < D)
+            *reinterpret_cast<uint32_t *>(o + col) =
+                ops::pack(FAD_MUL(acc[r / 2][nb][2 * (r % 2)], inv),
+                          FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
+    }
+    if (with_lse && lane % 4 == 0)
+        *lse = poison ? inv : fad_lse(m, l);
+}
+
+/* Row r of this thread, one split's state: o (unnormalised, D fp32) and
+ * (m, l) into the workspace; l_row is the row's quad-summed l. */
+template <int kMT, int kDB>
+__device__ __forceinline__ void store_partial_row(const float (&acc)[kMT][kDB][4], int r, float m,
+                                                  float l_row, float *o, float *ml, int D,
+                                                  int col0 = 0, bool with_ml = true)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nb = 0; nb < kDB; nb++) {
+        const int col = col0 + nb * 8 + (lane % 4) * 2;
+        if (col < D)
+            *reinterpret_cast<float2 *>(o + col) =
+                make_float2(acc[r / 2][nb][2 * (r % 2)], acc[r / 2][nb][2 * (r % 2) + 1]);
+    }
+    if (with_ml && lane % 4 == 0)
+        *reinterpret_cast<float2 *>(ml) = make_float2(m, l_row);
+}
+#endif /* FAD_FWD_TILE_CUH */

@@ -1,0 +1,187 @@
+/*
+ * fad_config.h — every compile-time knob of the kernels in one place. Each is a
+ * default that a -D flag overrides (dev/ab_variants.sh and dev/ab_decode.sh
+ * build several at once for same-run A/B timings). Unless its comment says
+ * otherwise, a knob never changes a bit: it moves work between threads, CTAs
+ * or pipeline stages, never the order of a row's operations. The one knob of
+ * the numerics, FAD_RESCALE_SLACK, lives with the math it changes (fad_math.h).
+ *
+ * Run-time switches (environment, read once): FLASH_ATTN_DET_WGMMA=0 turns the
+ * sm_90a (wgmma) variants off, =force runs the backward's on any grid
+ * (cuda/device.cu). Build-time (setup.py): FLASH_ATTN_DET_CUDA_ARCHS, and
+ * FAD_SM90A, which setup.py defines when it builds sm_90a code.
+ *
+ * Switches kept although the default build does not compile the code they
+ * select, each the losing side of an A/B in the notebook (docs/log/), kept so
+ * that the A/B can be re-run on another GPU or compiler: FAD_WIDE_MAX_D (32
+ * rows per warp, "v4"/"v5" of the first prefill table), FAD_WG_LEAN_LOADS=0
+ * and FAD_WG_LOADS_DURING_S=0 ("Prefill v3"), FAD_WS_Q_REGS=0 and FAD_WG_WS=0
+ * ("Prefill v6"), FAD_BWD_WG_DKDV_DEFER_MAX_D (at D64 ptxas serialized the
+ * wgmmas, "Backward v2"), FAD_PACKED_Q_IN_REGS (the packed kernel with Q in
+ * registers; no A/B of it is recorded: measure it or remove it).
+ */
+#ifndef FAD_CONFIG_H
+#define FAD_CONFIG_H
+
+/* ---------------- forward: the prefill kernel (fwd_prefill*.cu) ---------------- */
+
+/* Tile shape of the forward kernel per head-dim class: tuning knobs that never
+ * change a bit (rows are independent), compared with dev/ab_variants.sh.
+ * FAD_WIDE_MAX_D: head dims up to this give each warp 32 query rows (else 16).
+ * FAD_D64_WARPS / FAD_D128_WARPS: warps per CTA for D <= 64 and 64 < D <= 128
+ * (4 above). FAD_D64_MIN_BLOCKS: CTAs per SM the D <= 64 register budget allows. */
+#ifndef FAD_WIDE_MAX_D
+#define FAD_WIDE_MAX_D 0
+#endif
+#ifndef FAD_D64_WARPS
+#define FAD_D64_WARPS 8
+#endif
+#ifndef FAD_D64_MIN_BLOCKS
+#define FAD_D64_MIN_BLOCKS 2
+#endif
+#ifndef FAD_D128_WARPS
+#define FAD_D128_WARPS 4
+#endif
+/* FAD_WG_Q_REGS_MIN_D / FAD_WG_R_REGS_MIN_D: in the sm_90a prefill variant,
+ * head-dim classes from this one up keep Q (wgmma A from registers) / the
+ * merged result's o in registers; smaller ones keep them in shared memory.
+ * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
+ * H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64 keeps Q in shared
+ * memory; R in registers, no faster at first, is 5-7% faster at D64 since
+ * the copy and fold changes of "Prefill v3" (0 B spilled). */
+#ifndef FAD_WG_Q_REGS_MIN_D
+#define FAD_WG_Q_REGS_MIN_D 128
+#endif
+#ifndef FAD_WG_R_REGS_MIN_D
+#define FAD_WG_R_REGS_MIN_D 64
+#endif
+/* FAD_WG_LEAN_LOADS: 1 = the sm_90a variant copies K/V tiles with
+ * load_tile_lean (per-chunk offsets from one per-thread base; A/B knob). */
+#ifndef FAD_WG_LEAN_LOADS
+#define FAD_WG_LEAN_LOADS 1
+#endif
+/* FAD_WG_LOADS_DURING_S: 1 = the sm_90a variant issues the next tile's K/V
+ * copies while S = Q K^T runs (0: before it, as the mma.sync kernel does). */
+#ifndef FAD_WG_LOADS_DURING_S
+#define FAD_WG_LOADS_DURING_S 1
+#endif
+/* FAD_WG_WS: 1 = at D128 the sm_90a prefill runs the warp-specialized
+ * kernel (fad_fwd_ws.cuh: a cp.async producer warpgroup, two consumer
+ * warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the same bits.
+ * FAD_WS_STAGES: its K/V ring depth. FAD_WS_PRODUCER_REGS /
+ * FAD_WS_CONSUMER_REGS: the registers per thread setmaxnreg gives each side
+ * (P + 2 * C <= 3 * 168: what __launch_bounds__ gives 384 threads). */
+#ifndef FAD_WG_WS
+#define FAD_WG_WS 1
+#endif
+#ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
+#define FAD_WS_Q_REGS 1
+#endif
+#ifndef FAD_WS_STAGES
+#define FAD_WS_STAGES 4
+#endif
+#ifndef FAD_WS_PRODUCER_REGS
+#define FAD_WS_PRODUCER_REGS 40
+#endif
+#ifndef FAD_WS_CONSUMER_REGS
+#define FAD_WS_CONSUMER_REGS 232
+#endif
+
+/* ---------------- forward: the packed (decode) kernel (fwd_decode.cu) ---------------- */
+
+/* The packed forward kernel (fwd_packed_kernel: GQA heads packed into M, for
+ * decode and other short query blocks). Knobs that never change a bit:
+ * FAD_PACKED_WARPS: warps (16 packed rows each) per CTA; FAD_PACKED_STAGES(_MOD):
+ * depth of its K/V cp.async pipeline (without / with softcap or ALiBi; fewer
+ * where shared memory is short); FAD_PACKED_MAX_SQ: the longest query
+ * block (seqlen_q, max_seqlen_q for varlen) that runs on it. */
+#ifndef FAD_PACKED_WARPS
+#define FAD_PACKED_WARPS 1
+#endif
+#ifndef FAD_PACKED_STAGES
+#define FAD_PACKED_STAGES 3
+#endif
+#ifndef FAD_PACKED_STAGES_MOD /* the softcap/ALiBi variant (3 stages spill 24 B at D128) */
+#define FAD_PACKED_STAGES_MOD 4
+#endif
+#ifndef FAD_PACKED_MAX_SQ
+#define FAD_PACKED_MAX_SQ 16
+#endif
+#ifndef FAD_PACKED_Q_IN_REGS
+#define FAD_PACKED_Q_IN_REGS 0
+#endif
+/* Knobs that never change a bit (dev/ab_decode.sh compares them):
+ * FAD_PACKED_COL_WARPS: warps per 16-row group, splitting the output columns
+ * of O += P V and the key blocks of S = Q K^T (1, 2, 4; fewer where the head
+ * dim has too few 16-column blocks). */
+#ifndef FAD_PACKED_COL_WARPS
+#define FAD_PACKED_COL_WARPS 4
+#endif
+
+/* ---------------- forward: launch and combine (fwd_launch.cu, fwd_combine.cu) ---------------- */
+
+/* Knob that never changes a bit: 1 = launch the combine as a programmatic
+ * dependent of the attention kernel where the GPU has it (sm_90 on). */
+#ifndef FAD_COMBINE_PDL
+#define FAD_COMBINE_PDL 1
+#endif
+/* Knob that never changes a bit: 1 = launch the packed (decode) kernel as a
+ * programmatic dependent of whatever runs before it in the stream (sm_90 on):
+ * its CTAs are scheduled, and its code and parameters fetched, while that
+ * kernel ends; they wait before touching global memory. Decode B1 8k on the
+ * H200, back to back in a graph: 15.6 -> 15.0 us per call (benchmarks/NOTES.md,
+ * "Decode v6"). */
+#ifndef FAD_ATTN_PDL
+#define FAD_ATTN_PDL 1
+#endif
+/* Knob that never changes a bit: 1 = for fewer than 4 query rows, the 4 warps
+ * of a combine CTA split one row's columns (0: one row per warp). */
+#ifndef FAD_COMBINE_BY_COLS
+#define FAD_COMBINE_BY_COLS 1
+#endif
+
+/* 1 when this build has sm_90a code (setup.py defines it); the wgmma variants
+ * are compiled and launched only then. */
+#ifndef FAD_SM90A
+#define FAD_SM90A 0
+#endif
+
+/* ---------------- backward: the wgmma kernels (bwd_*_wgmma.cu) ---------------- */
+
+/* FAD_BWD_WG_DKDV_WGS / FAD_BWD_WG_DQ_WGS: warpgroups per CTA of each kernel
+ * (64 keys per dkdv warpgroup, 64 rows per dq warpgroup). More share each
+ * streamed tile's copy; fewer give more CTAs per SM that no barrier holds in
+ * step. Changes no bit. */
+#ifndef FAD_BWD_WG_DKDV_WGS
+#define FAD_BWD_WG_DKDV_WGS 2
+#endif
+#ifndef FAD_BWD_WG_DQ_WGS_D64
+#define FAD_BWD_WG_DQ_WGS_D64 1
+#endif
+#ifndef FAD_BWD_WG_DQ_WGS_D128
+#define FAD_BWD_WG_DQ_WGS_D128 2
+#endif
+/* Deferred waits (changes no bit): the matmuls that end a step (dV, dK; dQ)
+ * are left in flight while the next step's S and dP are issued, and waited
+ * for with S; the streamed tiles then take 3 shared-memory stages, so that a
+ * stage is reloaded only after every warpgroup has passed such a wait.
+ * FAD_BWD_WG_DKDV_DEFER_MAX_D: dkdv defers up to this head dim (at D128 the
+ * P^T and dS^T fragments no longer fit beside the next step's S^T and dP^T).
+ * FAD_BWD_WG_DQ_DEFER: dq defers (1) or not (0). */
+#ifndef FAD_BWD_WG_DKDV_DEFER_MAX_D
+#define FAD_BWD_WG_DKDV_DEFER_MAX_D 0
+#endif
+#ifndef FAD_BWD_WG_DQ_DEFER
+#define FAD_BWD_WG_DQ_DEFER 1
+#endif
+/* FAD_BWD_WG_D64_STEP_M / FAD_BWD_WG_D64_TILE_N: at D64, query rows per
+ * dkdv step / keys per dq tile (64 or 128: the wgmma N of S^T, dP^T / of S,
+ * dP). Changes no bit. */
+#ifndef FAD_BWD_WG_D64_STEP_M
+#define FAD_BWD_WG_D64_STEP_M 128
+#endif
+#ifndef FAD_BWD_WG_D64_TILE_N
+#define FAD_BWD_WG_D64_TILE_N 128
+#endif
+
+#endif /* FAD_CONFIG_H */

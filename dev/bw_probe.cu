@@ -1,0 +1,198 @@
+// bw_probe.cu — how fast can one CTA per SM stream a decode split's K/V into shared memory?
+//
+// The read pattern of the packed decode kernel at batch 1 (Hkv 8, D 128, bf16, cache 8k):
+// CTA (split s, kv head hk) reads keys [512 s, 512 s + 512) of head hk, K and V, as 64-key
+// tiles of 2 x 16 KB; a key's 256 bytes of one head sit 2 KB (Hkv x D x 2) from the next key's.
+// 128 CTAs of 128 threads, a ring of `stages` tiles in shared memory. The CTA only touches
+// each landed tile (one word per thread), so the time is the memory system's.
+// Copy engines compared:
+//   lsu:  cp.async.cg 16 B per thread (the kernel's load_tile_lean), one commit group per tile;
+//   bulk: cp.async.bulk 256 B per key row (warp 0 issues 4 rows per lane), an mbarrier per stage
+//         with complete_tx, the consumers wait on its phase.
+// and the layout: "heads" (the cache's (L, Hkv, D), 2 KB stride) or "flat" (each CTA's rows
+// contiguous, 256 B stride), as a control.
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a dev/bw_probe.cu -o bw_probe
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <vector>
+
+#define CHECK(call)                                                                             \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+constexpr int kRowBytes = 256;            // one head's D 128 bf16
+constexpr int kTileRows = 64;             // keys per tile
+constexpr int kTileBytes = kTileRows * kRowBytes; // one of K, V
+constexpr int kThreads = 128;
+
+struct args {
+    const char *k, *v;   // caches
+    int64_t key_stride;  // bytes from one key to the next of the same head
+    int64_t head_stride; // bytes from head hk to hk + 1 (same key)
+    int heads;           // CTAs per split
+    int rows;            // keys per CTA
+    unsigned *sink;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+template <int kStages, bool kBulk>
+__global__ void __launch_bounds__(kThreads, 1) stream_kernel(const args a)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) uint64_t bar[kStages];
+    const int tid = threadIdx.x;
+    const int hk = blockIdx.x % a.heads, s = blockIdx.x / a.heads;
+    const char *k0 = a.k + (int64_t)s * a.rows * a.key_stride + hk * a.head_stride;
+    const char *v0 = a.v + (int64_t)s * a.rows * a.key_stride + hk * a.head_stride;
+    const int tiles = a.rows / kTileRows;
+    if (kBulk && tid == 0) {
+        for (int i = 0; i < kStages; i++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int t, int st) {
+        unsigned char *dk = smem + (size_t)st * 2 * kTileBytes, *dv = dk + kTileBytes;
+        const char *gk = k0 + (int64_t)t * kTileRows * a.key_stride;
+        const char *gv = v0 + (int64_t)t * kTileRows * a.key_stride;
+        if constexpr (kBulk) {
+            if (tid < 32) {
+                const uint32_t b = smem_u32(&bar[st]);
+                if (tid == 0)
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+                                 "r"(2 * kTileBytes) : "memory");
+                __syncwarp();
+                for (int r = tid; r < kTileRows; r += 32) {
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                 "[%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dk + r * kRowBytes)),
+                                 "l"(gk + r * a.key_stride), "r"(kRowBytes), "r"(b) : "memory");
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                 "[%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dv + r * kRowBytes)),
+                                 "l"(gv + r * a.key_stride), "r"(kRowBytes), "r"(b) : "memory");
+                }
+            }
+        } else {
+            // 16 B per thread per instruction: 16 chunks per row, 8 rows per pass
+            for (int c = tid; c < kTileRows * 16; c += kThreads) {
+                const int r = c / 16, col = (c % 16) * 16;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                                 smem_u32(dk + r * kRowBytes + col)), "l"(gk + r * a.key_stride + col));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                                 smem_u32(dv + r * kRowBytes + col)), "l"(gv + r * a.key_stride + col));
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
+    };
+    for (int st = 0; st < kStages - 1; st++) {
+        if (st < tiles)
+            issue(st, st);
+        else if (!kBulk)
+            asm volatile("cp.async.commit_group;\n" ::);
+    }
+    unsigned acc = 0;
+    for (int t = 0; t < tiles; t++) {
+        const int st = t % kStages;
+        if constexpr (kBulk) {
+            const uint32_t b = smem_u32(&bar[st]), parity = (t / kStages) & 1;
+            uint32_t done = 0;
+            while (!done)
+                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                             " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(b), "r"(parity) : "memory");
+        } else {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+        }
+        __syncthreads(); // the tile is everyone's; every thread is done with the stage reloaded next
+        if (t + kStages - 1 < tiles)
+            issue(t + kStages - 1, (t + kStages - 1) % kStages);
+        else if (!kBulk)
+            asm volatile("cp.async.commit_group;\n" ::);
+        const unsigned *w = (const unsigned *)(smem + (size_t)st * 2 * kTileBytes);
+        acc += w[tid * 7 % (2 * kTileBytes / 4)];
+    }
+    if (acc == 0x12345678u)
+        a.sink[blockIdx.x] = acc;
+}
+
+template <int kStages, bool kBulk>
+static float time_it(const args &a, int ctas, int reps)
+{
+    const size_t smem = (size_t)kStages * 2 * kTileBytes;
+    CHECK(cudaFuncSetAttribute(stream_kernel<kStages, kBulk>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int i = 0; i < reps + 3; i++) {
+        CHECK(cudaEventRecord(e0));
+        stream_kernel<kStages, kBulk><<<ctas, kThreads, smem>>>(a);
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3)
+            ts.push_back(ms * 1e3f);
+    }
+    CHECK(cudaGetLastError());
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
+int main()
+{
+    const int L = 8192, Hkv = 8, split = 512, sets = 4;
+    const size_t cache = (size_t)L * Hkv * kRowBytes; // one of K, V: 16.8 MB
+    char *buf;
+    CHECK(cudaMalloc(&buf, 2 * cache * sets));
+    CHECK(cudaMemset(buf, 1, 2 * cache * sets));
+    unsigned *sink;
+    CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, %d SMs; K+V %.1f MB per call, 128 CTAs x 512 keys unless said; median of 50\n",
+           prop.name, prop.multiProcessorCount, 2.0 * cache / 1e6);
+    int set = 0;
+    auto make = [&](bool flat, int rows) {
+        args a;
+        char *k = buf + (size_t)(set++ % sets) * 2 * cache;
+        a.k = k, a.v = k + cache;
+        a.key_stride = flat ? kRowBytes : (int64_t)Hkv * kRowBytes;
+        a.head_stride = flat ? (int64_t)L * kRowBytes : kRowBytes; // flat: head hk's keys contiguous
+        a.heads = Hkv, a.rows = rows, a.sink = sink;
+        return a;
+    };
+    auto report = [&](const char *what, float us) {
+        printf("  %-44s %7.2f us  %5.2f TB/s\n", what, us, 2.0 * cache / (us * 1e-6) / 1e12);
+    };
+    for (int flat = 0; flat < 2; flat++) {
+        const char *lay = flat ? "flat" : "heads";
+        char name[96];
+        const int reps = 50, ctas = L / split * Hkv;
+        snprintf(name, sizeof name, "%s lsu  3 stages", lay);
+        report(name, time_it<3, false>(make(flat, split), ctas, reps));
+        snprintf(name, sizeof name, "%s lsu  5 stages", lay);
+        report(name, time_it<5, false>(make(flat, split), ctas, reps));
+        snprintf(name, sizeof name, "%s bulk 3 stages", lay);
+        report(name, time_it<3, true>(make(flat, split), ctas, reps));
+        snprintf(name, sizeof name, "%s bulk 5 stages", lay);
+        report(name, time_it<5, true>(make(flat, split), ctas, reps));
+        snprintf(name, sizeof name, "%s lsu  3 stages, 256 CTAs x 256 keys", lay);
+        report(name, time_it<3, false>(make(flat, split / 2), 2 * ctas, reps));
+        snprintf(name, sizeof name, "%s bulk 3 stages, 256 CTAs x 256 keys", lay);
+        report(name, time_it<3, true>(make(flat, split / 2), 2 * ctas, reps));
+    }
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(sink));
+    return 0;
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call that does what the GPU issues ask to be shown: build for sm_90, the whole
+# test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
+# the training check and the host-overhead probe. Every log and result goes under $OUT/run
+# (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
+#   dev/device_all.sh [stage ...]   stages: build probe quick test ncu decode fwd bwd train verify
+#                                       overhead (default: build test decode fwd bwd train verify overhead)
+# FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device_out}
+run="$out/run"
+mkdir -p "$run"
+stages=${*:-build test decode fwd bwd train verify overhead}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+has() { [[ " $stages " == *" $1 "* ]]; }
+finish() { tar czf "$out/results.tgz" -C "$out" run; }
+trap finish EXIT
+trap "exit 124" TERM INT
+
+if has build; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$run/build.log"
+    rm -rf build flash_attn_det/_C*.so
+    ( time FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace ) >> "$run/build.log" 2>&1 \
+        || { tail -30 "$run/build.log"; exit 1; }
+fi
+# wgmma vs mma.sync: the bit probe, then the quick forward table with the Hopper variant on and off
+has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc tests/wgmma_probe.cu \
+    -o "$run/wgmma_probe" && "$run/wgmma_probe" | tee "$run/wgmma_probe.txt"; rm -f "$run/wgmma_probe"; }
+has quick && { python3 dev/quick_perf.py 2>&1 | tee "$run/quick_wgmma.txt";
+    FLASH_ATTN_DET_WGMMA=0 python3 dev/quick_perf.py 2>&1 | tee "$run/quick_mma_sync.txt"; }
+has test && { python3 -m pytest -q tests 2>&1 | tee "$run/pytest.log" | tail -3; }
+has ncu && { ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section LaunchStats python3 dev/ncu_fwd.py > "$run/ncu_fwd.txt" 2>&1;
+    grep -E '^==|^  [a-z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occ|Stall|Warp Cycles Per Issued' \
+    "$run/ncu_fwd.txt" | head -150; }
+has verify && python3 -m flash_attn_det.verify --json "$run/verify.json" 2>>"$run/stderr.log" \
+    | tee "$run/verify.txt" | tail -4
+has fwd && { python3 benchmarks/bench_fwd.py --preset quick --out "$run" --tag fwd_quick \
+    2>>"$run/stderr.log" > /dev/null; cat "$run/fwd_quick.md"; }
+has bwd && { python3 benchmarks/bench_bwd.py --preset quick --out "$run" --tag bwd_quick \
+    2>>"$run/stderr.log" | tail -16; }
+has decode && { python3 benchmarks/bench_decode.py --quick --out "$run" 2>>"$run/stderr.log" | tail -12; }
+has train && { python3 examples/train_check.py --steps 300 --json "$run/train.json" 2>&1 \
+    | grep -E '"(losses_equal|weights_equal|result|tokens_per_s)"'; }
+has overhead && python3 benchmarks/bench_overhead.py 2>&1 | tee "$run/overhead.txt"
+exit 0

@@ -1,0 +1,75 @@
+"""One call of each forward implementation inside a profiler range, for Nsight Compute:
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats python3 dev/ncu_fwd.py
+
+(dev/device_all.sh's `ncu` stage). Cases: prefill B8 L4k H16 D128 non-causal (flash_attn_det
+deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (flash_attn_det).
+Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
+`python3 dev/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
+fast mode on one non-causal prefill shape (where the two modes' costs differ);
+`python3 dev/ncu_fwd.py decode` only the decode call, beside SDPA cuDNN's on the same cache.
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_attn_det as fad
+
+
+def profiled(tag, fn):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    print(f"== {tag}", flush=True)
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def det_vs_fast(D, L, B, H):
+    q = torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    for det in (True, False):
+        fad.set_deterministic_mode(det)
+        profiled(f"prefill D{D} L{L} B{B} H{H} {'det' if det else 'fast'}",
+                 lambda: fad.flash_attn_func(q, k, v))
+
+
+def main():
+    if sys.argv[1:2] == ["detfast"]:
+        return det_vs_fast(*(int(x) for x in sys.argv[2:6]))
+    dev, bf = "cuda", torch.bfloat16
+    fad.set_deterministic_mode(True)
+    if sys.argv[1:2] == ["decode"]:
+        return decode(128)
+    B, L, H, D = 8, 4096, 16, 128
+    q = torch.randn(B, L, H, D, device=dev, dtype=bf)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    profiled("prefill D128 L4k det", lambda: fad.flash_attn_func(q, k, v))
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        with sdpa_kernel(be):
+            profiled(f"prefill D128 L4k sdpa {name}", lambda: F.scaled_dot_product_attention(qt, kt, vt))
+    decode(D, peers=False)
+
+
+def decode(D, peers=True):
+    dev, bf = "cuda", torch.bfloat16
+    qd = torch.randn(1, 1, 32, D, device=dev, dtype=bf)
+    kc = torch.randn(1, 8192, 8, D, device=dev, dtype=bf)
+    vc = torch.randn_like(kc)
+    sl = torch.full((1,), 8192, dtype=torch.int32, device=dev)
+    profiled("decode B1 L8k det", lambda: fad.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=sl,
+                                                                      causal=True))
+    if peers:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            profiled("decode B1 L8k sdpa cudnn", lambda: F.scaled_dot_product_attention(
+                qd.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True))
+
+
+if __name__ == "__main__":
+    main()
