@@ -5,7 +5,7 @@ build_ext --inplace`):
 
     python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
 
-Protocol as bench_fwd.py (benchmarks/NOTES.md, "Method"): fresh random inputs, the same
+Protocol as bench_fwd.py (benchmarks/METHOD.md): fresh random inputs, the same
 for every impl; one forward per impl builds the autograd graph, then the impls take
 --rounds turns of --warmup + --iters backward calls (torch.autograd.grad with
 retain_graph, the same dout), timed one by one with CUDA events; the median of an

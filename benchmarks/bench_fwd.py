@@ -13,7 +13,7 @@ tag = fwd_<preset>_<timestamp> unless --tag. `--from-jsonl FILE` redraws the tab
 and plot of an earlier run without measuring. `--cpu-smoke` runs a tiny matrix on
 the CPU to exercise the harness on a machine without a GPU (timings meaningless).
 
-Protocol (benchmarks/NOTES.md, "Method"): fresh torch.randn inputs, the same for
+Protocol (benchmarks/METHOD.md): fresh torch.randn inputs, the same for
 every impl of a config; rotation among several input sets when one set fits in L2;
 per impl, warm-up, then --iters calls timed one by one with CUDA events, and the
 impls of a config take --rounds such turns one after the other; the median of

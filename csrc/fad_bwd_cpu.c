@@ -64,8 +64,7 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
     const fad_key_range r = fad_row_keys(i, seq->len_q, seq->len_k, p->window_left, p->window_right);
     if (lse != -INFINITY) { /* a row that saw no key has no gradient */
         const float lse2 = FAD_MUL(lse, FAD_LOG2E), delta = dot(dout, o, D);
-        const float slope_log2 =
-            p->alibi_slopes ? p->alibi_slopes[b * p->alibi_batch_stride + h] * FAD_LOG2E : 0.f;
+        const float slope_log2 = fad_alibi_slope_log2(p, b, h);
         for (int j = r.lo; j < r.hi; j++) {
             const float *kj = c->kf + (int64_t)j * D, *vj = c->vf + (int64_t)j * D;
             const float qk = dot(q, kj, D);
@@ -76,7 +75,7 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
                     s2 = FAD_ADD(s2, fad_alibi_log2(slope_log2, i, j, seq->len_q, seq->len_k));
             }
             const float pij = fad_exp2(s2 - lse2);
-            const float ds = FAD_MUL(FAD_MUL(pij, dot(dout, vj, D) - delta),
+            const float ds = fad_ds(pij, dot(dout, vj, D), delta,
                                      fad_logit_grad(c->mod, p->softmax_scale, qk));
             float *dkj = c->dk + (int64_t)(j)*D, *dvj = c->dv + (int64_t)(j)*D;
             for (int d = 0; d < D; d++) {

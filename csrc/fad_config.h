@@ -46,7 +46,7 @@
  * head-dim classes from this one up keep Q (wgmma A from registers) / the
  * merged result's o in registers; smaller ones keep them in shared memory.
  * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
- * H100 (benchmarks/NOTES.md, "Prefill on wgmma"), so D64 keeps Q in shared
+ * H100 (docs/design.md, "wgmma-limits"), so D64 keeps Q in shared
  * memory; R in registers, no faster at first, is 5-7% faster at D64 since
  * the copy and fold changes of "Prefill v3" (0 B spilled). */
 #ifndef FAD_WG_Q_REGS_MIN_D
@@ -129,8 +129,8 @@
  * programmatic dependent of whatever runs before it in the stream (sm_90 on):
  * its CTAs are scheduled, and its code and parameters fetched, while that
  * kernel ends; they wait before touching global memory. Decode B1 8k on the
- * H200, back to back in a graph: 15.6 -> 15.0 us per call (benchmarks/NOTES.md,
- * "Decode v6"). */
+ * H200, back to back in a graph: 15.6 -> 15.0 us per call (docs/design.md,
+ * "decode-pdl"). */
 #ifndef FAD_ATTN_PDL
 #define FAD_ATTN_PDL 1
 #endif

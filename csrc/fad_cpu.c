@@ -92,9 +92,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
 {
     const fad_fwd_params *p = c->p;
     const int D = p->head_dim;
-    float slope_log2 = 0.f;
-    if (p->alibi_slopes)
-        slope_log2 = p->alibi_slopes[b * p->alibi_batch_stride + h] * FAD_LOG2E;
+    const float slope_log2 = fad_alibi_slope_log2(p, b, h);
 
     fad_key_range r = fad_row_keys(i, c->len_q, c->len_k, p->window_left, p->window_right);
     float mr = -INFINITY, lr = 0.f, orow[FAD_MAX_HEAD_DIM]; /* merged state R */
@@ -106,8 +104,8 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
         /* Fresh state for every split. */
         float ms = -INFINITY, ls = 0.f;
         memset(os, 0, sizeof(float) * D);
-        int k0 = sp * c->split_size, k1 = k0 + c->split_size;
-        if (k1 > c->len_k) k1 = c->len_k;
+        const fad_key_range keys = fad_split_keys(sp, c->split_size);
+        const int k0 = keys.lo, k1 = keys.hi < c->len_k ? keys.hi : c->len_k;
         for (int t0 = k0; t0 < k1; t0 += FAD_BLOCK_N) {
             int t1 = t0 + FAD_BLOCK_N < k1 ? t0 + FAD_BLOCK_N : k1;
             if (t1 <= r.lo || t0 >= r.hi) /* fully masked tile: the identity */

@@ -104,11 +104,29 @@ FAD_HD int fad_num_splits(int len_k, int split_size)
     return (len_k + split_size - 1) / split_size;
 }
 
+/* The split that key t belongs to, and the keys of split s (before the cut
+ * at len_k): the one definition of where a split starts and ends, used by the
+ * CPU path and by every kernel's walk. */
+FAD_HD int fad_split_of(int t, int split_size) { return t / split_size; }
+FAD_HD fad_key_range fad_split_keys(int s, int split_size)
+{
+    fad_key_range r = {s * split_size, (s + 1) * split_size};
+    return r;
+}
+
+/* The block_n-key tiles from tile t0 to the end of t0's split, t0 included
+ * (t0 a multiple of block_n, which divides split_size): a kernel counts them
+ * down instead of dividing per tile. */
+FAD_HD int fad_split_tiles_left(int t0, int split_size, int block_n)
+{
+    return (split_size - t0 % split_size) / block_n; /* t0 % split_size: t0's offset in its split */
+}
+
 /* First and one-past-last split that intersect keys [lo, hi). */
-FAD_HD int fad_first_split(fad_key_range r, int split_size) { return r.lo / split_size; }
+FAD_HD int fad_first_split(fad_key_range r, int split_size) { return fad_split_of(r.lo, split_size); }
 FAD_HD int fad_end_split(fad_key_range r, int split_size)
 {
-    return r.hi > r.lo ? (r.hi - 1) / split_size + 1 : r.lo / split_size;
+    return r.hi > r.lo ? fad_split_of(r.hi - 1, split_size) + 1 : fad_split_of(r.lo, split_size);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -174,6 +192,13 @@ FAD_HD float fad_exp_score(float s, float exp_scale, float base)
     return fad_exp2(FAD_FMA(s, exp_scale, -base));
 }
 
+/* The backward's dS of one (row, key): p (dP - D) d(score)/d(q.k), in this
+ * order, on every path (CPU and each kernel). */
+FAD_HD float fad_ds(float p, float dp, float dsum, float grad)
+{
+    return FAD_MUL(FAD_MUL(p, FAD_ADD(dp, -dsum)), grad);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Online softmax step for one row and one key tile.                          */
 /* ------------------------------------------------------------------------ */
@@ -187,7 +212,7 @@ FAD_HD float fad_exp_score(float s, float exp_scale, float base)
  * inside the range of fp32 and of the fp16/bf16 P fed to P V. The skip
  * matters most in deterministic mode: every split starts a fresh state, and
  * with the exact rule (slack 0) nearly every tile of an 8-tile split moves
- * the max of some row of a warp (NOTES.md, "Prefill v4").
+ * the max of some row of a warp (docs/design.md, "rescale-slack").
  *
  * A row that has seen no key (m_old = -inf) has l = 0 and o = 0 (+-0), which
  * any finite factor maps to themselves bit for bit: it gets 1 too, so the
@@ -238,7 +263,7 @@ FAD_HD fad_merge_w fad_merge_weights(float ma, float mb)
 {
     /* Written as selects, not branches: the fold at each split's end runs it
      * for every row of the warp, and the branchy form cost a divergence
-     * region per row there (NOTES.md, "Prefill v5"). */
+     * region per row there (docs/design.md, "merge-selects"). */
     const int moves = (ma == -INFINITY) | (mb > FAD_ADD(ma, FAD_RESCALE_SLACK));
     fad_merge_w w;
     w.m = moves ? fmaxf(ma, mb) : ma; /* moves: mb, or -inf when both are */

@@ -1,7 +1,12 @@
-"""The mask in its two forms (csrc/fad_math.h): fad_row_keys, a row's key range, used by the
-forward, the CPU path and the mma.sync backward; fad_band_masked, the per-element test the
-wgmma backward's dK/dV kernel uses. A plain C program compares them on every (row, key) of
-many shapes and windows, so CI (no GPU) holds the two to one rule."""
+"""The walk rules of csrc/fad_math.h, each held to one definition by a plain C program, so CI
+(no GPU) checks what every path (CPU and kernels) compiles:
+- the mask in its two forms: fad_row_keys, a row's key range, used by the forward, the CPU path
+  and the mma.sync backward; fad_band_masked, the per-element test the wgmma backward's dK/dV
+  kernel uses; compared on every (row, key) of many shapes and windows;
+- where a split starts and ends: fad_split_of / fad_split_keys (the definition), the tile
+  count-down fad_split_tiles_left that the prefill kernels walk with, and the split range
+  fad_first_split / fad_end_split of a key range that the combine and the CPU path walk,
+  against brute force over keys."""
 import os
 import shutil
 import subprocess
@@ -48,6 +53,63 @@ int main(void)
 def test_band_mask_equals_row_key_ranges(tmp_path):
     src, exe = tmp_path / "mask_forms.c", tmp_path / "mask_forms"
     src.write_text(PROGRAM)
+    subprocess.run(["gcc", "-O2", "-std=c11", "-Wall", "-I" + CSRC, str(src), "-o", str(exe), "-lm"],
+                   check=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout
+    assert "bad 0" in proc.stdout and "checked 0 " not in proc.stdout, proc.stdout
+
+
+SPLIT_PROGRAM = r"""
+#include <stdio.h>
+#include "fad_math.h"
+
+int main(void)
+{
+    static const int sizes[] = {64, 128, 192, 512, 1024};
+    static const int blocks[] = {32, 64};
+    long checked = 0, bad = 0;
+    for (int a = 0; a < 5; a++) {
+        const int S = sizes[a];
+        for (int t = 0; t < 3 * 1024; t++) { /* every key lies in the split that claims it */
+            const fad_key_range k = fad_split_keys(fad_split_of(t, S), S);
+            checked++;
+            bad += !(k.lo <= t && t < k.hi && k.hi - k.lo == S);
+        }
+        for (int c = 0; c < 2; c++) /* counting tiles down reaches the split's end exactly */
+            for (int t0 = 0; t0 < 3 * 1024; t0 += blocks[c]) {
+                const int n = fad_split_tiles_left(t0, S, blocks[c]);
+                const int last = t0 + (n - 1) * blocks[c];
+                checked++;
+                bad += !(n >= 1 && fad_split_of(last, S) == fad_split_of(t0, S) &&
+                         fad_split_of(last + blocks[c], S) == fad_split_of(t0, S) + 1);
+            }
+        for (int lo = 0; lo < 600; lo += 7) /* the splits a key range meets, by brute force */
+            for (int hi = lo; hi < 1300; hi += 13) {
+                const fad_key_range r = {lo, hi};
+                int first = -1, end = -1;
+                for (int t = lo; t < hi; t++) {
+                    if (first < 0) first = fad_split_of(t, S);
+                    end = fad_split_of(t, S) + 1;
+                }
+                const int f = fad_first_split(r, S), e = fad_end_split(r, S);
+                checked++;
+                if (first < 0 ? e != f : (f != first || e != end)) {
+                    if (bad++ < 5)
+                        printf("MISMATCH S=%d [%d, %d): %d..%d vs %d..%d\n", S, lo, hi, f, e, first, end);
+                }
+            }
+    }
+    printf("checked %ld bad %ld\n", checked, bad);
+    return bad != 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_split_rules_agree(tmp_path):
+    src, exe = tmp_path / "split_rules.c", tmp_path / "split_rules"
+    src.write_text(SPLIT_PROGRAM)
     subprocess.run(["gcc", "-O2", "-std=c11", "-Wall", "-I" + CSRC, str(src), "-o", str(exe), "-lm"],
                    check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)

@@ -85,8 +85,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
         cp_async_commit();
 
         const int h = hk * group + step / mt_count, m0 = (mt_first + step % mt_count) * kM;
-        const float slope_log2 =
-            p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
+        const float slope_log2 = fad_alibi_slope_log2(&p, b, h);
         const uint32_t stage_bytes = st * C::kStepElems * 2;
         const lds_base<kHeadDim> q_b = q_b0.reload(stage_bytes), do_b = do_b0.reload(stage_bytes);
         /* (a whole number of 64-column swizzle groups: the slice just shifts the bases) */
@@ -165,7 +164,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
             for (int e = 0; e < 4; e++) {
                 const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
                 const float g = kMod ? grad[kMod ? nb : 0][e] : p.softmax_scale;
-                ds[nb][e] = FAD_MUL(FAD_MUL(pt[nb][e], FAD_ADD(ds[nb][e], -dsum[i_loc])), g);
+                ds[nb][e] = fad_ds(pt[nb][e], ds[nb][e], dsum[i_loc], g);
             }
 
         /* dK += dS^T Q. */

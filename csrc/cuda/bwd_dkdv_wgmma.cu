@@ -12,7 +12,7 @@
  * What changes is who reads the operands: the tensor cores read them from
  * 128-byte-swizzled shared memory (swz128) instead of every warp loading
  * fragments with ldmatrix, which is what bounded the mma.sync kernels
- * (benchmarks/NOTES.md, "Backward v1").
+ * (docs/design.md, "backward-order").
  *
  * dkdv_wgmma_kernel: one CTA per (sequence, kv head, kKeys keys); warpgroup w
  * owns keys 64w .. 64w + 63 of them, so each wgmma has M = 64 keys:
@@ -143,7 +143,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
-                ds[nb][e] = FAD_MUL(FAD_MUL(pt[nb][e], FAD_ADD(ds[nb][e], -dsum[i_loc])), scale);
+                ds[nb][e] = fad_ds(pt[nb][e], ds[nb][e], dsum[i_loc], scale);
             }
 
         /* dV += P^T dO and dK += dS^T Q, P^T and dS^T from the accumulators

@@ -44,8 +44,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
     fad_key_range rk[2];
     dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
-    const float slope_log2 =
-        p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * FAD_LOG2E : 0.f;
+    const float slope_log2 = fad_alibi_slope_log2(&p, b, h);
 
     const lds_base<kHeadDim> q_a(sQ, warp * 16 + lane % 16, lane / 16);
     const lds_base<kHeadDim> do_a(sdO, warp * 16 + lane % 16, lane / 16);
@@ -94,7 +93,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
                 const float x = bwd_score<kMod>(pr[nb][e], mod, p.softmax_scale, slope_log2, i, j,
                                                 len_q, len_k, masked, &g);
                 const float pij = fad_exp_score(x, mod.exp_scale, lse2[r]);
-                ds[nb][e] = FAD_MUL(FAD_MUL(pij, FAD_ADD(ds[nb][e], -dsum[r])), g);
+                ds[nb][e] = fad_ds(pij, ds[nb][e], dsum[r], g);
             }
 
         /* dQ += dS K. */

@@ -86,7 +86,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                ds[nb][e] = FAD_MUL(FAD_MUL(pr[nb][e], FAD_ADD(ds[nb][e], -dsum[e / 2])), scale);
+                ds[nb][e] = fad_ds(pr[nb][e], ds[nb][e], dsum[e / 2], scale);
 
         /* dQ += dS K (K read MN-major: its rows are the k dim). */
 #pragma unroll

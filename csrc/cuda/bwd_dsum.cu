@@ -31,7 +31,7 @@
  * dS fed from the accumulators straight back as A operands. On sm_90 (from an
  * sm_90a build) D <= 128 without softcap/ALiBi runs the wgmma variants of the
  * two matmul kernels instead (fad_bwd_wgmma.cuh): the same chains, the same
- * bits, 1.7-1.8x faster on the H100 (benchmarks/NOTES.md, "Backward v2").
+ * bits, 1.7-1.8x faster on the H100 (docs/design.md, "wgmma-bits").
  */
 #include "bwd_block.cuh"
 

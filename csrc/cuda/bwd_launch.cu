@@ -12,7 +12,7 @@
  * which one runs may depend on anything, the grid size included. Their CTAs
  * are twice as large (128 keys for dK/dV), so on a grid of fewer dK/dV CTAs
  * than SMs the mma.sync kernels run instead (measured: a B8 L256 training
- * step, benchmarks/NOTES.md, "Backward v2"), unless forced. */
+ * step, docs/design.md, "backward-order"), unless forced. */
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {

@@ -104,8 +104,8 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
         s_begin = blockIdx.z;
         s_end = blockIdx.z + 1;
     }
-    *t_first = max(s_begin * S, keys.lo / kBlockN * kBlockN);
-    *t_last = min(min(s_end * S, keys.hi), len_k);
+    *t_first = max(fad_split_keys(s_begin, S).lo, keys.lo / kBlockN * kBlockN);
+    *t_last = min(min(fad_split_keys(s_end, S).lo, keys.hi), len_k);
     return true;
 }
 
@@ -115,7 +115,7 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
  * FAD_WG_R_REGS_MIN_D). The same rows per CTA and the same tile walk as the
  * mma.sync variant. */
 template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
-    /* Knobs in fad_internal.h (measured in benchmarks/NOTES.md). Wide (D <=
+    /* Knobs in fad_config.h (measured in the notebook, docs/log/). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
      * fragment read from shared memory feeds four MMAs. Otherwise 16 rows per
      * warp, Q held in registers up to D=128. Several small CTAs per SM beat one

@@ -130,7 +130,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     for (int r = 0; r < kRows; r++) {
         const int pr = m0 + row0 + 8 * r;
         rows.qrow_[r] = pr / G;
-        rows.slope_[r] = alibi_slope_log2(p, b, hk * G + pr % G);
+        rows.slope_[r] = fad_alibi_slope_log2(&p, b, hk * G + pr % G);
     }
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
@@ -239,7 +239,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         float sp[kMT][2 * kJ][4] = {};
         qk_part(sp, 0);
         publish(sp, xchg0);
-        cur_split = t_first / S;
+        cur_split = fad_split_of(t_first, S);
         start_split(acc, m_s, l_s);
     }
 
@@ -274,9 +274,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
             publish(sp, j % 2 ? xchg0 : xchg1);
             /* the next tile starts a split: fold this one into R, fresh state */
-            if (has_next && (t0 + kBlockN) / S != cur_split) {
+            if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
                 fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
-                cur_split = (t0 + kBlockN) / S;
+                cur_split = fad_split_of(t0 + kBlockN, S);
                 start_split(acc, m_s, l_s);
             }
         }

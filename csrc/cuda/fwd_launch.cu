@@ -53,7 +53,7 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
         /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
          * spilled 8-16 B at D128 (where, not yet read off their SASS), and
          * spills around in-flight wgmma are the suspect in the D64 failure
-         * (benchmarks/NOTES.md, "Prefill on wgmma"). */
+         * (docs/design.md, "wgmma-limits"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
         fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;

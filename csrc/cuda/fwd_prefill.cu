@@ -92,7 +92,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
-    const rows_prefill rows = {m0 + row0, alibi_slope_log2(p, b, h)};
+    const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
 
     /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];
@@ -107,7 +107,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
      * split_left counts the tiles of the current split still to walk (no
      * division per tile: registers are scarce in the loop). */
     const bool walked = t_first < t_last;
-    int split_left = (S - t_first % S) / kBlockN;
+    int split_left = fad_split_tiles_left(t_first, S, kBlockN);
     bool acc_live = false; /* (wgmma) acc holds this split's o: false until its first P V */
     auto fold = [&](bool to_R) {
         if constexpr (C::kRInRegs)
@@ -223,7 +223,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (walked)
-            store_split_rows(a, D, t_first / S, lse_row0, m0, row0, len_q, acc, m_s, l_s, poison);
+            store_split_rows(a, D, fad_split_of(t_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, poison);
         return;
     }
     if (walked) /* R is now in acc, mR, lR */

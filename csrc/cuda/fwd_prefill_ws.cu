@@ -16,8 +16,8 @@
  *     A consumer releases a stage (its `empty` mbarrier) once its products
  *     on it are done; tiles outside its own walk it only waits for and releases.
  *
- * Why it is faster than fwd_kernel's wgmma variant (benchmarks/NOTES.md,
- * "Prefill v6"):
+ * Why it is faster than fwd_kernel's wgmma variant (docs/design.md,
+ * "warp-specialized-prefill"):
  *   - the K/V tile of one stage feeds 128 query rows, not 64: half the L2
  *     traffic per flop;
  *   - no copy instructions and no CTA barrier in the consumers' loop, and the
@@ -249,7 +249,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
                            p.window_right);
         softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-        int split_left = (S - t0 % S) / kBlockN;
+        int split_left = fad_split_tiles_left(t0, S, kBlockN);
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
         /* Each turn of the loop: s holds P of tile t0, and scale its factors
          * for acc. Issue S of the next tile into s, rescale acc meanwhile,
@@ -258,7 +258,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
          * runs. (The source waits for it after the exponentials; ptxas
          * schedules that wait above them. Waiting at the next turn's start
          * instead, which keeps the exponentials under the product, measured
-         * 4-7% slower: benchmarks/NOTES.md, "Prefill v6".) acc gets the same
+         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
          * operations in the same order as in fwd_kernel (a split's first
          * P V overwrites acc, so its rescale is skipped). Each path issues its
          * groups on straight-line code, so ptxas sees which group each
@@ -312,7 +312,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (walked)
-            store_split_rows(a, D, my_first / S, lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
+            store_split_rows(a, D, fad_split_of(my_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
         return;
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */

@@ -38,12 +38,6 @@ template <int kRows> struct rows_packed {
     __device__ __forceinline__ float slope(int r) const { return slope_[r]; }
 };
 
-/* ALiBi slope of head h of sequence b in log2 units (0 without ALiBi). */
-__device__ __forceinline__ float alibi_slope_log2(const fad_fwd_params &p, int b, int h)
-{
-    return p.alibi_slopes ? FAD_MUL(p.alibi_slopes[b * p.alibi_batch_stride + h], FAD_LOG2E) : 0.f;
-}
-
 /* Turns the S accumulators into scores (raw q.k, or log2 logits with a mod),
  * masks them, and updates each row's max. Fragment element (mt, nb, e) is the
  * thread's row r = 2*mt + e/2, key t0 + 8*nb + 2*(lane%4) + e%2.

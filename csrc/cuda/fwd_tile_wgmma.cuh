@@ -82,7 +82,7 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
 /* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V; while_s()
  * runs while S is computed (the caller issues its next K/V copies there).
  * (Issuing tile t's S before waiting for tile t-1's O += P V, with three
- * stages, was measured slower: benchmarks/NOTES.md, "Prefill on wgmma".) */
+ * stages, was measured slower: docs/design.md, "wgmma-limits".) */
 template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows,
           class WhileS>
 __device__ __forceinline__ void

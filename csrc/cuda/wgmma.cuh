@@ -27,8 +27,8 @@
  * a wgmma is in flight (fad_fwd.cu, launch; checked in the SASS: the D128
  * build's few spills are stored before the first wgmma and reloaded after
  * the tile loop's last wait), since a spilled and reloaded operand is the
- * suspect in the one wrong-result case measured (benchmarks/NOTES.md,
- * "Prefill on wgmma" and "Prefill v3").
+ * suspect in the one wrong-result case measured (docs/design.md,
+ * "wgmma-limits").
  */
 #ifndef FAD_WGMMA_CUH
 #define FAD_WGMMA_CUH
