@@ -1,0 +1,133 @@
+"""The bit-equality check of the parallel functions, run by every rank of a process group:
+for random lengths (multiples of nothing), causal and not, GQA, window, softcap, ALiBi, padded
+and packed batches and both layouts, each rank's out, lse, dq, dk, dv must be torch.equal to
+its rows of the single-device call on the whole input (which every rank computes too). Used by
+tests/test_distributed.py (gloo on CPU, NCCL on GPUs) and scripts/cp_check.py (torchrun).
+
+    python -c "..." / torchrun: flash_attn_det.distributed.check.run_checks(group, device)
+"""
+import torch
+import torch.distributed as dist
+
+from ..interface import flash_attn_func, flash_attn_varlen_func
+from .comm import group_info
+from .layout import LAYOUTS, shard
+from .sequence import context_parallel_attn_func, context_parallel_attn_varlen_func
+from .ulysses import ulysses_attn_func, ulysses_attn_varlen_func
+
+# (rows of the padded batch, rows of the packed batch's longest sequence, head dim, heads)
+_SIZES = {"small": (150, 90, 16, (4, 2)), "gpu": (1500, 900, 128, (8, 2))}
+
+# Options beyond causal: each case below runs with every one of them in turn.
+_EXTRAS = [dict(), dict(window_size=(45, 7), softcap=4.0), dict(alibi_slopes=True)]
+
+
+def _cases(size):
+    N, L, D, heads = _SIZES[size]
+    i = 0
+    for kind in ("context_parallel", "ulysses"):
+        for packed in (False, True):
+            for layout in LAYOUTS:
+                for causal in (False, True):
+                    for extra in _EXTRAS:
+                        yield i, dict(kind=kind, packed=packed, layout=layout, causal=causal,
+                                      N=N, L=L, D=D, heads=heads, **extra)
+                        i += 1
+
+
+def _inputs(case, seed, device, dtype, world):
+    """Full q, k, v, dout, alibi slopes and cu_seqlens (None when padded), the same on every
+    rank (drawn on the CPU from seed)."""
+    g = torch.Generator().manual_seed(seed)
+    H, Hk = case["heads"]
+    if case["kind"] == "ulysses":  # heads divisible by the world size: a multiple of it
+        H, Hk = H * world, Hk * world
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)
+    if case["packed"]:
+        lens = torch.randint(1, case["L"], (4,), generator=g).tolist()
+        lens[1] = 0  # an empty sequence in the middle
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        lead, B = (cu[-1],), len(lens)
+    else:
+        cu, B = None, 2
+        lead = (B, case["N"] - int(torch.randint(0, 37, (1,), generator=g)))
+    q, dout = rnd(*lead, H, case["D"]), rnd(*lead, H, case["D"])
+    k, v = rnd(*lead, Hk, case["D"]), rnd(*lead, Hk, case["D"])
+    slopes = None
+    if case.get("alibi_slopes"):
+        slopes = (torch.rand(B, H, generator=g) * 0.3 + 0.01).to(device)
+    return q, k, v, dout, slopes, cu
+
+
+def _call(case, q, k, v, cu, slopes, group=None):
+    """(out, lse) of the case's function: the single-device one when group is None."""
+    opts = dict(causal=case["causal"], window_size=case.get("window_size", (-1, -1)),
+                softcap=case.get("softcap", 0.0), alibi_slopes=slopes, return_attn_probs=True)
+    if group is None:
+        if cu is None:
+            return flash_attn_func(q, k, v, **opts)[:2]
+        cut = torch.tensor(cu, dtype=torch.int32, device=q.device)
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        return flash_attn_varlen_func(q, k, v, cut, cut, longest, longest, **opts)[:2]
+    par = dict(group=group, layout=case["layout"])
+    if case["kind"] == "ulysses":
+        fn = ulysses_attn_func if cu is None else ulysses_attn_varlen_func
+    else:
+        fn = context_parallel_attn_func if cu is None else context_parallel_attn_varlen_func
+    return (fn(q, k, v, **opts, **par) if cu is None else fn(q, k, v, cu, **opts, **par))[:2]
+
+
+def _grads(case, q, k, v, dout, cu, slopes, group=None):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = _call(case, *leaves, cu, slopes, group)
+    out.backward(dout)
+    return [out, lse] + [t.grad for t in leaves]
+
+
+def _agree(ok, group, device):
+    """Every rank's verdict (so that all ranks stop together, none left in a collective)."""
+    world, _ = group_info(group)
+    flag = torch.tensor([int(ok)], device=device)
+    flags = [torch.empty_like(flag) for _ in range(world)]
+    dist.all_gather(flags, flag, group=group)
+    return [bool(f) for f in flags]
+
+
+def run_checks(group=None, device="cpu", dtype=torch.bfloat16, size="small", seed=0):
+    """Runs every case on this rank (collective: every rank of group calls it alike); raises
+    AssertionError on every rank when any rank's bits differ. Returns the number of cases."""
+    world, rank = group_info(group)
+    n = 0
+    for i, case in _cases(size):
+        q, k, v, dout, slopes, cu = _inputs(case, seed + i, device, dtype, world)
+        ref = _grads(case, q, k, v, dout, cu, slopes)
+        cut = lambda x, dim=None: shard(x, rank, world, case["layout"], cu, dim)
+        mine = _grads(case, cut(q), cut(k), cut(v), cut(dout), cu, slopes, group)
+        lse_dim = 1 if cu is not None else 2
+        names = ("out", "lse", "dq", "dk", "dv")
+        want = [cut(ref[0]), cut(ref[1], lse_dim)] + [cut(t) for t in ref[2:]]
+        bad = [m for m, a, b in zip(names, mine, want) if not torch.equal(a, b)]
+        verdict = _agree(not bad, group, device)
+        if not all(verdict):
+            failed = [r for r, f in enumerate(verdict) if not f]
+            raise AssertionError(f"case {i} {case}: ranks {failed} differ from one device "
+                                 f"(rank {rank}: {bad})")
+        n += 1
+    _check_errors(group, device, dtype, world, rank)
+    return n
+
+
+def _check_errors(group, device, dtype, world, rank):
+    """A bad shard on one rank (rank 0's k one row short) raises ValueError on every rank:
+    shapes are compared before any other collective, so no rank is left waiting."""
+    q = torch.zeros(1, 10, 2, 16, dtype=dtype, device=device)
+    k = q[:, :9] if rank == 0 else q
+    try:
+        context_parallel_attn_func(q, k, k, group=group)
+    except ValueError as e:
+        if "rank 0 holds 9 k" not in str(e):
+            raise
+    else:
+        raise AssertionError("a shard of the wrong length was accepted")
