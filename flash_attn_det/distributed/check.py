@@ -9,9 +9,10 @@ tests/test_distributed.py (gloo on CPU, NCCL on GPUs) and scripts/cp_check.py (t
 import torch
 import torch.distributed as dist
 
-from ..interface import flash_attn_func, flash_attn_varlen_func
+from ..interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .comm import group_info
 from .layout import LAYOUTS, shard
+from .prefill import context_parallel_prefill_with_kvcache
 from .sequence import context_parallel_attn_func, context_parallel_attn_varlen_func
 from .ulysses import ulysses_attn_func, ulysses_attn_varlen_func
 
@@ -115,7 +116,43 @@ def run_checks(group=None, device="cpu", dtype=torch.bfloat16, size="small", see
             raise AssertionError(f"case {i} {case}: ranks {failed} differ from one device "
                                  f"(rank {rank}: {bad})")
         n += 1
+    n += _check_prefill(group, device, dtype, size, seed, world, rank)
     _check_errors(group, device, dtype, world, rank)
+    return n
+
+
+def _check_prefill(group, device, dtype, size, seed, world, rank):
+    """context_parallel_prefill_with_kvcache against one device's flash_attn_with_kvcache:
+    out, lse and every replica's whole cache afterwards."""
+    N, _, D, (H, Hk) = _SIZES[size]
+    n = 0
+    for layout in LAYOUTS:
+        for causal in (False, True):
+            for extra in _EXTRAS:
+                g = torch.Generator().manual_seed(seed + 1000 + n)
+                rnd = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)
+                B, prior = 2, [int(x) for x in torch.randint(0, 60, (2,), generator=g)]
+                new = N - int(torch.randint(0, 37, (1,), generator=g))
+                q, k, v = rnd(B, new, H, D), rnd(B, new, Hk, D), rnd(B, new, Hk, D)
+                caches = [rnd(B, max(prior) + new + 5, Hk, D) for _ in range(2)]
+                seqlens = torch.tensor(prior, dtype=torch.int32, device=device)
+                opts = dict(causal=causal, window_size=extra.get("window_size", (-1, -1)),
+                            softcap=extra.get("softcap", 0.0), return_softmax_lse=True,
+                            alibi_slopes=(torch.rand(B, H, generator=g) * 0.3 + 0.01).to(device)
+                            if extra.get("alibi_slopes") else None)
+                ref_cache = [c.clone() for c in caches]
+                ref = flash_attn_with_kvcache(q, *ref_cache, k, v, cache_seqlens=seqlens, **opts)
+                cut = lambda x, dim=1: shard(x, rank, world, layout, None, dim)
+                mine = context_parallel_prefill_with_kvcache(
+                    cut(q), *caches, cut(k), cut(v), seqlens, **opts, group=group,
+                    layout=layout)
+                ok = (torch.equal(mine[0], cut(ref[0])) and torch.equal(mine[1], cut(ref[1], 2))
+                      and all(torch.equal(a, b) for a, b in zip(caches, ref_cache)))
+                verdict = _agree(ok, group, device)
+                if not all(verdict):
+                    raise AssertionError(f"prefill {layout} causal={causal} {extra}: ranks "
+                                         f"{[r for r, f in enumerate(verdict) if not f]} differ")
+                n += 1
     return n
 
 
@@ -131,3 +168,36 @@ def _check_errors(group, device, dtype, world, rank):
             raise
     else:
         raise AssertionError("a shard of the wrong length was accepted")
+    if world > 1:  # ulysses: heads that do not divide by the world size
+        q = torch.zeros(1, 10, world + 1, 16, dtype=dtype, device=device)
+        try:
+            ulysses_attn_func(q, q, q, group=group)
+        except ValueError as e:
+            if "divisible" not in str(e):
+                raise
+        else:
+            raise AssertionError("ulysses accepted heads that do not divide by the world size")
+
+
+def spawn_worker(rank, world, init_file, backend, size, results):
+    """A torch.multiprocessing.spawn target: joins a `world`-rank group (init through
+    init_file), then runs run_checks in the subgroups of ranks [0, P) for P = 1 .. world (so
+    one spawn covers every world size). Rank 0 puts {P: cases checked} on results (a queue)."""
+    import datetime
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    counts = {}
+    try:
+        for P in range(1, world + 1):
+            sub = dist.new_group(list(range(P)))
+            if rank < P:
+                counts[P] = run_checks(sub, device, size=size)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        results.put(counts)

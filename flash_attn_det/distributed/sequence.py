@@ -108,10 +108,12 @@ def _scatter(dst, piece, n, part, packed, dim):
     dst.narrow(dim, off, n).copy_(part.narrow(dim, 0, n))
 
 
-def local_forward(plan, q, k_full, v_full, opts, want_lse=True):
-    """This rank's out (and lse) from its q rows and the gathered k/v: one forward call per
-    piece (a range of one sequence). opts: (softmax_scale, left, right, softcap, alibi)."""
-    scale, left, right, softcap, alibi = opts
+def local_forward(plan, q, opts, attend, want_lse=True):
+    """This rank's out (and lse): one forward call per piece (a range of one sequence) of its
+    q rows. attend(qp, piece, ke, window, slopes, want_lse) -> (out, lse) runs rows qp of the
+    piece against keys [0, ke) of its sequence under `window` (forward_over gives the one for
+    gathered k/v). opts: (softmax_scale, left, right, softcap, alibi)."""
+    _, left, right, _, alibi = opts
     packed, sd = plan.packed, plan.seq_dim
     out = torch.empty_like(q)
     lse = None
@@ -127,14 +129,21 @@ def local_forward(plan, q, k_full, v_full, opts, want_lse=True):
             shape = list(qp.shape)
             shape[1] = qe - e
             qp = torch.cat([qp, qp.new_zeros(shape)], 1)
-        o, l = _I._fwd(qp, _rows(k_full, piece, 0, ke, packed, sd),
-                       _rows(v_full, piece, 0, ke, packed, sd), scale, False,
-                       _call_window(s, qe, 0, ke, left, right), softcap,
-                       _slopes(alibi, piece, packed), want_lse=want_lse)
+        o, l = attend(qp, piece, ke, _call_window(s, qe, 0, ke, left, right),
+                      _slopes(alibi, piece, packed), want_lse)
         _scatter(out, piece, e - s, o, packed, sd)
         if want_lse:
             _scatter(lse, piece, e - s, l, packed, plan.lse_dim)
     return out, lse
+
+
+def forward_over(plan, k_full, v_full, opts):
+    """local_forward's attend for the gathered k/v of the whole stream."""
+    scale, _, _, softcap, _ = opts
+    packed, sd = plan.packed, plan.seq_dim
+    return lambda qp, piece, ke, window, slopes, want_lse: _I._fwd(
+        qp, _rows(k_full, piece, 0, ke, packed, sd), _rows(v_full, piece, 0, ke, packed, sd),
+        scale, False, window, softcap, slopes, want_lse=want_lse)
 
 
 def local_backward(plan, full, opts):
@@ -190,7 +199,7 @@ class _SequenceParallelAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan, opts):
         k_full, v_full = _gather(plan, [k, v])
-        out, lse = local_forward(plan, q, k_full, v_full, opts)
+        out, lse = local_forward(plan, q, opts, forward_over(plan, k_full, v_full, opts))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan, ctx.opts = plan, opts
         ctx.mark_non_differentiable(lse)
@@ -259,7 +268,8 @@ def _run(plan, q, k, v, opts, return_attn_probs):
         out, lse = _SequenceParallelAttn.apply(q, k, v, plan, opts)
     else:  # inference: lse only when asked for
         k_full, v_full = _gather(plan, [k, v])
-        out, lse = local_forward(plan, q, k_full, v_full, opts, want_lse=return_attn_probs)
+        out, lse = local_forward(plan, q, opts, forward_over(plan, k_full, v_full, opts),
+                                 want_lse=return_attn_probs)
     return (out, lse, None) if return_attn_probs else out
 
 

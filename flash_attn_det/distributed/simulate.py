@@ -2,7 +2,7 @@
 group: the gathered tensors are the full ones. What the per-rank calls compute is then checked
 on a single device (the GPU's key-range and row-offset paths) without several devices."""
 from .layout import shard, unshard
-from .sequence import _Plan, _opts, local_backward, local_forward
+from .sequence import _Plan, _opts, forward_over, local_backward, local_forward
 
 
 def simulate_ranks(q, k, v, dout, world_size, layout="contiguous", cu_seqlens=None,
@@ -18,7 +18,7 @@ def simulate_ranks(q, k, v, dout, world_size, layout="contiguous", cu_seqlens=No
     plans = [_Plan(None, world_size, r, layout, seqlen, cu) for r in range(world_size)]
     sd, ld = plans[0].seq_dim, plans[0].lse_dim
     cut = lambda x, r, dim: shard(x, r, world_size, layout, cu, dim)
-    fwd = [local_forward(p, cut(q, p.rank, sd), k, v, opts) for p in plans]
+    fwd = [local_forward(p, cut(q, p.rank, sd), opts, forward_over(p, k, v, opts)) for p in plans]
     out = unshard([o for o, _ in fwd], layout, cu, sd)
     lse = unshard([l for _, l in fwd], layout, cu, ld)
     grads = [local_backward(p, (q, k, v, out, dout, lse), opts) for p in plans]
