@@ -156,27 +156,35 @@ def _check_prefill(group, device, dtype, size, seed, world, rank):
     return n
 
 
+def _expect_value_error(fn, text, what):
+    try:
+        fn()
+    except ValueError as e:
+        if text not in str(e):
+            raise
+    else:
+        raise AssertionError(what)
+
+
 def _check_errors(group, device, dtype, world, rank):
     """A bad shard on one rank (rank 0's k one row short) raises ValueError on every rank:
     shapes are compared before any other collective, so no rank is left waiting."""
     q = torch.zeros(1, 10, 2, 16, dtype=dtype, device=device)
     k = q[:, :9] if rank == 0 else q
-    try:
-        context_parallel_attn_func(q, k, k, group=group)
-    except ValueError as e:
-        if "rank 0 holds 9 k" not in str(e):
-            raise
-    else:
-        raise AssertionError("a shard of the wrong length was accepted")
+    _expect_value_error(lambda: context_parallel_attn_func(q, k, k, group=group),
+                        "rank 0 holds 9 k", "a shard of the wrong length was accepted")
+    # a bad option raises before the prefill writes any cache row
+    cache = torch.randn(1, 10 * world + 3, 2, 16).to(dtype).to(device)
+    before = cache.clone()
+    _expect_value_error(lambda: context_parallel_prefill_with_kvcache(
+        q, cache, cache, q, q, 2, softmax_scale=-1.0, group=group), "softmax_scale",
+        "a negative softmax_scale was accepted")
+    if not torch.equal(cache, before):
+        raise AssertionError("the prefill wrote the cache before raising")
     if world > 1:  # ulysses: heads that do not divide by the world size
         q = torch.zeros(1, 10, world + 1, 16, dtype=dtype, device=device)
-        try:
-            ulysses_attn_func(q, q, q, group=group)
-        except ValueError as e:
-            if "divisible" not in str(e):
-                raise
-        else:
-            raise AssertionError("ulysses accepted heads that do not divide by the world size")
+        _expect_value_error(lambda: ulysses_attn_func(q, q, q, group=group), "divisible",
+                            "ulysses accepted heads that do not divide by the world size")
 
 
 def spawn_worker(rank, world, init_file, backend, size, results):

@@ -38,6 +38,8 @@ def context_parallel_prefill_with_kvcache(q, k_cache, v_cache, k, v, cache_seqle
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError("cache_seqlens: expected an int or an int32 tensor")
     plan = _make_plan(q, k, v, group, layout, None, 0.0)
     opts = _opts(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
     k_full, v_full = _gather(plan, [k, v])

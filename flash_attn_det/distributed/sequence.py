@@ -257,10 +257,11 @@ def _make_plan(q, k, v, group, layout, cu_seqlens, dropout_p):
 
 
 def _opts(q, softmax_scale, causal, window_size, softcap, alibi_slopes):
-    """(softmax_scale, left, right, softcap, alibi) with causal folded into right = 0."""
-    left, right = _I._window(window_size, causal)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return scale, left, right, float(softcap), alibi_slopes
+    """(softmax_scale, left, right, softcap, alibi) with causal folded into right = 0, checked
+    as the single-device entries check them (before anything is gathered or written)."""
+    _, scale, softcap, left, right, _ = _I._options(q.shape[-1], softmax_scale, causal,
+                                                    window_size, softcap, alibi_slopes)
+    return scale, left, right, softcap, alibi_slopes
 
 
 def _run(plan, q, k, v, opts, return_attn_probs):

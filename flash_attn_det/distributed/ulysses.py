@@ -41,26 +41,18 @@ def _heads_to_seq(y, plan):
     return recv.unflatten(0, (P, n)).movedim(0, -3).flatten(-3, -2).movedim(0, sd)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _Exchange(torch.autograd.Function):
+    """_seq_to_heads (to_heads) or _heads_to_seq under autograd: the gradient goes back
+    through the other one (both only move bits)."""
+
     @staticmethod
-    def forward(ctx, x, plan):
-        ctx.plan = plan
-        return _seq_to_heads(x, plan)
+    def forward(ctx, x, plan, to_heads):
+        ctx.plan, ctx.to_heads = plan, to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x, plan)
 
     @staticmethod
     def backward(ctx, g):
-        return _heads_to_seq(g, ctx.plan), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, plan):
-        ctx.plan = plan
-        return _heads_to_seq(y, plan)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_to_heads(g, ctx.plan), None
+        return (_heads_to_seq if ctx.to_heads else _seq_to_heads)(g, ctx.plan), None, None
 
 
 def _check_heads(plan, q, k):
@@ -86,11 +78,11 @@ def _lse_to_seq(lse, plan):
 
 def _run(plan, q, k, v, alibi_slopes, return_attn_probs, call):
     _check_heads(plan, q, k)
-    qh, kh, vh = (_SeqToHeads.apply(t, plan) for t in (q, k, v))
+    qh, kh, vh = (_Exchange.apply(t, plan, True) for t in (q, k, v))
     res = call(qh, kh, vh, _my_slopes(alibi_slopes, plan, q.shape[-2]))
     if not return_attn_probs:
-        return _HeadsToSeq.apply(res, plan)
-    return _HeadsToSeq.apply(res[0], plan), _lse_to_seq(res[1], plan), None
+        return _Exchange.apply(res, plan, False)
+    return _Exchange.apply(res[0], plan, False), _lse_to_seq(res[1], plan), None
 
 
 def ulysses_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
