@@ -70,6 +70,30 @@ def gencode_flags(archs):
     return flags
 
 
+def run_jobs(cmds):
+    """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the CPU
+    count) at a time, the largest source first: each nvcc already compiles its arch targets in
+    parallel (--threads 0), and starting every file at once on a small machine only adds
+    contention on a small machine."""
+    limit = int(os.environ.get("FLASH_ATTN_DET_BUILD_JOBS", "0")) or os.cpu_count() or 1
+    todo = sorted(cmds, key=lambda c: -os.path.getsize(c[2]))  # c[2]: the source
+    running = []
+    while todo or running:
+        while todo and len(running) < limit:
+            cmd = todo.pop(0)
+            print(" ".join(cmd), file=sys.stderr)
+            running.append((cmd, subprocess.Popen(cmd)))
+        done = [(cmd, job) for cmd, job in running if job.poll() is not None]
+        if not done:
+            time.sleep(0.1)
+        for cmd, job in done:
+            running.remove((cmd, job))
+            if job.returncode:
+                for _, other in running:
+                    other.kill()
+                raise subprocess.CalledProcessError(job.returncode, cmd)
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         ext = self.extensions[0]
@@ -84,18 +108,14 @@ class BuildExt(build_ext):
             obj_dir = os.path.join(self.build_temp, "cuda")
             os.makedirs(obj_dir, exist_ok=True)
             t0 = time.time()
-            jobs = []  # the CUDA files compile side by side (the big one sets the time)
+            cmds = []
             for src in CUDA_SOURCES:
                 obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
-                cmd = [nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3", "-std=c++17",
-                       "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,
-                       "--expt-relaxed-constexpr"] + gencode_flags(archs)
-                print(" ".join(cmd), file=sys.stderr)
-                jobs.append((cmd, subprocess.Popen(cmd)))
+                cmds.append([nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3", "-std=c++17",
+                             "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,
+                             "--expt-relaxed-constexpr"] + gencode_flags(archs))
                 ext.extra_objects.append(obj)
-            for cmd, job in jobs:
-                if job.wait():
-                    raise subprocess.CalledProcessError(job.returncode, cmd)
+            run_jobs(cmds)
             print(f"flash_attn_det: nvcc for archs {archs} took {time.time() - t0:.1f} s",
                   file=sys.stderr)
             ext.library_dirs.append(os.path.join(home, "lib64"))
