@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of the packed decode kernel's knobs in ONE device call. Each variant is a comma-separated
-# list of preprocessor defines (csrc/fad_fwd.cu, csrc/fad_internal.h), "-" for none, e.g.
+# list of preprocessor defines (csrc/fad_config.h), "-" for none, e.g.
 #   dev/ab_decode.sh FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=2 -
 # A variant that starts with @DIR builds the sources in DIR (another commit's setup.py, csrc,
 # flash_attn_det, tests, benchmarks, e.g. carried in .carry/) instead of this tree's:

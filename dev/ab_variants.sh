@@ -4,11 +4,11 @@
 # call. A variant is a comma-separated list of preprocessor defines for both the C and the CUDA
 # compiler ("-" for none), optionally followed by ":ENV=VALUE" run-time settings:
 #   dev/ab_variants.sh - FAD_D128_WARPS=8 -:FLASH_ATTN_DET_WGMMA=0
-# (the knobs are in csrc/fad_internal.h). AB_PYTEST="tests/test_gpu.py::test_head_dims" also runs
+# (the knobs are in csrc/fad_config.h). AB_PYTEST="tests/test_gpu.py::test_head_dims" also runs
 # that pytest selection (words without spaces) on each variant, so a fast variant that is wrong
 # shows as such. AB_PERF="python3 benchmarks/bench_decode.py --quick" replaces the perf probe.
 # A variant that starts with @DIR builds the sources in DIR (another commit's tree, e.g. from
-# `git archive <rev> setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks` into
+# `git archive <rev> setup.py pyproject.toml csrc flash_attn_det dev tests benchmarks` into
 # .carry/base) with the defines after it: dev/ab_variants.sh @.carry/base -
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ for v in "$@"; do
     if [[ "$v" == @* ]]; then from=${v%%,*}; from=${from#@}; v=${v#"@$from"}; v=${v#,}; fi
     defs=$(echo "${v%%:*}" | tr ',' '\n' | grep -v '^-\?$' | sed 's/^/-D/' | tr '\n' ' ' || true)
     src=/tmp/ab/$n
-    rm -rf "$src" && mkdir -p "$src" && (cd "$from" && cp -r setup.py pyproject.toml csrc flash_attn_det scripts tests benchmarks "$src"/)
+    rm -rf "$src" && mkdir -p "$src" && (cd "$from" && cp -r setup.py pyproject.toml csrc flash_attn_det dev tests benchmarks "$src"/)
     rm -rf "$src"/flash_attn_det/_C*.so "$src"/build
     ( cd "$src" && CFLAGS="$defs" NVCC_APPEND_FLAGS="$defs" FLASH_ATTN_DET_CUDA_ARCHS=90 \
         python3 setup.py build_ext --inplace > build.log 2>&1 || { tail -20 build.log; exit 1; } ) &

@@ -25,7 +25,7 @@ if has build; then
         || { tail -30 "$run/build.log"; exit 1; }
 fi
 # wgmma vs mma.sync: the bit probe, then the quick forward table with the Hopper variant on and off
-has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc tests/wgmma_probe.cu \
+has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Icsrc/cuda tests/wgmma_probe.cu \
     -o "$run/wgmma_probe" && "$run/wgmma_probe" | tee "$run/wgmma_probe.txt"; rm -f "$run/wgmma_probe"; }
 has quick && { python3 dev/quick_perf.py 2>&1 | tee "$run/quick_wgmma.txt";
     FLASH_ATTN_DET_WGMMA=0 python3 dev/quick_perf.py 2>&1 | tee "$run/quick_mma_sync.txt"; }
