@@ -62,11 +62,14 @@ def _inputs(case, seed, device, dtype, world):
     return q, k, v, dout, slopes, cu
 
 
-def _call(case, q, k, v, cu, slopes, group=None):
-    """(out, lse) of the case's function: the single-device one when group is None."""
+ONE_DEVICE = object()  # the group argument that asks for the single-device call (None is the default group)
+
+
+def _call(case, q, k, v, cu, slopes, group=ONE_DEVICE):
+    """(out, lse) of the case's function: the single-device one when group is ONE_DEVICE."""
     opts = dict(causal=case["causal"], window_size=case.get("window_size", (-1, -1)),
                 softcap=case.get("softcap", 0.0), alibi_slopes=slopes, return_attn_probs=True)
-    if group is None:
+    if group is ONE_DEVICE:
         if cu is None:
             return flash_attn_func(q, k, v, **opts)[:2]
         cut = torch.tensor(cu, dtype=torch.int32, device=q.device)
@@ -80,7 +83,7 @@ def _call(case, q, k, v, cu, slopes, group=None):
     return (fn(q, k, v, **opts, **par) if cu is None else fn(q, k, v, cu, **opts, **par))[:2]
 
 
-def _grads(case, q, k, v, dout, cu, slopes, group=None):
+def _grads(case, q, k, v, dout, cu, slopes, group=ONE_DEVICE):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out, lse = _call(case, *leaves, cu, slopes, group)
     out.backward(dout)
@@ -201,7 +204,8 @@ def spawn_worker(rank, world, init_file, backend, size, results):
     counts = {}
     try:
         for P in range(1, world + 1):
-            sub = dist.new_group(list(range(P)))
+            # the whole world as group=None, the default group (what a torchrun script passes)
+            sub = None if P == world else dist.new_group(list(range(P)))
             if rank < P:
                 counts[P] = run_checks(sub, device, size=size)
         dist.barrier()
