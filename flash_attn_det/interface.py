@@ -220,6 +220,24 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 10
 
 
+class _FlashAttnPagedFunc(torch.autograd.Function):
+    """flash_attn_varlen_func on paged KV with an input that requires grad: the forward runs
+    (as in flash_attn); only reaching the backward raises."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_table, want_lse, *args):
+        out, lse = _fwd_varlen(q, k, v, *args, block_table, want_lse=want_lse)
+        if lse is not None:
+            ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        raise NotImplementedError("block_table: paged KV has no backward (as in flash_attn); "
+                                  "call flash_attn_varlen_func with block_table under "
+                                  "torch.no_grad() when its output is part of a loss")
+
+
 def _no_dropout(dropout_p):
     if dropout_p:
         raise NotImplementedError("dropout_p: dropout is not implemented by flash_attn_det yet; "
@@ -292,15 +310,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _no_dropout(dropout_p)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
-    if block_table is not None and _needs_grad(q, k, v):
-        raise NotImplementedError("block_table: paged KV has no backward (as in flash_attn); call "
-                                  "it under torch.no_grad() / torch.inference_mode()")
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         out, lse = torch.ops.flash_attn_det.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
             bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table)
+    elif _needs_grad(q, k, v) and block_table is not None:
+        out, lse = _FlashAttnPagedFunc.apply(q, k, v, block_table, return_attn_probs, *args[3:])
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnVarlenFunc.apply(*args)
     else:  # inference: softmax_lse only when asked for

@@ -269,7 +269,11 @@ def test_varlen_paged_bad_page_raises_on_cpu_and_has_no_backward():
     bad[0, 1] = kp.shape[0]  # a page index past the cache
     with pytest.raises(ValueError, match="^block_table:"):
         fad.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, 20, 40, block_table=bad)
+    out, lse, _ = fad.flash_attn_varlen_func(q.requires_grad_(True), kp, vp, cu_q, cu_k, 20, 40,
+                                             block_table=table, return_attn_probs=True)
+    ref, ref_lse, _ = fad.flash_attn_varlen_func(q.detach(), kp, vp, cu_q, cu_k, 20, 40,
+                                                 block_table=table, return_attn_probs=True)
+    assert torch.equal(out.detach(), ref) and torch.equal(lse, ref_lse)  # the forward runs
     with pytest.raises(NotImplementedError, match="^block_table:"):
-        fad.flash_attn_varlen_func(q.requires_grad_(True), kp, vp, cu_q, cu_k, 20, 40,
-                                   block_table=table)
+        out.float().sum().backward()  # only the backward is missing (as in flash_attn)
 
