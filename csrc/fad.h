@@ -131,6 +131,13 @@ void fad_fwd_params_init(fad_fwd_params *p);
  * the argument into msg (may be NULL). Writes no tensor. */
 fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len);
 
+/* Every check fad_fwd_cpu (on_gpu 0) or fad_fwd_cuda (on_gpu 1) runs before it
+ * writes, and nothing else: on the CPU the index tensors' contents too (cu_seqlens,
+ * cache_seqlens, block_table), on the GPU the 16-byte layout rules. For a caller
+ * that writes state the call depends on first (a KV-cache append): check, write,
+ * then run. Writes no tensor. */
+fad_status fad_fwd_check_call(const fad_fwd_params *p, int on_gpu, char *msg, size_t msg_len);
+
 /* Bytes of device workspace fad_fwd_cuda needs for p on the current device
  * (0 is common: the workspace only exists when splits are spread over CTAs). */
 fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes,

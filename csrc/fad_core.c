@@ -300,15 +300,23 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
     return FAD_OK;
 }
 
+fad_status fad_fwd_check_call(const fad_fwd_params *p, int on_gpu, char *msg, size_t msg_len)
+{
+    fad_status st = fad_fwd_check_run(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (on_gpu)
+        return check_alignment(p, msg, msg_len);
+    const fad_fwd_params resolved = fad_fwd_resolve(p);
+    return fad_check_seqlens_host(&resolved, msg, msg_len);
+}
+
 fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspace_bytes,
                         struct CUstream_st *stream, char *msg, size_t msg_len)
 {
     int num_sms = 0;
     fad_plan plan;
-    fad_status st = fad_fwd_check_run(p, msg, msg_len);
-    if (st != FAD_OK)
-        return st;
-    st = check_alignment(p, msg, msg_len);
+    fad_status st = fad_fwd_check_call(p, 1, msg, msg_len);
     if (st != FAD_OK)
         return st;
     st = fad_cuda_num_sms(&num_sms, msg, msg_len);

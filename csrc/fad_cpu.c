@@ -253,13 +253,10 @@ fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg
 fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
 {
     fad_plan plan;
-    fad_status st = fad_fwd_check_run(params, msg, msg_len);
+    fad_status st = fad_fwd_check_call(params, 0, msg, msg_len);
     if (st != FAD_OK)
         return st;
     const fad_fwd_params resolved = fad_fwd_resolve(params), *p = &resolved;
-    st = fad_check_seqlens_host(p, msg, msg_len);
-    if (st != FAD_OK)
-        return st;
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);

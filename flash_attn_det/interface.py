@@ -344,13 +344,15 @@ def _rotary(x, cos, sin, pos, interleaved):
 
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
-                    block_table=None):
+                    block_table=None, before_write=None):
     """flash_attn_with_kvcache's steps before attention: rotary on q and the new keys, new
     keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after). CPU
     tensors are checked in full first (nothing is written on failure), then run as torch ops
     (the reference the CUDA kernel's bits are tested against); CUDA tensors go to the kernel
     (_kvcache_append_cuda), which does not read indices back: a row that would land outside
-    the cache is not written, and the attention reports that sequence as NaN."""
+    the cache is not written, and the attention reports that sequence as NaN.
+    before_write(n_new), if given, runs once this step's own checks pass and before anything
+    is written: the caller's checks of what comes after (the attention's)."""
     B, Sq = q.shape[:2]
     n_new = 0
     if k is not None or v is not None:
@@ -361,7 +363,8 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             raise ValueError(f"k, v: expected (batch={B}, seqlen_new, {k_cache.shape[2]}, "
                              f"{k_cache.shape[3]}) each, got {tuple(k.shape)}, {tuple(v.shape)}")
         if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
-            raise TypeError(f"k, v: expected dtype {k_cache.dtype}, got {k.dtype}, {v.dtype}")
+            raise TypeError(f"k, v: expected dtypes {k_cache.dtype}, {v_cache.dtype} (those of "
+                            f"k_cache, v_cache), got {k.dtype}, {v.dtype}")
         n_new = k.shape[1]
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos, rotary_sin: give both or neither")
@@ -383,7 +386,9 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             if int(start.min()) < 0 or last >= rotary_cos.shape[0]:
                 raise ValueError(f"rotary_cos: positions up to {last} need more than its "
                                  f"{rotary_cos.shape[0]} rows")
-    if q.is_cuda:  # one kernel (csrc/fad_append.cu) does the steps below, same bits
+    if before_write is not None:
+        before_write(n_new)
+    if q.is_cuda:  # one kernel (csrc/cuda/append.cu) does the steps below, same bits
         return _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                     cache_seqlens, cache_batch_idx, cache_leftpad,
                                     rotary_interleaved, rotate_q_per_row, block_table)
@@ -493,6 +498,9 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             raise ValueError(f"{name}: last dim must be contiguous (the cache is written in place)")
     if q.dim() != 4 or k_cache.dim() != 4:
         raise ValueError(f"q, k_cache: expected 4 dims, got {q.dim()}, {k_cache.dim()}")
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache: expected dtype {k_cache.dtype} (that of k_cache), "
+                        f"got {v_cache.dtype}")
     B, Sq, H, D = q_shape = q.shape
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError("cache_seqlens: expected an int or an int32 tensor")
@@ -506,20 +514,32 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             if bool(bad.any()):
                 raise ValueError(f"block_table: sequence {int(bad.nonzero()[0])} names a block "
                                  f"outside the cache's {k_cache.shape[0]}")
-    if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
-        local = opts[3] >= 0 or opts[4] >= 0  # window_left, window_right (causal: right 0)
-        q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                           cache_seqlens, cache_batch_idx, cache_leftpad,
-                                           rotary_interleaved, local, block_table)
-    # A sequence whose cache rows fall outside k_cache (indices are not read back on the
-    # GPU) gets NaN rows from the kernels; on the CPU the call raises first.
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
-    _launch(_C.fwd_kvcache,
-            (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out),
-             _opt(lse), _dl(cache_seqlens), _opt(cache_batch_idx), _opt(cache_leftpad),
-             _opt(block_table), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
+
+    def head(q, cache_seqlens):  # fwd_kvcache's arguments before the workspace
+        return (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _opt(lse), _dl(cache_seqlens),
+                _opt(cache_batch_idx), _opt(cache_leftpad), _opt(block_table), opts[0])
+    tail = (*opts[1:], int(det), split_size, schedule)
+
+    if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
+        def check_attention(n_new):
+            # The caches are the caller's state: the attention's own checks run on the lengths
+            # and the q it will see, before the append writes a row.
+            after = cache_seqlens if q.is_cuda else cache_seqlens + n_new  # (GPU: not read)
+            q_seen = (q if rotary_cos is None or not q.is_cuda
+                      else torch.empty_like(q, memory_format=torch.contiguous_format))
+            _C.check_fwd_kvcache(*head(q_seen, after), None, *tail, 0)
+
+        local = opts[3] >= 0 or opts[4] >= 0  # window_left, window_right (causal: right 0)
+        q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                           cache_seqlens, cache_batch_idx, cache_leftpad,
+                                           rotary_interleaved, local, block_table,
+                                           before_write=check_attention)
+    # A sequence whose cache rows fall outside k_cache (indices are not read back on the
+    # GPU) gets NaN rows from the kernels; on the CPU the call raises first.
+    _launch(_C.fwd_kvcache, head(q, cache_seqlens), tail, q,
             (2, q_shape, k_cache.shape,
              None if block_table is None else block_table.shape[1], det, split_size, schedule,
              q.get_device()))

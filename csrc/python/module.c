@@ -207,19 +207,17 @@ PyDoc_STRVAR(fwd_kvcache_doc,
 "position x of sequence b is row x % page_size of page block_table[b, x // page_size]\n"
 "(not with cache_batch_idx). out like q, softmax_lse (B, Hq, Sq) or None.");
 
-static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* fwd_kvcache's arguments -> checked params (p, o; *q_out = q); -1 with an exception set. */
+static int parse_fwd_kvcache(tensor_args *ta, PyObject *const *args, Py_ssize_t nargs,
+                             const char *entry, fad_fwd_params *p, fwd_opts *o, DLTensor **q_out)
 {
-    tensor_args targs, *ta = &targs;
-    tensor_args_init(ta, module);
     DLTensor *q, *kc, *vc, *out, *lse = NULL, *seqlens, *batch_idx = NULL, *leftpad = NULL, *bt = NULL;
-    fad_fwd_params p;
-    fwd_opts o;
     if (nargs != 9 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "fwd_kvcache: expected %d arguments, got %zd",
-                     9 + FWD_NOPTS, nargs);
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s: expected %d arguments, got %zd", entry, 9 + FWD_NOPTS,
+                     nargs);
+        return -1;
     }
-    fad_fwd_params_init(&p);
+    fad_fwd_params_init(p);
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k_cache", &kc) ||
         get_tensor(ta, args[2], "v_cache", &vc) || get_tensor(ta, args[3], "out", &out) ||
         (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
@@ -227,10 +225,48 @@ static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_
         (args[6] != Py_None && get_tensor(ta, args[6], "cache_batch_idx", &batch_idx)) ||
         (args[7] != Py_None && get_tensor(ta, args[7], "cache_leftpad", &leftpad)) ||
         (args[8] != Py_None && get_tensor(ta, args[8], "block_table", &bt)) ||
-        parse_opts(ta, args + 9, &p, &o) ||
-        check_fwd_kvcache(q, kc, vc, out, lse, seqlens, batch_idx, leftpad, bt, &p))
+        parse_opts(ta, args + 9, p, o) ||
+        check_fwd_kvcache(q, kc, vc, out, lse, seqlens, batch_idx, leftpad, bt, p))
+        return -1;
+    *q_out = q;
+    return 0;
+}
+
+static PyObject *fad_py_fwd_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *q;
+    if (parse_fwd_kvcache(ta, args, nargs, "fwd_kvcache", &p, &o, &q))
         return NULL;
     return run_fwd(&p, q, &o);
+}
+
+PyDoc_STRVAR(check_fwd_kvcache_doc,
+"check_fwd_kvcache(<the arguments of fwd_kvcache>)\n"
+"--\n\n"
+"Every check fwd_kvcache runs before it writes (fad_fwd_check_call), and nothing\n"
+"else: flash_attn_with_kvcache calls it with the lengths after the append, before\n"
+"the append writes into the caches, so that a call that would fail writes nothing.");
+
+static PyObject *fad_py_check_fwd_kvcache(PyObject *module, PyObject *const *args,
+                                          Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    fad_fwd_params p;
+    fwd_opts o;
+    DLTensor *q;
+    char msg[512] = "";
+    if (parse_fwd_kvcache(ta, args, nargs, "check_fwd_kvcache", &p, &o, &q) ||
+        finish_opts(&p, q, &o))
+        return NULL;
+    const fad_status st = fad_fwd_check_call(&p, q->device.device_type != kDLCPU, msg, sizeof msg);
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(bwd_doc,
@@ -561,6 +597,8 @@ static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
     {"fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_fwd_kvcache, METH_FASTCALL, fwd_kvcache_doc},
+    {"check_fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_check_fwd_kvcache, METH_FASTCALL,
+     check_fwd_kvcache_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
     {"append_kvcache", (PyCFunction)(void (*)(void))fad_py_append_kvcache, METH_FASTCALL,
      append_kvcache_doc},
