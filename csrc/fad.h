@@ -31,6 +31,8 @@ extern "C" {
 
 /* split_size must be a multiple of this: a whole number of every kernel's key tiles (32 or 64). */
 #define FAD_SPLIT_QUANTUM 128
+/* split_size at most this many keys, so that no key index or split count overflows 32 bits */
+#define FAD_MAX_SPLIT_SIZE (1 << 24)
 #define FAD_MAX_HEAD_DIM 256
 
 typedef enum fad_status {

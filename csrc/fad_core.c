@@ -118,10 +118,10 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
     if (p->cu_seqlens_q && (p->total_q < 0 || p->total_k < 0))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "total_q, total_k: must be >= 0 (got %d, %d)",
                         p->total_q, p->total_k);
-    if (p->split_size <= 0 || p->split_size % FAD_SPLIT_QUANTUM)
+    if (p->split_size <= 0 || p->split_size % FAD_SPLIT_QUANTUM || p->split_size > FAD_MAX_SPLIT_SIZE)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                        "split_size: must be a positive multiple of %d (got %d)", FAD_SPLIT_QUANTUM,
-                        p->split_size);
+                        "split_size: must be a positive multiple of %d, at most %d (got %d)",
+                        FAD_SPLIT_QUANTUM, FAD_MAX_SPLIT_SIZE, p->split_size);
     if (p->schedule < FAD_SCHEDULE_AUTO || p->schedule > FAD_SCHEDULE_CTA_PER_SPLIT)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "schedule: unknown value %d", (int)p->schedule);
     return FAD_OK;

@@ -101,7 +101,7 @@ FAD_HD int fad_band_masked(fad_band b, int i, int j)
 
 FAD_HD int fad_num_splits(int len_k, int split_size)
 {
-    return (len_k + split_size - 1) / split_size;
+    return (int)(((long long)len_k + split_size - 1) / split_size); /* (no overflow near 2^31) */
 }
 
 /* The split that key t belongs to, and the keys of split s (before the cut

@@ -1,4 +1,7 @@
 """The flash_attn-compatible entry points: forward and autograd on CPU and GPU."""
+import math
+import struct
+
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -45,7 +48,7 @@ def _window(window_size, causal):
     try:
         left, right = window_size
         left, right = int(left), int(right)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (OverflowError: int(inf))
         raise ValueError(f"window_size: expected a pair of ints, got {window_size!r}") from None
     if left < -1 or right < -1:
         raise ValueError(f"window_size: entries must be -1 (unbounded) or >= 0, got {window_size!r}")
@@ -83,13 +86,36 @@ def _needs_grad(q, k, v):
                                         getattr(v, "requires_grad", False))
 
 
+def _as_f32(x):
+    """x rounded to fp32 as the C side will read it (inf past fp32's range)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _number(x, name):
+    """float(x), or a TypeError naming the argument (x a str, a list, None...)."""
+    if isinstance(x, (float, int)) and not isinstance(x, bool):
+        return float(x)
+    try:
+        return float(x) if isinstance(x, torch.Tensor) and x.numel() == 1 else float(x.__float__())
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected a number, got {type(x).__name__}") from None
+
+
 def _options(head_dim, softmax_scale, causal, window_size, softcap, alibi_slopes):
     """The arguments every forward entry shares, checked."""
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
-    elif not softmax_scale > 0 or softmax_scale == float("inf"):
-        # (the C API reads 0 as "default"; from Python an explicit 0 is a mistake)
-        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
+    else:
+        softmax_scale = _number(softmax_scale, "softmax_scale")
+        # the C side reads it as a float, where 0 means "the default scale": a scale that
+        # rounds to 0 or inf there is refused here (the C inference entries leave it to us)
+        if not 0 < _as_f32(softmax_scale) < math.inf:
+            raise ValueError(f"softmax_scale: must be > 0 and finite as an fp32 (about 1.4e-45 "
+                             f"to 3.4e38), got {softmax_scale!r}")
+    softcap = _number(softcap, "softcap")
     left, right = _window(window_size, causal)
     if alibi_slopes is not None:
         alibi_slopes = _dl(_operand(alibi_slopes, "alibi_slopes"))
@@ -164,8 +190,11 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     """dq, dk, dv of a forward call. varlen: (cu_seqlens_q, cu_seqlens_k, seqused_k,
     max_seqlen_q, max_seqlen_k) for the variable-length entry."""
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
-    # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written
-    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written,
+    # nor varlen dq rows past cu_seqlens_q[-1] (which belong to no sequence: 0, as the forward
+    # writes 0 there)
+    dq = torch.empty_like(q) if varlen is None else torch.zeros_like(q)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     opts = _options(q.shape[-1], softmax_scale, causal, window_size, softcap, alibi_slopes)
     tensors = [_dl(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
     ws, stream = None, 0

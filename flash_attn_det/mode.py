@@ -2,6 +2,7 @@
 from . import _C
 
 _SPLIT_QUANTUM = _C.SPLIT_QUANTUM
+_MAX_SPLIT_SIZE = _C.MAX_SPLIT_SIZE
 
 # One dict, read on every call: deterministic flag, split_size, and the
 # test-only schedule override (flash_attn_det.testing.force_schedule).
@@ -20,12 +21,13 @@ def set_deterministic_mode(enabled=True, split_size=512):
     """
     if isinstance(split_size, bool) or not isinstance(split_size, int):
         raise ValueError(f"split_size: expected an int, got {type(split_size).__name__}")
-    if split_size <= 0 or split_size % _SPLIT_QUANTUM:
-        raise ValueError(
-            f"split_size: must be a positive multiple of {_SPLIT_QUANTUM}, got {split_size}")
+    if split_size <= 0 or split_size % _SPLIT_QUANTUM or split_size > _MAX_SPLIT_SIZE:
+        raise ValueError(f"split_size: must be a positive multiple of {_SPLIT_QUANTUM}, at most "
+                         f"{_MAX_SPLIT_SIZE}, got {split_size}")
+    # _C first: if it refuses, the Python state is left as it was
+    _C.set_mode(int(bool(enabled)), split_size, _state["schedule"])
     _state["enabled"] = bool(enabled)
     _state["split_size"] = split_size
-    _sync()
 
 
 def _sync():

@@ -454,7 +454,8 @@ def test_mode_defaults_and_roundtrip():
     assert get_split_size() == 512
 
 
-@pytest.mark.parametrize("bad", [0, 100, -128, 1.5, 127, 129, True, "512", None])
+@pytest.mark.parametrize("bad", [0, 100, -128, 1.5, 127, 129, True, "512", None, 2**24 + 128,
+                                 2**31 - 128])
 def test_split_size_rejected(bad):
     set_deterministic_mode(True, split_size=256)
     with pytest.raises(ValueError, match="^split_size:"):

@@ -62,7 +62,7 @@ static int take_no_grad(const fad_module_state *st, PyObject *const *objs, int n
 }
 
 /* softmax_scale (None: head_dim ** -0.5, computed as Python does, so the bits
- * match the general path; else a finite float > 0) and causal into p; the
+ * match the general path; else > 0 and finite as a float) and causal into p; the
  * window is the default one, the mode the module's. */
 static int take_options(const fad_module_state *st, PyObject *scale, PyObject *causal,
                         int head_dim, fad_fwd_params *p)
@@ -75,9 +75,12 @@ static int take_options(const fad_module_state *st, PyObject *scale, PyObject *c
             PyErr_Clear();
             return LEAVE;
         }
-        if (!(s > 0) || !isfinite(s))
+        /* checked as the float the C API reads, where 0 means "the default": a scale that
+         * rounds to 0 or inf there goes to the general path, which raises */
+        const float f = (float)s;
+        if (!(f > 0) || !isfinite(f))
             return LEAVE;
-        p->softmax_scale = (float)s;
+        p->softmax_scale = f;
     }
     const int c = PyObject_IsTrue(causal);
     if (c < 0)

@@ -578,9 +578,10 @@ static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssi
     if (as_int(args[0], "deterministic", &deterministic) ||
         as_int(args[1], "split_size", &split_size) || as_int(args[2], "schedule", &schedule))
         return NULL;
-    if (split_size <= 0 || split_size % FAD_SPLIT_QUANTUM) {
-        PyErr_Format(PyExc_ValueError, "split_size: must be a positive multiple of %d, got %d",
-                     FAD_SPLIT_QUANTUM, split_size);
+    if (split_size <= 0 || split_size % FAD_SPLIT_QUANTUM || split_size > FAD_MAX_SPLIT_SIZE) {
+        PyErr_Format(PyExc_ValueError,
+                     "split_size: must be a positive multiple of %d, at most %d, got %d",
+                     FAD_SPLIT_QUANTUM, FAD_MAX_SPLIT_SIZE, split_size);
         return NULL;
     }
     if (schedule < FAD_SCHEDULE_AUTO || schedule > FAD_SCHEDULE_CTA_PER_SPLIT) {
@@ -627,6 +628,7 @@ static int fad_exec(PyObject *m)
         return -1;
     if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_SPLIT_SIZE", FAD_MAX_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_AUTO", FAD_SCHEDULE_AUTO) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_ONE_CTA", FAD_SCHEDULE_ONE_CTA) < 0 ||
