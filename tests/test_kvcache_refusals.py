@@ -29,6 +29,11 @@ def _call(device, **bad):
     return kw
 
 
+# Index tensors' contents are read only on the CPU: on the GPU they are not read back (no sync,
+# graph-safe), and a bad index gives NaN rows instead (README, "KV cache"). These cases are
+# refusals on CPU tensors only.
+HOST_ONLY = {"batch_idx range", "leftpad past seqlens"}
+
 CASES = [  # (name, bad arguments, exception, text the message must contain)
     ("softcap", dict(softcap=-1.0), ValueError, "softcap"),
     ("alibi shape", dict(alibi_slopes=lambda kw, d: torch.ones(H + 1, device=d)), ValueError,
@@ -51,6 +56,8 @@ CASES = [  # (name, bad arguments, exception, text the message must contain)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,bad,exc,text", CASES, ids=[c[0] for c in CASES])
 def test_refused_call_writes_no_cache_row(device, name, bad, exc, text):
+    if device == "cuda" and name in HOST_ONLY:
+        pytest.skip("index contents are not read back on the GPU (NaN rows, documented)")
     kw = _call(device, **bad)
     before = {n: t.clone() for n, t in kw.items() if isinstance(t, torch.Tensor)}
     with pytest.raises(exc, match=text):
