@@ -4,7 +4,7 @@
 # call. A variant is a comma-separated list of preprocessor defines for both the C and the CUDA
 # compiler ("-" for none), optionally followed by ":ENV=VALUE" run-time settings:
 #   dev/ab_variants.sh - FAD_D128_WARPS=8 -:FLASH_ATTN_DET_WGMMA=0
-# (the knobs are in csrc/fad_config.h). AB_PYTEST="tests/test_gpu.py::test_head_dims" also runs
+# (the knobs are in csrc/fad_config.h). AB_PYTEST="tests/test_forward.py::test_head_dims" also runs
 # that pytest selection (words without spaces) on each variant, so a fast variant that is wrong
 # shows as such. AB_PERF="python3 benchmarks/bench_decode.py --quick" replaces the perf probe.
 # A variant that starts with @DIR builds the sources in DIR (another commit's tree, e.g. from

@@ -11,6 +11,17 @@ HAS_CUDA = torch.cuda.is_available() and flash_attn_det.has_cuda()
 requires_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA GPU and a flash_attn_det build with the CUDA path")
 
+# The devices a feature's test runs on: the CPU path in CI, the kernels on a GPU machine.
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+def on_devices(cpu, cuda):
+    """Parameters (device, case) for a test whose cases differ by device (the GPU ones are
+    larger, or reach kernel variants the CPU path does not have): each CPU case on "cpu", each
+    GPU case on "cuda" (skipped without a GPU)."""
+    return ([pytest.param("cpu", c, id=f"cpu-{c}") for c in cpu] +
+            [pytest.param("cuda", c, id=f"cuda-{c}", marks=requires_cuda) for c in cuda])
+
 DTYPES = [torch.float16, torch.bfloat16]
 
 LOG2E = 1.4426950408889634
@@ -110,6 +121,49 @@ def assert_lse_close(lse, ref_lse, atol=1e-3):
     if fin.any():
         err = float((l64[fin] - ref_lse[fin]).abs().max())
         assert err < atol, f"lse: max abs err {err:.3g} >= {atol:g}"
+
+
+# Tolerances against the float64 reference, by device (assert_close's atol and rtol in units of
+# the output dtype's roundoff u).
+# CPU: fp32 accumulation and one rounding to fp16/bf16 at the end: the output rounding (<= 1 u
+# relative) plus a few fp32 ulps.
+# GPU: the kernels round P to fp16/bf16 before the P.V tensor-core product (as flash_attn does),
+# so besides the output rounding there is an error of about one unit roundoff of the output dtype
+# times |v| (~1 here); measured on an H200: at most 0.84 u beyond 2 u * |ref|. Allowed:
+# 2 u + 2 u * |ref|.
+GPU_ATOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def tolerance(device, dtype):
+    """(atol, rtol_ulps) of the device's path."""
+    return (2e-5, 1.0) if torch.device(device).type == "cpu" else (GPU_ATOL[dtype], 2.0)
+
+
+def both(q, k, v, **kw):
+    """(out, lse) of flash_attn_func."""
+    out, lse, _ = flash_attn_det.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    return out, lse
+
+
+def run_and_check(q, k, v, **kw):
+    """flash_attn_func against attention_ref (float64) on out and lse, at the tolerance of q's
+    device; rows that see no key must be exactly 0. Returns (out, lse, ref_out, ref_lse)."""
+    from flash_attn_det.testing import attention_ref
+    out, lse, none = flash_attn_det.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    assert none is None
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    B, Sq, H, _ = q.shape
+    assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+    ref_kw = {n: kw[n] for n in ("softmax_scale", "causal", "window_size", "softcap",
+                                 "alibi_slopes") if n in kw}
+    ref_out, ref_lse = attention_ref(q, k, v, **ref_kw)
+    masked = torch.isneginf(ref_lse).transpose(1, 2)  # (B, Sq, H)
+    atol, ulps = tolerance(q.device, q.dtype)
+    assert_close(out, ref_out, q.dtype, atol, ulps, allow_zero_ref=bool(masked.all()))
+    assert_lse_close(lse, ref_lse)
+    if masked.any():
+        assert (out[masked] == 0).all()
+    return out, lse, ref_out, ref_lse
 
 
 def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, window=(-1, -1),

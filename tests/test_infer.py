@@ -15,9 +15,8 @@ import flash_attn_det as fad
 from flash_attn_det import _C, interface
 from flash_attn_det.testing import attention_ref, force_schedule
 
-from conftest import HAS_CUDA, make_gen, make_qkv, randn
+from conftest import DEVICES, HAS_CUDA, make_gen, make_qkv, randn
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
 
 pytestmark = pytest.mark.skipif(interface._infer is None,
                                 reason="torch has no DLPack exchange API with an allocator")

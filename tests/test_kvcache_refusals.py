@@ -8,9 +8,8 @@ import torch
 
 import flash_attn_det as fad
 
-from conftest import HAS_CUDA, make_gen, randn
+from conftest import DEVICES, make_gen, randn
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
 B, CAP, HK, H, D, NEW = 2, 64, 2, 4, 64, 3
 
 

@@ -12,9 +12,8 @@ import flash_attn_det as fad
 from flash_attn_det import _C
 from flash_attn_det.testing import force_schedule
 
-from conftest import HAS_CUDA, make_gen, make_qkv, randn, raw_fwd
+from conftest import DEVICES, make_gen, make_qkv, randn, raw_fwd
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
 SCHEDULES = ["one_cta", "cta_per_split"]
 
 

@@ -12,9 +12,8 @@ from flash_attn_det import _C
 from flash_attn_det.bert_padding import pad_input, unpad_input
 from flash_attn_det.testing import attention_ref, force_schedule
 
-from conftest import HAS_CUDA, assert_close, assert_lse_close, make_gen, randn
+from conftest import DEVICES, HAS_CUDA, assert_close, assert_lse_close, make_gen, randn
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
 
 
 def make_varlen(gen, lens_q, lens_k, H, Hk, D, dtype, device):

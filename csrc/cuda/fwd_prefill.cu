@@ -29,7 +29,7 @@
  * registers, V from 128-byte-swizzled shared memory) as wgmma chains, and the
  * merged result R stays in registers. The tile walk, the fragments and the
  * softmax code are the mma.sync variant's, and a wgmma chain rounds like the
- * mma.sync chain it replaces (tests/wgmma_probe.cu; tests/test_gpu.py
+ * mma.sync chain it replaces (tests/wgmma_probe.cu; tests/test_contract.py
  * compares the variants), so the bits are the same on either. At D 128 that
  * variant is the warp-specialized fwd_ws_kernel (fad_fwd_ws.cuh: a producer
  * warpgroup copies K/V for two consumer warpgroups, each running this file's
