@@ -294,6 +294,7 @@ def test_raw_fwd_writes_nothing_on_error(device, case, exc, match):
         q = q.float()
     elif case == "q_rank":
         q = q[0]
+        kw["workspace"] = None  # (raw_fwd's workspace sizing reads a 4-D shape)
     elif case == "v_len":
         v = v[:, :19]
     out0, lse0 = out.clone(), lse.clone()
