@@ -195,6 +195,14 @@ def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, wind
            schedule, stream)
 
 
+def workspace_bytes(q, k):
+    """Bytes of workspace the CUDA forward asks for q, k under the current mode."""
+    B, Sq, H, D = q.shape
+    return _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(mode._state["enabled"]),
+                                 mode._state["split_size"], mode._state["schedule"],
+                                 q.device.index or 0)
+
+
 def row_mask_count(Sq, Sk, window, causal):
     """Number of query rows that see no key (mirrors the documented mask)."""
     left, right = window

@@ -11,7 +11,8 @@ from flash_attn_det import (_C, flash_attn_func, get_deterministic_mode, get_spl
 from flash_attn_det.testing import attention_ref, force_schedule
 
 from conftest import (DEVICES, DTYPES, assert_close, assert_lse_close, make_alibi, make_gen,
-                      make_qkv, on_devices, randn, raw_fwd, requires_cuda, tolerance)
+                      make_qkv, on_devices, randn, raw_fwd, requires_cuda, tolerance,
+                      workspace_bytes)
 
 
 # --------------------------------------------------------------------------
@@ -430,12 +431,6 @@ def test_assert_batch_invariant_helper():
         assert_batch_invariant(lambda q: q - q.float().mean().to(q.dtype), q)
 
 
-def _workspace_bytes(q, k):
-    B, Sq, H, D = q.shape
-    return _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(mode._state["enabled"]),
-                                 mode._state["split_size"], mode._state["schedule"],
-                                 q.device.index or 0)
-
 
 @requires_cuda
 @pytest.mark.parametrize("case,exc,match", [  # (the device-independent refusals: above)
@@ -483,7 +478,7 @@ def test_raw_short_workspace_answers_its_size_and_writes_nothing(workspace):
     q, k, v = make_qkv(g, 1, 64, 3000, 4, 2, 64, torch.float16, "cuda")
     out, lse = torch.full_like(q, 7.0), torch.full((1, 4, 64), 7.0, device="cuda")
     with force_schedule("cta_per_split"):
-        need = _workspace_bytes(q, k)
+        need = workspace_bytes(q, k)
     ws = torch.empty(16, dtype=torch.uint8, device="cuda") if workspace == "small" else None
     got = raw_fwd(q, k, v, out, lse, schedule=_C.SCHEDULE_CTA_PER_SPLIT, workspace=ws)
     torch.cuda.synchronize()
@@ -498,10 +493,10 @@ def test_workspace_size_is_zero_for_one_cta_and_positive_for_split():
     g = make_gen(15)
     q, k, _ = make_qkv(g, 1, 64, 5000, 4, 4, 64, torch.bfloat16, "cuda")
     with force_schedule("one_cta"):
-        assert _workspace_bytes(q, k) == 0
+        assert workspace_bytes(q, k) == 0
     with force_schedule("cta_per_split"):
-        assert _workspace_bytes(q, k) > 0
+        assert workspace_bytes(q, k) > 0
     with force_schedule("auto"):
-        assert _workspace_bytes(q, k) > 0  # tiny grid: auto spreads splits over CTAs
+        assert workspace_bytes(q, k) > 0  # tiny grid: auto spreads splits over CTAs
 
 

@@ -10,7 +10,8 @@ from flash_attn_det import _C, flash_attn_func, set_deterministic_mode
 from flash_attn_det.testing import attention_ref, force_schedule
 
 from conftest import (DEVICES, DTYPES, assert_close, both, make_alibi, make_gen, make_qkv,
-                      on_devices, requires_cuda, rising_scores, tolerance)
+                      on_devices, requires_cuda, rising_scores, tolerance,
+                      workspace_bytes)
 
 SPLITS = [128, 512]
 
@@ -180,13 +181,6 @@ def test_cpu_ignores_schedule(name):
         assert torch.equal(flash_attn_func(q, k, v, causal=True), base)
 
 
-def _workspace_bytes(q, k):
-    from flash_attn_det import mode
-    B, Sq, H, D = q.shape
-    return _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(mode._state["enabled"]),
-                                 mode._state["split_size"], mode._state["schedule"],
-                                 q.device.index or 0)
-
 
 @requires_cuda
 @pytest.mark.parametrize("D", [64, 128, 256])
@@ -204,7 +198,7 @@ def test_schedules_bit_equal(D, kw):
         with force_schedule(name):
             results[name] = both(q, k, v, **kw)
             if name == "auto":
-                assert _workspace_bytes(q, k) > 0, "auto did not pick the split schedule"
+                assert workspace_bytes(q, k) > 0, "auto did not pick the split schedule"
     for name in ("cta_per_split", "auto"):
         assert torch.equal(results[name][0], results["one_cta"][0]), name
         assert torch.equal(results[name][1], results["one_cta"][1]), name
