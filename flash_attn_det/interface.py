@@ -405,6 +405,12 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                              f"{tuple(rotary_sin.shape)}")
     start = None if q.is_cuda else cache_seqlens - (0 if cache_leftpad is None else cache_leftpad)
     if not q.is_cuda:  # host tensors: check everything before writing anything
+        if n_new:  # (CUDA tensors: the same check in C, csrc/python/glue.c, check_no_overlap)
+            for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+                bad = [d for d in range(t.dim()) if t.shape[d] > 1 and t.stride(d) == 0]
+                if bad:
+                    raise ValueError(f"{name}: dim {bad[0]} has stride 0 (an expand()ed tensor?): "
+                                     f"its rows share memory, and it is written in place")
         capacity = (k_cache.shape[1] if block_table is None
                     else block_table.shape[1] * k_cache.shape[1])
         if int((cache_seqlens + n_new).max()) > capacity or int(cache_seqlens.min()) < 0:

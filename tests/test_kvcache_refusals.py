@@ -49,6 +49,11 @@ CASES = [  # (name, bad arguments, exception, text the message must contain)
     ("mixed cache dtypes", dict(v_cache=lambda kw, d: kw["v_cache"].half()), TypeError, "v_cache"),
     ("capacities differ", dict(v_cache=lambda kw, d: kw["v_cache"][:, :CAP - 16]), ValueError,
      "v_cache"),
+    # an expand()ed cache: every sequence's rows would land in entry 0's memory
+    ("aliased k_cache", dict(k_cache=lambda kw, d: kw["k_cache"][:1].expand(B, -1, -1, -1)),
+     ValueError, "^k_cache: dim 0 has stride 0"),
+    ("aliased v_cache", dict(v_cache=lambda kw, d: kw["v_cache"][:, :, :1].expand(-1, -1, HK, -1)),
+     ValueError, "^v_cache: dim 2 has stride 0"),
 ]
 
 

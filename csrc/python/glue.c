@@ -189,6 +189,22 @@ int check_contiguous(const DLTensor *t, const char *name)
     return -1;
 }
 
+/* A tensor the call writes in place must give every element its own memory: an expand()ed
+ * cache (stride 0 on a dim of size > 1) would let every sequence's rows land in one place, each
+ * append overwriting the last. (Exact: stride 0 always aliases. Other overlapping strides are
+ * not looked for: telling them from legal interleaved views is not cheap.) */
+int check_no_overlap(const DLTensor *t, const char *name)
+{
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && tensor_stride(t, d) == 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: dim %d has stride 0 (an expand()ed tensor?): its rows share memory, "
+                         "and it is written in place", name, d);
+            return -1;
+        }
+    return 0;
+}
+
 /* softmax_lse: float32, contiguous, shape lshape on q's device; or NULL (None:
  * a forward that does not need it skips the allocation and the stores). */
 int check_lse(const DLTensor *lse, const DLTensor *q, int ndim, const int64_t *lshape)
@@ -475,7 +491,8 @@ int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k,
         return -1;
     if (k) {
         const int64_t vshape[4] = {B, k->shape[1], Hk, D};
-        if (check_tensor(k, q, "k", code, 16, 4, kshape) || check_tensor(v, q, "v", code, 16, 4, vshape))
+        if (check_tensor(k, q, "k", code, 16, 4, kshape) || check_tensor(v, q, "v", code, 16, 4, vshape) ||
+            check_no_overlap(kc, "k_cache") || check_no_overlap(vc, "v_cache"))
             return -1;
     }
     if (!seqlens) {
