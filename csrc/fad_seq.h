@@ -48,7 +48,6 @@ FAD_HD int fad_kv_row(const fad_fwd_params *p, const fad_seq *s, int r, int64_t 
     return ok;
 }
 
-/* Rows per head in the flat row space, and rows in all. */
 /* ALiBi slope of head h of sequence b in log2 units, 0 without ALiBi: every
  * path (CPU, forward, backward) looks it up here. */
 FAD_HD float fad_alibi_slope_log2(const fad_fwd_params *p, int b, int h)
@@ -56,6 +55,7 @@ FAD_HD float fad_alibi_slope_log2(const fad_fwd_params *p, int b, int h)
     return p->alibi_slopes ? FAD_MUL(p->alibi_slopes[b * p->alibi_batch_stride + h], FAD_LOG2E) : 0.f;
 }
 
+/* Rows per head in the flat row space, and rows in all. */
 FAD_HD int64_t fad_lse_head_stride(const fad_fwd_params *p)
 {
     return p->cu_seqlens_q ? p->total_q : p->seqlen_q;
