@@ -164,7 +164,8 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
     const size_t out_bytes = p->cu_seqlens_q ? tensor_bytes(&out->dl_tensor) : 0;
     const size_t lse_bytes = p->cu_seqlens_q && lse ? tensor_bytes(&lse->dl_tensor) : 0;
     if (q->device.device_type == kDLCPU) {
-        memset(tensor_data(&out->dl_tensor), 0, out_bytes);
+        if (out_bytes) /* (an empty out may have a NULL data pointer: no memset(NULL, 0, 0)) */
+            memset(tensor_data(&out->dl_tensor), 0, out_bytes);
         if (lse_bytes)
             memset(tensor_data(&lse->dl_tensor), 0, lse_bytes);
         Py_BEGIN_ALLOW_THREADS
