@@ -7,6 +7,7 @@ Environment:
   FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest;
                               90 is built as sm_90a, the Hopper target with wgmma)
   FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
+  FLASH_ATTN_DET_BUILD_JOBS   nvcc jobs at a time (default: the CPU count)
   CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH)
 """
 import os
