@@ -10,7 +10,7 @@ from flash_attn_det import (_C, flash_attn_func, get_deterministic_mode, get_spl
                             set_deterministic_mode)
 from flash_attn_det.testing import attention_ref, force_schedule
 
-from conftest import (DEVICES, DTYPES, assert_close, assert_lse_close, make_alibi, make_gen,
+from conftest import (DEVICES, assert_close, assert_lse_close, make_alibi, make_gen,
                       make_qkv, on_devices, randn, raw_fwd, requires_cuda, tolerance,
                       workspace_bytes)
 

@@ -6,7 +6,7 @@ warp-specialized kernel, packed decode, combine) and every schedule is reached."
 import pytest
 import torch
 
-from flash_attn_det import _C, flash_attn_func, set_deterministic_mode
+from flash_attn_det import flash_attn_func, set_deterministic_mode
 from flash_attn_det.testing import attention_ref, force_schedule
 
 from conftest import (DEVICES, DTYPES, assert_close, both, make_alibi, make_gen, make_qkv,

@@ -145,5 +145,4 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
 }
 
 #define FAD_INST(T, D) template fad_status launch_combine<T, D>(const fwd_args &, cudaStream_t, char *, size_t);
-#define FAD_INST_D(T, D, MOD, PAGED) FAD_INST(T, D)
 FAD_FWD_HEAD_DIMS(FAD_INST)
