@@ -237,6 +237,10 @@ _VARIANT_CASES = [
     dict(D=128, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
     dict(D=96, Sq=200, Sk=1000, causal=True, dtype="float16"),
     dict(D=128, Sq=600, Sk=200, causal=True, dtype="bfloat16"),
+    # keys that grow along the sequence (x1 .. x20), so that a tile's max often passes the running
+    # max by more than the rescale slack: the path of a two-tile unit whose second tile rescales acc
+    dict(D=128, Sq=700, Sk=3000, causal=False, dtype="bfloat16", ramp=20.0),
+    dict(D=128, Sq=1000, Sk=1000, causal=True, dtype="float16", ramp=20.0),
 ]
 
 
@@ -248,6 +252,9 @@ def _variant_outputs():
         dtype = getattr(torch, case.pop("dtype"))
         D, Sq, Sk = case.pop("D"), case.pop("Sq"), case.pop("Sk")
         q, k, v = make_qkv(g, 2, Sq, Sk, 8, 2, D, dtype, "cuda")
+        ramp = case.pop("ramp", None)
+        if ramp:
+            k = k * torch.linspace(1.0, ramp, Sk, device="cuda")[None, :, None, None].to(dtype)
         for sched in ("one_cta", "cta_per_split"):
             with force_schedule(sched):
                 out, lse = both(q, k, v, **case)
