@@ -7,14 +7,17 @@
  * head, pair of 64-row query blocks m_block 2x and 2x + 1 of the plan [,
  * split]); 384 threads:
  *   warpgroup 0, the producer: Q of both blocks, then every K/V tile the
- *     two blocks walk, into a ring of kStages stages (cp.async; each copy
- *     arrives on the stage's `full` mbarrier when it lands);
+ *     two blocks walk, into a K ring and a V ring of kStages stages each
+ *     (cp.async; each copy arrives on its stage's `full` mbarrier when it
+ *     lands);
  *   warpgroups 1 and 2, the consumers: block 2x and 2x + 1, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
  *     fold_split on the same fragments -- so every row gets fwd_kernel's bits.
- *     A consumer releases a stage (its `empty` mbarrier) once its products
- *     on it are done; tiles outside its own walk it only waits for and releases.
+ *     A consumer releases a K stage (its `empty` mbarrier) once S on it has
+ *     landed, a V stage once O += P V has; tiles outside its own walk it only
+ *     waits for and releases. It walks its tiles one or two at a time
+ *     (FAD_WS_PAIRS; "units", below).
  *
  * Why it is faster than fwd_kernel's wgmma variant (docs/design.md,
  * "warp-specialized-prefill"):
@@ -49,7 +52,7 @@ template <int kHeadDim> struct fwd_ws_cfg {
     static constexpr size_t kRBytes = kPairs ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
     static constexpr size_t kROffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
-    static constexpr size_t kSmemBytes = kBarOffset + (2 * kStages + 1) * sizeof(uint64_t);
+    static constexpr size_t kSmemBytes = kBarOffset + (4 * kStages + 1) * sizeof(uint64_t);
     static_assert(kHeadDim == 128, "the consumers' registers are budgeted for D 128");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
@@ -110,11 +113,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
-    T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
-    uint64_t *empty = full + kStages, *q_full = empty + kStages;
+    /* Two rings of kStages tiles, K's then V's, each stage with its own
+     * barriers: a K stage is released once S = Q K^T on it has landed, a V
+     * stage once O += P V has, so the producer refills K a turn before V. */
+    T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes);
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset); /* [K, V][stage] */
+    uint64_t *empty = full + 2 * kStages, *q_full = empty + 2 * kStages;
     if (tid == 0) {
-        for (int st = 0; st < kStages; st++) {
+        for (int st = 0; st < 2 * kStages; st++) {
             mbar_init(&full[st], 128);                /* every producer thread's copies */
             mbar_init(&empty[st], 4 * C::kConsumers); /* one arrival per consumer warp */
         }
@@ -144,15 +150,18 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
         for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
             const int st = i % kStages;
-            if (i >= kStages) /* the consumers are done with the tile kStages back */
+            if (i >= kStages) /* the consumers are done with K of the tile kStages back */
                 mbar_wait(&empty[st], (i / kStages - 1) & 1);
-            T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sKV + (size_t)st * kBlockN * kHeadDim,
+                                                           k_g + (int64_t)t0 * p.k_row_stride,
                                                            (int)p.k_row_stride, len_k - t0, D);
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
+            mbar_arrive_cp_async(&full[st]);
+            if (i >= kStages) /* ... and with its V */
+                mbar_wait(&empty[kStages + st], (i / kStages - 1) & 1);
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sKV + (size_t)(kStages + st) * kBlockN * kHeadDim,
                                                            v_g + (int64_t)t0 * p.v_row_stride,
                                                            (int)p.v_row_stride, len_k - t0, D);
-            mbar_arrive_cp_async(&full[st]);
+            mbar_arrive_cp_async(&full[kStages + st]);
         }
         cp_async_wait_all();
         return;
@@ -211,24 +220,29 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const int i = (t0 - u_first) / kBlockN;
         return ring_pos{i % kStages, (i / kStages) & 1};
     };
-    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
-    /* Waits until the tile at r has landed; the fence orders the copies
-     * (generic proxy) before the wgmma reads (async proxy). */
-    auto wait_full = [&](ring_pos r) {
-        mbar_wait(&full[r.stage], r.phase);
+    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * (uint32_t)C::kTileBytes; };
+    auto v_addr = [&](ring_pos r) { return k_addr(r) + (uint32_t)(kStages * C::kTileBytes); };
+    /* Waits until K (kind 0) or V (kind 1) of the tile at r has landed; the
+     * fence orders the copies (generic proxy) before the wgmma reads (async
+     * proxy). release: this warp is done with it. */
+    auto wait_full = [&](ring_pos r, int kind) {
+        mbar_wait(&full[kind * kStages + r.stage], r.phase);
         fence_async_smem();
     };
-    auto release = [&](ring_pos r) {
+    auto release = [&](ring_pos r, int kind) {
         __syncwarp();
         if (lane == 0)
-            mbar_arrive(&empty[r.stage]);
+            mbar_arrive(&empty[kind * kStages + r.stage]);
+    };
+    auto skip = [&](ring_pos r) { /* a tile of the other consumer's walk only */
+        wait_full(r, 0), wait_full(r, 1), release(r, 0), release(r, 1);
     };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
-        wait_full(pos_of(t0)), release(pos_of(t0));
+        skip(pos_of(t0));
 
     /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
      * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
@@ -277,6 +291,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                 qk_chain<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s[1], qf, q_addr, k_addr(r.next()));
             wgmma_commit();
         };
+        auto release_k = [&](ring_pos r, int n) { /* S on the unit at r has landed */
+            release(r, 0);
+            if (n == 2)
+                release(r.next(), 0);
+        };
         auto s_landed = [&]() {
             wgmma_fence_operand(s[0][0]);
             wgmma_fence_operand(s[1][0]);
@@ -298,7 +317,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                     softmax_exp_p(s[u], m_s, l_s, m_tile[u], mod, scale[u], all_one[u]);
         };
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
-        /* O += P V of the unit at r: acc's rescale for its first tile, then
+        /* O += P V of the unit at r (its V landed): acc's rescale for its first tile, then
          * the products. The second tile's rescale falls between the two
          * products; where every factor of the warpgroup is 1 it is skipped,
          * exactly, and both products are one chain in one group (the usual
@@ -307,12 +326,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         auto issue_pv = [&](ring_pos r, int n) {
             if (acc_live)
                 rescale_acc<true>(acc, scale[0], all_one[0]);
-            const uint32_t va = k_addr(r) + (uint32_t)C::kTileBytes;
+            const uint32_t va = v_addr(r);
             if (n == 1) {
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf[0], va, acc_live);
                 return;
             }
-            const uint32_t vb = k_addr(r.next()) + (uint32_t)C::kTileBytes;
+            const uint32_t vb = v_addr(r.next());
             if (!wg_vote_any(!all_one[1], 1 + c)) {
                 wgmma_fence_operand(acc[0]);
                 wgmma_fence();
@@ -339,12 +358,13 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         ring_pos pos = pos_of(t0); /* the unit's first tile's */
         auto prologue = [&](auto nn_c) {
             constexpr int nn = decltype(nn_c)::value;
-            wait_full(pos);
+            wait_full(pos, 0);
             if (nn == 2)
-                wait_full(pos.next());
+                wait_full(pos.next(), 0);
             issue_s(pos, nn);
             wgmma_wait<0>();
             s_landed();
+            release_k(pos, nn);
             unit_max(t0, nn);
             unit_exp(nn);
         };
@@ -375,24 +395,29 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                 wgmma_fence_operand(acc[0]);
                 wgmma_fence_operand(pf[0]);
                 wgmma_fence_operand(pf[1]);
-                release(pos_done);
+                release(pos_done, 1);
                 if (nd == 2)
-                    release(pos_done.next());
+                    release(pos_done.next(), 1);
             };
+            /* V of the unit done (waited for here, with no wgmma in flight) */
+            wait_full(pos_done, 1);
+            if (nd == 2)
+                wait_full(pos_done.next(), 1);
             if (nn == 0) {
                 issue_pv(pos_done, nd);
                 pv_done();
                 return;
             }
             pos = nd == 2 ? pos.next().next() : pos.next();
-            wait_full(pos);
+            wait_full(pos, 0);
             if (nn == 2)
-                wait_full(pos.next());
+                wait_full(pos.next(), 0);
             issue_s(pos, nn);
             issue_pv(pos_done, nd);
             acc_live = true;
             wgmma_wait<1>(); /* S of the unit at t0 (the older group) */
             s_landed();
+            release_k(pos, nn);
             unit_max(t0, nn);
             if (split_left == 0) { /* the split ends with the unit at pos_done: fold, fresh state */
                 pv_done();
@@ -430,7 +455,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         }
     }
     for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
-        wait_full(pos_of(t0)), release(pos_of(t0));
+        skip(pos_of(t0));
     if (m0 >= len_q)
         return;
 
