@@ -77,12 +77,6 @@
 #ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
 #define FAD_WS_Q_REGS 1
 #endif
-/* FAD_WS_PAIRS: 1 = its consumers walk their tiles two at a time where they
- * can (S of both tiles in one wgmma group, one wait and one softmax pass per
- * 128 keys; R's o in shared memory to make room); the same bits. */
-#ifndef FAD_WS_PAIRS
-#define FAD_WS_PAIRS 1
-#endif
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif

@@ -7,17 +7,14 @@
  * head, pair of 64-row query blocks m_block 2x and 2x + 1 of the plan [,
  * split]); 384 threads:
  *   warpgroup 0, the producer: Q of both blocks, then every K/V tile the
- *     two blocks walk, into a K ring and a V ring of kStages stages each
- *     (cp.async; each copy arrives on its stage's `full` mbarrier when it
- *     lands);
+ *     two blocks walk, into a ring of kStages stages (cp.async; each copy
+ *     arrives on the stage's `full` mbarrier when it lands);
  *   warpgroups 1 and 2, the consumers: block 2x and 2x + 1, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
  *     fold_split on the same fragments -- so every row gets fwd_kernel's bits.
- *     A consumer releases a K stage (its `empty` mbarrier) once S on it has
- *     landed, a V stage once O += P V has; tiles outside its own walk it only
- *     waits for and releases. It walks its tiles one or two at a time
- *     (FAD_WS_PAIRS; "units", below).
+ *     A consumer releases a stage (its `empty` mbarrier) once its products
+ *     on it are done; tiles outside its own walk it only waits for and releases.
  *
  * Why it is faster than fwd_kernel's wgmma variant (docs/design.md,
  * "warp-specialized-prefill"):
@@ -33,8 +30,6 @@
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
 
-#include <type_traits>
-
 template <int kHeadDim> struct fwd_ws_cfg {
     static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup (the plan's tile) */
     static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
@@ -45,14 +40,8 @@ template <int kHeadDim> struct fwd_ws_cfg {
     static constexpr int kConsumerRegs = FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
-    /* kPairs: a consumer walks its tiles in units of two (S of both in one
-     * wgmma group, one wait, one softmax pass), and R's o moves to shared
-     * memory to make room for the second tile's S and P in registers. */
-    static constexpr bool kPairs = FAD_WS_PAIRS;
-    static constexpr size_t kRBytes = kPairs ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
-    static constexpr size_t kROffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
-    static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
-    static constexpr size_t kSmemBytes = kBarOffset + (4 * kStages + 1) * sizeof(uint64_t);
+    static constexpr size_t kBarOffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
+    static constexpr size_t kSmemBytes = kBarOffset + (2 * kStages + 1) * sizeof(uint64_t);
     static_assert(kHeadDim == 128, "the consumers' registers are budgeted for D 128");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
@@ -113,14 +102,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
-    /* Two rings of kStages tiles, K's then V's, each stage with its own
-     * barriers: a K stage is released once S = Q K^T on it has landed, a V
-     * stage once O += P V has, so the producer refills K a turn before V. */
-    T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes);
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset); /* [K, V][stage] */
-    uint64_t *empty = full + 2 * kStages, *q_full = empty + 2 * kStages;
+    T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
+    uint64_t *empty = full + kStages, *q_full = empty + kStages;
     if (tid == 0) {
-        for (int st = 0; st < 2 * kStages; st++) {
+        for (int st = 0; st < kStages; st++) {
             mbar_init(&full[st], 128);                /* every producer thread's copies */
             mbar_init(&empty[st], 4 * C::kConsumers); /* one arrival per consumer warp */
         }
@@ -150,18 +136,15 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
         for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
             const int st = i % kStages;
-            if (i >= kStages) /* the consumers are done with K of the tile kStages back */
+            if (i >= kStages) /* the consumers are done with the tile kStages back */
                 mbar_wait(&empty[st], (i / kStages - 1) & 1);
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sKV + (size_t)st * kBlockN * kHeadDim,
-                                                           k_g + (int64_t)t0 * p.k_row_stride,
+            T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
                                                            (int)p.k_row_stride, len_k - t0, D);
-            mbar_arrive_cp_async(&full[st]);
-            if (i >= kStages) /* ... and with its V */
-                mbar_wait(&empty[kStages + st], (i / kStages - 1) & 1);
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sKV + (size_t)(kStages + st) * kBlockN * kHeadDim,
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
                                                            v_g + (int64_t)t0 * p.v_row_stride,
                                                            (int)p.v_row_stride, len_k - t0, D);
-            mbar_arrive_cp_async(&full[kStages + st]);
+            mbar_arrive_cp_async(&full[st]);
         }
         cp_async_wait_all();
         return;
@@ -186,21 +169,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     const rows_prefill rows = {m0 + row0, 0.f};
 
     float mR[2], lR[2], m_s[2], l_s[2];
+    float oR[1][kHeadDim / 8][4] = {}; /* R's o: the empty state's */
     float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
-    /* R's o: the empty state's; in registers, or (kPairs) in this consumer's
-     * slots of shared memory (fold_split reads them only once written). */
-    constexpr bool kPairs = C::kPairs;
-    float oR[1][kPairs ? 1 : kHeadDim / 8][4] = {};
-    float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes);
 #pragma unroll
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
     auto fold = [&](bool to_R) {
-        if constexpr (kPairs)
-            fold_split(acc, m_s, l_s, mR, lR, r_in_smem_wg<1, kHeadDim / 8>{sR, tid % 128}, have_R, to_R);
-        else
-            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
+        fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
@@ -220,29 +196,24 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const int i = (t0 - u_first) / kBlockN;
         return ring_pos{i % kStages, (i / kStages) & 1};
     };
-    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * (uint32_t)C::kTileBytes; };
-    auto v_addr = [&](ring_pos r) { return k_addr(r) + (uint32_t)(kStages * C::kTileBytes); };
-    /* Waits until K (kind 0) or V (kind 1) of the tile at r has landed; the
-     * fence orders the copies (generic proxy) before the wgmma reads (async
-     * proxy). release: this warp is done with it. */
-    auto wait_full = [&](ring_pos r, int kind) {
-        mbar_wait(&full[kind * kStages + r.stage], r.phase);
+    auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
+    /* Waits until the tile at r has landed; the fence orders the copies
+     * (generic proxy) before the wgmma reads (async proxy). */
+    auto wait_full = [&](ring_pos r) {
+        mbar_wait(&full[r.stage], r.phase);
         fence_async_smem();
     };
-    auto release = [&](ring_pos r, int kind) {
+    auto release = [&](ring_pos r) {
         __syncwarp();
         if (lane == 0)
-            mbar_arrive(&empty[kind * kStages + r.stage]);
-    };
-    auto skip = [&](ring_pos r) { /* a tile of the other consumer's walk only */
-        wait_full(r, 0), wait_full(r, 1), release(r, 0), release(r, 1);
+            mbar_arrive(&empty[r.stage]);
     };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
-        skip(pos_of(t0));
+        wait_full(pos_of(t0)), release(pos_of(t0));
 
     /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
      * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
@@ -257,205 +228,85 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                                                  swz128<kBlockM>((warp % 4) * 16 + lane % 16,
                                                                  16 * kk + 8 * (lane / 16))));
     if (walked) {
-        /* The walk goes by units: one 64-key tile, or (kPairs) two, when the
-         * first starts on a 128-key boundary and the second is in the walk.
-         * Splits are multiples of FAD_SPLIT_QUANTUM = 128 keys, so a unit
-         * never straddles one. A unit's tiles get exactly the per-tile
-         * operations of the one-tile walk (same max, same exponentials, same
-         * rescales and products on acc, in the same order); only the waits are
-         * fewer: S of both tiles is one wgmma group, and so is O += P V of
-         * both unless the second tile rescales acc (below). */
-        float s[2][1][kBlockN / 8][4];  /* S, then P, of the unit's tiles */
-        uint32_t pf[2][kBlockN / 16][4]; /* P as A fragments */
-        float m_tile[2][2], scale[2][2]; /* scale: acc's factors for each tile (softmax_exp_p) */
-        bool all_one[2];
-        auto unit_tiles = [&](int t0) {
-            return kPairs && t0 % (2 * kBlockN) == 0 && t0 + kBlockN < my_last ? 2 : 1;
-        };
-        /* S = Q K^T of the unit at r (its tiles at r, r.next()) into s
-         * (zeroed: the chains add to it) */
-        auto issue_s = [&](ring_pos r, int n) {
+        float s[1][kBlockN / 8][4];
+        float m_tile[2], scale[2]; /* scale: acc's factors for the tile in s (softmax_exp_p) */
+        bool all_one;
+        uint32_t pf[kBlockN / 16][4];
+        /* S = Q K^T of the tile at r into s (zeroed: the chain adds to it) */
+        auto issue_s = [&](ring_pos r) {
 #pragma unroll
-            for (int u = 0; u < 2; u++)
-                if (u < n)
-#pragma unroll
-                    for (int j = 0; j < kBlockN / 8; j++)
-                        s[u][0][j][0] = s[u][0][j][1] = s[u][0][j][2] = s[u][0][j][3] = 0.f;
-            /* (the zeros written before the fence: a write to an accumulator
-             * after it makes ptxas fence again, and serialize the wgmmas) */
-            wgmma_fence_operand(s[0][0]);
-            wgmma_fence_operand(s[1][0]);
-            wgmma_fence();
-            qk_chain<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s[0], qf, q_addr, k_addr(r));
-            if (n == 2)
-                qk_chain<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s[1], qf, q_addr, k_addr(r.next()));
-            wgmma_commit();
+            for (int j = 0; j < kBlockN / 8; j++)
+                s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
         };
-        auto release_k = [&](ring_pos r, int n) { /* S on the unit at r has landed */
-            release(r, 0);
-            if (n == 2)
-                release(r.next(), 0);
-        };
-        auto s_landed = [&]() {
-            wgmma_fence_operand(s[0][0]);
-            wgmma_fence_operand(s[1][0]);
-        };
-        /* The two halves of the softmax step for the unit at t0: each tile's
-         * row max (independent of the state), then each tile's step of the
-         * split's online softmax, in key order. */
-        auto unit_max = [&](int t0, int n) {
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-                if (u < n)
-                    softmax_max<false>(s[u], m_tile[u], need_mask(t0 + u * kBlockN), mod, rows,
-                                       t0 + u * kBlockN, len_q, len_k, p.window_left, p.window_right);
-        };
-        auto unit_exp = [&](int n) {
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-                if (u < n)
-                    softmax_exp_p(s[u], m_s, l_s, m_tile[u], mod, scale[u], all_one[u]);
-        };
-        bool acc_live = false; /* acc holds this split's o: false until its first P V */
-        /* O += P V of the unit at r (its V landed): acc's rescale for its first tile, then
-         * the products. The second tile's rescale falls between the two
-         * products; where every factor of the warpgroup is 1 it is skipped,
-         * exactly, and both products are one chain in one group (the usual
-         * case: FAD_RESCALE_SLACK). Else the first product is waited for and
-         * acc rescaled, as in the one-tile walk. */
-        auto issue_pv = [&](ring_pos r, int n) {
-            if (acc_live)
-                rescale_acc<true>(acc, scale[0], all_one[0]);
-            const uint32_t va = v_addr(r);
-            if (n == 1) {
-                issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf[0], va, acc_live);
-                return;
-            }
-            const uint32_t vb = v_addr(r.next());
-            if (!wg_vote_any(!all_one[1], 1 + c)) {
-                wgmma_fence_operand(acc[0]);
-                wgmma_fence();
-                pv_chain<T, kHeadDim, kBlockN>(acc, pf[0], va, acc_live);
-                pv_chain<T, kHeadDim, kBlockN>(acc, pf[1], vb, true);
-                wgmma_commit();
-            } else {
-                issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf[0], va, acc_live);
-                wgmma_wait<0>();
-                wgmma_fence_operand(acc[0]);
-                rescale_acc<true>(acc, scale[1], all_one[1]);
-                issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf[1], vb, true);
-            }
-        };
-        /* The turns below call these with unit sizes known at compile time
-         * (turn's two template arguments): every wgmma group a turn issues is
-         * retired inside it on straight-line code. (With the sizes read at run
-         * time, ptxas cannot tell that a branch between an issue and its wait
-         * is warpgroup-uniform, and serializes every wgmma of the kernel.) */
-        using one = std::integral_constant<int, 1>;
-        using two = std::integral_constant<int, 2>;
-        /* Prologue: S and the softmax of the first unit. */
-        int t0 = my_first, n = unit_tiles(t0);
-        ring_pos pos = pos_of(t0); /* the unit's first tile's */
-        auto prologue = [&](auto nn_c) {
-            constexpr int nn = decltype(nn_c)::value;
-            wait_full(pos, 0);
-            if (nn == 2)
-                wait_full(pos.next(), 0);
-            issue_s(pos, nn);
-            wgmma_wait<0>();
-            s_landed();
-            release_k(pos, nn);
-            unit_max(t0, nn);
-            unit_exp(nn);
-        };
-        if (n == 2)
-            prologue(two{});
-        else
-            prologue(one{});
+        /* Prologue: S and the softmax of the first tile. */
+        int t0 = my_first;
+        ring_pos pos = pos_of(t0); /* tile t0's */
+        wait_full(pos);
+        issue_s(pos);
+        wgmma_wait<0>();
+        wgmma_fence_operand(s[0]);
+        softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
+                           p.window_right);
+        softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
         int split_left = fad_split_tiles_left(t0, S, kBlockN);
-        /* Each turn: s holds P of the unit at t0, and scale its factors for
-         * acc. Issue S of the next unit into s, rescale acc meanwhile, then
-         * issue O += P V of the unit at t0 (the tensor cores run the two in
-         * that order); the next unit's softmax then starts while O += P V
+        bool acc_live = false; /* acc holds this split's o: false until its first P V */
+        /* Each turn of the loop: s holds P of tile t0, and scale its factors
+         * for acc. Issue S of the next tile into s, rescale acc meanwhile,
+         * then issue O += P V of tile t0 (the tensor cores run the two in
+         * that order); the next tile's softmax then starts while O += P V
          * runs. (The source waits for it after the exponentials; ptxas
          * schedules that wait above them. Waiting at the next turn's start
          * instead, which keeps the exponentials under the product, measured
-         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets
-         * the same operations in the same order as in fwd_kernel (a split's
-         * first P V overwrites acc, so its rescale is skipped). nd_c, nn_c:
-         * the sizes of the unit done and of the next (0: no next unit). */
-        auto turn = [&](auto nd_c, auto nn_c) {
-            constexpr int nd = decltype(nd_c)::value, nn = decltype(nn_c)::value;
-#pragma unroll
-            for (int u = 0; u < nd; u++)
-                p_fragments<T, kBlockN>(s[u], pf[u]);
+         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
+         * operations in the same order as in fwd_kernel (a split's first
+         * P V overwrites acc, so its rescale is skipped). Each path issues its
+         * groups on straight-line code, so ptxas sees which group each
+         * wgmma_wait retires. */
+        for (;;) {
+            p_fragments<T, kBlockN>(s, pf);
+            const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
             const ring_pos pos_done = pos;
-            auto pv_done = [&]() { /* O += P V of the unit at pos_done has finished */
+            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
                 wgmma_wait<0>();
                 wgmma_fence_operand(acc[0]);
-                wgmma_fence_operand(pf[0]);
-                wgmma_fence_operand(pf[1]);
-                release(pos_done, 1);
-                if (nd == 2)
-                    release(pos_done.next(), 1);
+                wgmma_fence_operand(pf);
+                release(pos_done);
             };
-            /* V of the unit done (waited for here, with no wgmma in flight) */
-            wait_full(pos_done, 1);
-            if (nd == 2)
-                wait_full(pos_done.next(), 1);
-            if (nn == 0) {
-                issue_pv(pos_done, nd);
+            if (t0 + kBlockN >= my_last) {
+                if (acc_live)
+                    rescale_acc<true>(acc, scale, all_one);
+                issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
                 pv_done();
-                return;
+                break;
             }
-            pos = nd == 2 ? pos.next().next() : pos.next();
-            wait_full(pos, 0);
-            if (nn == 2)
-                wait_full(pos.next(), 0);
-            issue_s(pos, nn);
-            issue_pv(pos_done, nd);
+            t0 += kBlockN;
+            pos = pos.next();
+            wait_full(pos);
+            issue_s(pos);
+            if (acc_live)
+                rescale_acc<true>(acc, scale, all_one);
+            issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
             acc_live = true;
-            wgmma_wait<1>(); /* S of the unit at t0 (the older group) */
-            s_landed();
-            release_k(pos, nn);
-            unit_max(t0, nn);
-            if (split_left == 0) { /* the split ends with the unit at pos_done: fold, fresh state */
+            wgmma_wait<1>(); /* S of tile t0 (the older group) */
+            wgmma_fence_operand(s[0]);
+            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
+                               p.window_left, p.window_right);
+            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
                 pv_done();
                 fold(true);
                 split_left = S / kBlockN;
                 start_split_ml<1>(m_s, l_s);
                 acc_live = false;
-                unit_exp(nn);
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
             } else {
-                unit_exp(nn);
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
                 pv_done();
             }
-        };
-        using none = std::integral_constant<int, 0>;
-        for (;;) {
-            const int nd = n;
-            split_left -= nd;
-            if (t0 + nd * kBlockN >= my_last) {
-                if (nd == 2)
-                    turn(two{}, none{});
-                else
-                    turn(one{}, none{});
-                break;
-            }
-            t0 += nd * kBlockN;
-            n = unit_tiles(t0);
-            if (nd == 2 && n == 2)
-                turn(two{}, two{});
-            else if (nd == 2)
-                turn(two{}, one{});
-            else if (n == 2)
-                turn(one{}, two{});
-            else
-                turn(one{}, one{});
         }
     }
     for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
-        skip(pos_of(t0));
+        wait_full(pos_of(t0)), release(pos_of(t0));
     if (m0 >= len_q)
         return;
 

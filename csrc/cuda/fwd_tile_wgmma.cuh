@@ -22,11 +22,12 @@
  * fragments) or at q_addr = this warpgroup's first Q row in a swz128 tile of
  * kQRows rows; K at k_addr, a swz128 tile of kBlockN rows. */
 template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs>
-__device__ __forceinline__ void qk_chain(float (&s)[1][kBlockN / 8][4],
-                                        const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
-                                        uint32_t q_addr, uint32_t k_addr)
+__device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
+                                               const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
+                                               uint32_t q_addr, uint32_t k_addr)
 {
     const uint64_t k_desc0 = gmma_desc(k_addr, 16, 1024), q_desc0 = gmma_desc(q_addr, 16, 1024);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
         const uint64_t k_desc = gmma_desc_at(k_desc0, ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2);
@@ -36,16 +37,6 @@ __device__ __forceinline__ void qk_chain(float (&s)[1][kBlockN / 8][4],
             wgmma_ss(s[0], gmma_desc_at(q_desc0, ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2),
                      k_desc, (const T *)nullptr);
     }
-}
-/* (qk_chain: the wgmmas only, for a caller that puts several chains in one
- * group; issue_qk_wgmma: one chain, one group) */
-template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs>
-__device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
-                                               const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
-                                               uint32_t q_addr, uint32_t k_addr)
-{
-    wgmma_fence();
-    qk_chain<T, kHeadDim, kBlockN, kQRows, kQInRegs>(s, qf, q_addr, k_addr);
     wgmma_commit();
 }
 
@@ -63,27 +54,19 @@ __device__ __forceinline__ void p_fragments(const float (&s)[1][kBlockN / 8][4],
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
 }
-/* (pf already packed: issue_pv_wgmma's second half; pv_chain: the wgmmas
- * only, for a caller that puts several chains in one group) */
-template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void pv_chain(float (&acc)[1][kHeadDim / 8][4],
-                                         uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
-                                         bool acc_live)
-{
-    const uint64_t v_desc0 = gmma_desc(v_addr, kBlockN * 128, 1024);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
-        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr,
-                         kk > 0 || acc_live);
-}
+/* (pf already packed: issue_pv_wgmma's second half) */
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void issue_pv_wgmma_pf(float (&acc)[1][kHeadDim / 8][4],
                                                   uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
                                                   bool acc_live)
 {
+    const uint64_t v_desc0 = gmma_desc(v_addr, kBlockN * 128, 1024);
     wgmma_fence_operand(acc[0]);
     wgmma_fence();
-    pv_chain<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
+        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr,
+                         kk > 0 || acc_live);
     wgmma_commit();
 }
 template <typename T, int kHeadDim, int kBlockN>

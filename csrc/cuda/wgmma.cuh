@@ -42,21 +42,6 @@
 #define FAD_HAS_WGMMA 0
 #endif
 
-/* One warpgroup's vote (every thread of it calls, with bar_id its own named
- * barrier, 1 .. 15): true when pred holds for any of its 128 threads. A
- * branch around wgmma instructions must be taken by the whole warpgroup
- * (they are .aligned), so a per-thread condition is reduced first. */
-__device__ __forceinline__ bool wg_vote_any(bool pred, int bar_id)
-{
-    uint32_t any;
-    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
-                 "bar.red.or.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-                 : "=r"(any)
-                 : "r"((uint32_t)pred), "r"(bar_id)
-                 : "memory");
-    return any != 0;
-}
-
 /* The 64-bit wgmma matrix descriptor of a 128-byte-swizzled operand at shared
  * address addr: lbo = bytes between 64-column blocks along M/N (MN-major; a
  * K-major operand never crosses one inside an instruction), sbo = bytes
