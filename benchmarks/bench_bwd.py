@@ -6,7 +6,8 @@ build_ext --inplace`):
     python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
 
 Protocol as bench_fwd.py (benchmarks/METHOD.md): fresh random inputs, the same
-for every impl; one forward per impl builds the autograd graph, then the impls take
+for every impl (SDPA also on contiguous (B, H, L, D) copies, its dout too; the ratios
+are against a backend's faster layout); one forward per impl builds the autograd graph, then the impls take
 --rounds turns of --warmup + --iters backward calls (torch.autograd.grad with
 retain_graph, the same dout), timed one by one with CUDA events; the median of an
 impl's calls is reported. TFLOP/s = 2.5 x the forward's 4*B*H*L^2*D (halved
@@ -23,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import Config, log  # noqa: E402
 
-IMPLS = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+IMPLS = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_flash_bhld", "sdpa_cudnn", "sdpa_cudnn_bhld",
+         "sdpa_efficient"]
 BWD_FLOP_FACTOR = 2.5
 
 
@@ -48,13 +50,17 @@ def prepare_bwd(impl, cfg, device, seed=0):
     None when the impl failed (the record says why)."""
     rec = dict(impl=impl.name, **cfg.fields(), flops=BWD_FLOP_FACTOR * common.attn_flops(cfg))
     try:
-        q, k, v = (t.requires_grad_(True) for t in common.make_input_sets(cfg, device, n=1,
-                                                                           seed=seed)[0])
+        q, k, v = common.make_input_sets(cfg, device, n=1, seed=seed)[0]
         gen = torch.Generator(device=device)
         gen.manual_seed(seed + 1)
         dout = torch.randn(q.shape, generator=gen, device=device).to(q.dtype)
+        if impl.prepare is not None:  # its own layout: inputs, output and dout contiguous
+            q, k, v = impl.prepare(q, k, v)
+            dout = dout.transpose(1, 2).contiguous()
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
         with impl.context():
-            out = impl.to_bshd(impl.call(q, k, v, cfg.causal))
+            out = impl.call(q, k, v, cfg.causal)
+            out = out if impl.prepare is not None else impl.to_bshd(out)
         return rec, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     except Exception as exc:
         rec["error"] = common.short_error(exc)
@@ -92,11 +98,15 @@ def markdown(records, env):
         by_cfg.setdefault((r["D"], r["L"], r["B"], r["H"], r["causal"]), {})[r["impl"]] = r
     impls = [i for i in IMPLS if any(i in v for v in by_cfg.values())]
     headers = ["D", "L", "B", "H", "causal"] + [f"{i} TFLOP/s" for i in impls] + \
-        ["det / sdpa_flash", "det / cudnn", "det vs fast"]
+        ["det / sdpa_flash", "det / cudnn", "det vs fast"]  # (a peer's faster layout: best_of)
     rows = []
     for (D, L, B, H, causal), rs in sorted(by_cfg.items()):
         tf = {i: rs[i].get("tflops") for i in impls if i in rs}
-        ratio = lambda a, b: (f"{tf[a] / tf[b]:.2f}x" if tf.get(a) and tf.get(b) else "-")  # noqa
+        for peer in common.PEER_LAYOUTS:
+            best = common.best_of(rs, peer)
+            tf["best " + peer] = best["tflops"] if best else None
+        ratio = lambda a, b: (f"{tf[a] / tf['best ' + b]:.2f}x"  # noqa: E731
+                              if tf.get(a) and tf.get("best " + b) else "-")
         det_fast = (f"{rs['fad_det']['ms'] / rs['fad_fast']['ms'] - 1:+.1%}"
                     if tf.get("fad_det") and tf.get("fad_fast") else "-")
         rows.append([D, L, B, H, causal] + [tf.get(i) if tf.get(i) else

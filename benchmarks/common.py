@@ -11,8 +11,11 @@
     attn_flops()      4*B*H*Lq*Lk*D, halved for causal when Lq == Lk
     env_info(), JsonlWriter, markdown_table(), log()
 
-Layout: every impl takes flash_attn's (B, L, H, D) tensors; SDPA gets (B, H, L, D)
-transposed views of the same tensors (enable_gqa=True when Hkv < H). Causal means
+Layout: every impl takes flash_attn's (B, L, H, D) tensors. SDPA is measured twice per
+backend: on (B, H, L, D) transposed views of those tensors (sdpa_flash, sdpa_cudnn: what
+HF-style models pass) and on contiguous (B, H, L, D) copies made before the timed calls
+(sdpa_flash_bhld, sdpa_cudnn_bhld: SDPA's own layout); a report's ratio against a backend is
+against the faster of its two layouts (best_of). enable_gqa=True when Hkv < H. Causal means
 bottom-right aligned (flash_attn's rule); for Lq != Lk SDPA is given
 torch.nn.attention.bias.causal_lower_right instead of is_causal (top-left).
 """
@@ -215,9 +218,15 @@ class Impl:
     context: object = contextlib.nullcontext
     layout: str = "bshd"  # output layout: "bshd" (flash) or "bhsd" (SDPA)
     note: str = ""
+    # prepare(q, k, v) -> the impl's own inputs, made once per input set before any
+    # timed call (the contiguous-layout SDPA impls); None: the flash-layout set as is
+    prepare: object = None
 
     def to_bshd(self, out):
         return out.transpose(1, 2) if self.layout == "bhsd" else out
+
+    def inputs(self, arg_sets):
+        return arg_sets if self.prepare is None else [self.prepare(*a) for a in arg_sets]
 
 
 @contextlib.contextmanager
@@ -251,20 +260,29 @@ def _torch_at_least(major, minor):
 
 def sdpa_call(q, k, v, causal):
     """torch SDPA on (B, H, L, D) views of flash-layout tensors; output (B, H, Lq, D)."""
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return sdpa_call_bhld(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+
+
+def to_bhld(q, k, v):
+    """Contiguous (B, H, L, D) copies of flash-layout tensors: SDPA's own layout."""
+    return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+
+def sdpa_call_bhld(qt, kt, vt, causal):
+    """torch SDPA on (B, H, L, D) tensors (views or contiguous); output (B, H, Lq, D)."""
     kw = {}
-    if q.shape[2] != k.shape[2]:
+    if qt.shape[1] != kt.shape[1]:
         if not _torch_at_least(2, 5):
             raise RuntimeError("GQA through SDPA needs enable_gqa (torch >= 2.5)")
         kw["enable_gqa"] = True
-    if causal and q.shape[1] != k.shape[1]:
+    if causal and qt.shape[2] != kt.shape[2]:
         from torch.nn.attention.bias import causal_lower_right
         return F.scaled_dot_product_attention(
-            qt, kt, vt, attn_mask=causal_lower_right(q.shape[1], k.shape[1]), **kw)
+            qt, kt, vt, attn_mask=causal_lower_right(qt.shape[2], kt.shape[2]), **kw)
     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **kw)
 
 
-def _sdpa_impl(name, backend_attr):
+def _sdpa_impl(name, backend_attr, contiguous=False):
     backend = getattr(SDPBackend, backend_attr, None) if SDPBackend is not None else None
 
     def context():
@@ -272,6 +290,9 @@ def _sdpa_impl(name, backend_attr):
             raise RuntimeError(f"SDPBackend.{backend_attr} is not in torch {torch.__version__}")
         return sdpa_kernel(backend)
 
+    if contiguous:
+        return Impl(name, sdpa_call_bhld, context, layout="bhsd", prepare=to_bhld,
+                    note="contiguous (B, H, L, D) inputs")
     return Impl(name, sdpa_call, context, layout="bhsd")
 
 
@@ -298,15 +319,28 @@ def _flash_attn_impls():
     return impls
 
 
-IMPL_ORDER = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
-              "flash_attn", "flash_attn3"]
+IMPL_ORDER = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_flash_bhld", "sdpa_cudnn",
+              "sdpa_cudnn_bhld", "sdpa_efficient", "flash_attn", "flash_attn3"]
+# A peer measured in both layouts: its ratios are against the faster (best_of).
+PEER_LAYOUTS = {"sdpa_flash": ("sdpa_flash", "sdpa_flash_bhld"),
+                "sdpa_cudnn": ("sdpa_cudnn", "sdpa_cudnn_bhld")}
+
+
+def best_of(per_impl, peer):
+    """The record of `peer` ("sdpa_flash", "sdpa_cudnn") in its faster layout, from a
+    {impl name: record} dict of one config; None when neither layout has a time."""
+    recs = [per_impl.get(n) for n in PEER_LAYOUTS.get(peer, (peer,))]
+    recs = [r for r in recs if r is not None and "error" not in r and r.get("tflops")]
+    return max(recs, key=lambda r: r["tflops"]) if recs else None
 
 
 def make_impls(split_size=None, names=None):
     """The implementations to compare, in IMPL_ORDER, optionally filtered by name."""
     impls = [_fad_impl("fad_det", True, split_size), _fad_impl("fad_fast", False, split_size),
              _sdpa_impl("sdpa_flash", "FLASH_ATTENTION"),
+             _sdpa_impl("sdpa_flash_bhld", "FLASH_ATTENTION", contiguous=True),
              _sdpa_impl("sdpa_cudnn", "CUDNN_ATTENTION"),
+             _sdpa_impl("sdpa_cudnn_bhld", "CUDNN_ATTENTION", contiguous=True),
              _sdpa_impl("sdpa_efficient", "EFFICIENT_ATTENTION")] + _flash_attn_impls()
     if names:
         unknown = set(names) - set(IMPL_ORDER)
@@ -399,9 +433,11 @@ def measure_rounds(impls, cfg, arg_sets, device, iters, warmup, rounds=1):
             if "error" in rec:
                 continue
             try:
+                sets = impl.inputs(arg_sets)
                 with impl.context():
                     fn = lambda q, k, v: impl.call(q, k, v, cfg.causal)  # noqa: E731
-                    _set_times(rec, rec["_times"] + time_ms(fn, arg_sets, iters, warmup, device))
+                    _set_times(rec, rec["_times"] + time_ms(fn, sets, iters, warmup, device))
+                del sets
             except Exception as exc:  # recorded, as in measure(); the other impls go on
                 rec["error"] = "later round: " + short_error(exc)
     for rec in recs:
@@ -421,6 +457,7 @@ def measure(impl, cfg, arg_sets, device, iters, warmup, ref=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
+            arg_sets = impl.inputs(arg_sets)  # (untimed: the contiguous-layout copies)
             with impl.context():
                 fn = lambda q, k, v: impl.call(q, k, v, cfg.causal)  # noqa: E731
                 out0 = impl.to_bshd(fn(*arg_sets[0]))  # probe: errors surface here

@@ -99,11 +99,14 @@ class Impl:
     """One attention implementation; call it inside `with impl.context():`.
 
     Takes and returns flash_attn's layout (B, L, H, D); SDPA gets (B, H, L, D)
-    transposed views of the same tensors and its output is viewed back.
+    transposed views of the same tensors and its output is viewed back. A contiguous
+    SDPA impl is timed on contiguous (B, H, L, D) copies made before the timed calls
+    (prepare, then native): SDPA's own layout, which models rarely pass.
     """
 
-    def __init__(self, key, label, det=None, backend=None):
+    def __init__(self, key, label, det=None, backend=None, contiguous=False):
         self.key, self.label, self.det, self.backend = key, label, det, backend
+        self.contiguous = contiguous
         self.error = None  # set when the first call failed: reported "unavailable"
 
     @property
@@ -120,9 +123,20 @@ class Impl:
     def __call__(self, q, k, v):
         if self.is_fad:
             return flash_attn_func(q, k, v)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2))
-        return out.transpose(1, 2)
+        return self.native(*self.prepare(q, k, v)).transpose(1, 2)
+
+    def prepare(self, q, k, v):
+        """The impl's own inputs from flash-layout ones (made outside timed calls)."""
+        if self.is_fad:
+            return q, k, v
+        views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return tuple(t.contiguous() for t in views) if self.contiguous else views
+
+    def native(self, q, k, v):
+        """One call on prepare()'s inputs; the output in the impl's own layout."""
+        if self.is_fad:
+            return flash_attn_func(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v)
 
     def run(self, q, k, v):
         """One call in its own context, SDPA's warnings captured (not printed)."""
@@ -139,11 +153,13 @@ class Impl:
 
 def make_impls():
     impls = [Impl("fad_det", "fad det", det=True), Impl("fad_fast", "fad fast", det=False)]
-    names = [("sdpa_flash", "sdpa flash", "FLASH_ATTENTION"),
-             ("sdpa_efficient", "sdpa efficient", "EFFICIENT_ATTENTION"),
-             ("sdpa_cudnn", "sdpa cudnn", "CUDNN_ATTENTION")]
-    for key, label, attr in names:
-        impl = Impl(key, label, backend=getattr(SDPBackend, attr, None) if SDPBackend else None)
+    names = [("sdpa_flash", "sdpa flash", "FLASH_ATTENTION", False),
+             ("sdpa_efficient", "sdpa efficient", "EFFICIENT_ATTENTION", False),
+             ("sdpa_cudnn", "sdpa cudnn", "CUDNN_ATTENTION", False),
+             ("sdpa_cudnn_bhld", "sdpa cudnn BHLD", "CUDNN_ATTENTION", True)]
+    for key, label, attr, contiguous in names:
+        impl = Impl(key, label, backend=getattr(SDPBackend, attr, None) if SDPBackend else None,
+                    contiguous=contiguous)
         if impl.backend is None:
             impl.error = f"SDPBackend.{attr} not in this torch"
         impls.append(impl)
@@ -181,9 +197,10 @@ def _l2_bytes(device):
 
 def _time_ms(impl, sets, iters, warmup, device):
     """Median milliseconds of one call, rotating among the input sets."""
+    sets = [impl.prepare(*s) for s in sets]  # (untimed)
     with impl.context():
         for i in range(warmup):
-            impl(*sets[i % len(sets)])
+            impl.native(*sets[i % len(sets)])
         _sync(device)
         if device.type == "cuda":
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -191,7 +208,7 @@ def _time_ms(impl, sets, iters, warmup, device):
             for i, (start, end) in enumerate(events):
                 args = sets[i % len(sets)]
                 start.record()
-                impl(*args)
+                impl.native(*args)
                 end.record()
             torch.cuda.synchronize(device)
             times = [s.elapsed_time(e) for s, e in events]
@@ -200,7 +217,7 @@ def _time_ms(impl, sets, iters, warmup, device):
             for i in range(iters):
                 args = sets[i % len(sets)]
                 t0 = time.perf_counter()
-                impl(*args)
+                impl.native(*args)
                 times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -208,12 +225,13 @@ def _time_ms(impl, sets, iters, warmup, device):
 def _peak_extra_mb(impl, q, k, v, device):
     """Peak memory allocated during one call beyond what was allocated before
     (the inputs) and the output it returns, in MB (2**20 bytes)."""
+    q, k, v = impl.prepare(q, k, v)  # (a contiguous impl's copies are inputs, not its cost)
     with impl.context():
-        impl(q, k, v)  # warm-up: lazy initialisation is not the call's cost
+        impl.native(q, k, v)  # warm-up: lazy initialisation is not the call's cost
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        out = impl(q, k, v)
+        out = impl.native(q, k, v)
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
     out_bytes = out.numel() * out.element_size()
@@ -352,7 +370,7 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
     p(f"{mem} | perf {_shape_str(cfg['perf'])} non-causal, median of {cfg['iters']} | "
       f"invariance B{Bi} vs {Bi // 2}+{Bi - Bi // 2} L{cfg['invariance'][1]}; decode 1 q x "
       f"{cfg['decode'][1]} keys, B1 vs B{cfg['decode'][0]} | t_det/t = det time / impl time")
-    hdr = (f"{'impl':<15}{'extra MB':>9}{'vs flash':>9}{'ms':>9}{'TFLOP/s':>9}"
+    hdr = (f"{'impl':<16}{'extra MB':>9}{'vs flash':>9}{'ms':>9}{'TFLOP/s':>9}"
            f"{'t_det/t':>9}  {'batch split':<17}decode B1 in B{cfg['decode'][0]}")
     p(hdr)
     det_ms = res["fad_det"].get("ms")
@@ -360,7 +378,7 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
     for impl in impls:
         r = res[impl.key]
         if impl.error:
-            p(f"{impl.label:<15}unavailable: {_short(impl.error, 75)}")
+            p(f"{impl.label:<16}unavailable: {_short(impl.error, 75)}")
             continue
         mb = r.get("extra_mb")
         mb_s = f"{mb:9.1f}" if mb is not None else f"{'n/a':>9}"
@@ -373,7 +391,7 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
         else:
             ms_s = f"{'err':>9}{'-':>9}"
         slow = f"{det_ms / ms:8.2f}x" if ms and det_ms else f"{'-':>9}"
-        p(f"{impl.label:<15}{mb_s}{ratio}{ms_s}{slow}  "
+        p(f"{impl.label:<16}{mb_s}{ratio}{ms_s}{slow}  "
           f"{_fmt_eq(r.get('batch_equal'), r.get('batch_max_diff')):<17}"
           f"{_fmt_eq(r.get('decode_equal'), r.get('decode_max_diff')):<17}")
     errs = [f"{impl.label}: {k.split('_')[0]} {v}" for impl in impls if not impl.error
