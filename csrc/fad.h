@@ -185,9 +185,10 @@ fad_status fad_bwd_cuda(const fad_bwd_params *p, void *workspace, size_t workspa
  * written into the cache at rows cache_seqlens[b] + i of entry
  * cache_batch_idx[b] (default b), or through block_table for a paged cache
  * (row r of sequence b: row r % page_size of page block_table[b][r / page_size]).
- * Rotary positions count from cache_leftpad: new key i of sequence b sits at
- * cache_seqlens[b] - leftpad[b] + i; query row i at the same position when
- * rotate_q_per_row, else all query rows at cache_seqlens[b] - leftpad[b].
+ * Rotary positions are absolute cache rows (flash_attn's rule, cache_leftpad
+ * or not): new key i of sequence b sits at cache_seqlens[b] + i; query row i
+ * at the same position when rotate_q_per_row, else all query rows at
+ * cache_seqlens[b].
  * Rotary (flash_attn's): pairs (2j, 2j+1) when interleaved, else (j, j + R/2),
  * R = rotary_dim; y0 = x0 c - x1 s, y1 = x0 s + x1 c in fp32, each product and
  * sum rounded. No host sync: a row that would land outside the cache (or a
@@ -202,7 +203,6 @@ typedef struct fad_append_params {
     int rotary_fp32;      /* 1: cos/sin are float32; 0: they have q's dtype */
     const int32_t *cache_seqlens;   /* (B): where sequence b's new rows go */
     const int32_t *cache_batch_idx; /* NULL or (B) */
-    const int32_t *cache_leftpad;   /* NULL or (B) */
     const int32_t *block_table;     /* NULL, or (B, max_blocks) int32 with row stride block_table_stride */
     int32_t *seqlens_out;           /* NULL, or (B): written cache_seqlens[b] + Snew */
     int64_t q_batch_stride, q_row_stride, q_head_stride;

@@ -273,6 +273,31 @@ def _no_dropout(dropout_p):
                                   "pass dropout_p=0.0")
 
 
+_MAX_HEAD_DIM = 256
+
+
+def _head_pad(q, *others):
+    """Zero columns that bring a head dim that is not a multiple of 8 up to one: the
+    kernels move 16-byte chunks, and flash_attn pads such head dims the same way (in
+    Python, and in C++ for the KV cache). 0 when no padding applies: a multiple of 8, a
+    head dim past 256, or operands whose last dims differ from q's (the checks then raise
+    their usual errors). Zero columns add exact zeros to every q . k, so the padded call
+    is the same attention, and its bits obey the same contract."""
+    if not isinstance(q, torch.Tensor) or not q.dim():
+        return 0
+    D = q.shape[-1]
+    if not 0 < D <= _MAX_HEAD_DIM or D % 8 == 0:
+        return 0
+    for t in others:
+        if t is not None and (not isinstance(t, torch.Tensor) or not t.dim() or t.shape[-1] != D):
+            return 0
+    return 8 - D % 8
+
+
+def _pad_last(t, pad):
+    return None if t is None else torch.nn.functional.pad(t, (0, pad))
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False):
@@ -280,7 +305,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
     nheads % nheads_k == 0 (GQA/MQA, no K/V expansion). fp16 or bf16; headdim a
-    multiple of 8 up to 256. Causal masks are aligned to the bottom-right corner
+    up to 256 (one that is not a multiple of 8 is padded with zeros and the output sliced,
+    as flash_attn does). Causal masks are aligned to the bottom-right corner
     (row i sees keys j <= i + seqlen_k - seqlen_q). window_size=(left, right):
     row i sees keys in [i + Sk - Sq - left, i + Sk - Sq + right] (-1 = unbounded).
     softcap > 0: scores become softcap * tanh(scores / softcap). alibi_slopes:
@@ -298,6 +324,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
     _no_dropout(dropout_p)
+    pad = _head_pad(q, k, v)
+    if pad:  # (autograd slices the padded gradients back through the pad)
+        D = q.shape[-1]
+        res = flash_attn_func(_pad_last(q, pad), _pad_last(k, pad), _pad_last(v, pad), dropout_p,
+                              D ** -0.5 if softmax_scale is None else softmax_scale, causal,
+                              window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+        return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -337,6 +370,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
     _no_dropout(dropout_p)
+    pad = _head_pad(q, k, v)
+    if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
+        D = q.shape[-1]
+        res = flash_attn_varlen_func(
+            _pad_last(q, pad), _pad_last(k, pad), _pad_last(v, pad), cu_seqlens_q, cu_seqlens_k,
+            max_seqlen_q, max_seqlen_k, dropout_p, D ** -0.5 if softmax_scale is None
+            else softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, block_table, seqused_k)
+        return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
     if torch.compiler.is_compiling():
@@ -372,7 +414,7 @@ def _rotary(x, cos, sin, pos, interleaved):
 
 
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
+                    cache_batch_idx, rotary_interleaved, rotate_q_per_row,
                     block_table=None, before_write=None):
     """flash_attn_with_kvcache's steps before attention: rotary on q and the new keys, new
     keys/values written at rows cache_seqlens + i. Returns (q, cache_seqlens after). CPU
@@ -403,7 +445,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             raise ValueError("rotary_cos, rotary_sin: expected (seqlen_ro, rotary_dim / 2) with "
                              f"rotary_dim <= headdim, got {tuple(rotary_cos.shape)}, "
                              f"{tuple(rotary_sin.shape)}")
-    start = None if q.is_cuda else cache_seqlens - (0 if cache_leftpad is None else cache_leftpad)
+    start = None if q.is_cuda else cache_seqlens  # rotary positions: absolute cache rows
     if not q.is_cuda:  # host tensors: check everything before writing anything
         if n_new:  # (CUDA tensors: the same check in C, csrc/python/glue.c, check_no_overlap)
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -425,9 +467,9 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         before_write(n_new)
     if q.is_cuda:  # one kernel (csrc/cuda/append.cu) does the steps below, same bits
         return _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                    cache_seqlens, cache_batch_idx, cache_leftpad,
-                                    rotary_interleaved, rotate_q_per_row, block_table)
-    pos = start.long()[:, None]  # rotary positions count from leftpad
+                                    cache_seqlens, cache_batch_idx, rotary_interleaved,
+                                    rotate_q_per_row, block_table)
+    pos = start.long()[:, None]  # (flash_attn's rule, cache_leftpad or not)
     if rotary_cos is not None:
         q_pos = pos + (torch.arange(Sq, device=q.device) if rotate_q_per_row else 0)
         q = _rotary(q, rotary_cos, rotary_sin, q_pos.expand(B, Sq), rotary_interleaved)
@@ -451,8 +493,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 
 
 def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                         cache_batch_idx, cache_leftpad, rotary_interleaved, rotate_q_per_row,
-                         block_table):
+                         cache_batch_idx, rotary_interleaved, rotate_q_per_row, block_table):
     """_kvcache_append on CUDA tensors: one launch instead of a few dozen torch ops."""
     q_rot, rot = None, (None, None)
     if rotary_cos is not None:
@@ -463,7 +504,7 @@ def _kvcache_append_cuda(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
     seqlens_out = torch.empty_like(cache_seqlens) if k is not None and k.shape[1] else None
     _C.append_kvcache(_dl(q), _opt(q_rot), _opt(k), _opt(v), _dl(k_cache),
                       _dl(v_cache), _dl(cache_seqlens), _opt(seqlens_out),
-                      _opt(cache_batch_idx), _opt(cache_leftpad), _opt(block_table), *rot,
+                      _opt(cache_batch_idx), _opt(block_table), *rot,
                       int(bool(rotary_interleaved)), int(bool(rotate_q_per_row)),
                       _current_stream(q))
     return (q if q_rot is None else q_rot), (cache_seqlens if seqlens_out is None else seqlens_out)
@@ -479,13 +520,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q: (batch, seqlen_q, nheads, headdim); k_cache/v_cache: (batch_cache, capacity,
     nheads_k, headdim). k, v (batch, seqlen_new, nheads_k, headdim): appended in place at
     cache rows cache_seqlens[b] + i before attention. rotary_cos/sin (seqlen_ro, rotary_dim/2):
-    rotate the new keys at positions cache_seqlens - leftpad + i, and q at the same positions
-    when causal or local (else all of q at cache_seqlens - leftpad); rotary_interleaved picks
-    GPT-J pairs over GPT-NeoX halves. Sequence b then attends cache rows
+    rotate the new keys at positions cache_seqlens + i (absolute cache rows, cache_leftpad or
+    not: flash_attn's rule), and q at the same positions when causal or local (else all of q
+    at cache_seqlens); rotary_interleaved picks GPT-J pairs over GPT-NeoX halves. Sequence b then attends cache rows
     [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of entry cache_batch_idx[b] (defaults:
     0, the capacity, b), its queries being the last seqlen_q positions. cache_seqlens: int or
     int32 (batch,). In deterministic mode a row's bits do not depend on the capacity, the
-    entry, leftpad, the other sequences, or whether it comes from a prefill, a chunk or a
+    entry, leftpad (rotary aside: its positions are cache rows), the other sequences, or whether it comes from a prefill, a chunk or a
     one-token decode. num_splits is accepted and ignored: the split plan comes from
     split_size (deterministic mode) or the batch and GPU (fast mode). block_table (int32
     (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), page_size
@@ -502,6 +543,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              rotary_interleaved, return_softmax_lse)
         if res is not NotImplemented:
             return res
+    pad = _head_pad(q, k_cache, v_cache, k, v)
+    if pad:
+        return _kvcache_padded(
+            pad, q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+            cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale,
+            causal=causal, window_size=window_size, softcap=softcap,
+            rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
+            num_splits=num_splits, return_softmax_lse=return_softmax_lse)
     if cache_seqlens is None and isinstance(k_cache, torch.Tensor) and k_cache.dim():
         cache_seqlens = k_cache.shape[1] if k is None else 0
     if isinstance(cache_seqlens, int) and isinstance(q, torch.Tensor) and q.dim():
@@ -518,6 +568,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out, lse = _fwd_kvcache(*args, softmax_scale, causal, window_size, softcap,
                                 rotary_interleaved, alibi_slopes, want_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
+
+
+def _kvcache_padded(pad, q, k_cache, v_cache, k, v, **kw):
+    """flash_attn_with_kvcache for a head dim that is not a multiple of 8: on zero-padded
+    copies of q, the caches and the new k/v (kw: the other arguments), then the caches
+    copied back when something was appended -- flash_attn's C++ does the same, copy
+    included. A call that raises has written nothing into the caller's caches."""
+    D = q.shape[-1]
+    k_pad, v_pad = _pad_last(k_cache, pad), _pad_last(v_cache, pad)
+    if kw["softmax_scale"] is None:  # the unpadded head dim's default
+        kw["softmax_scale"] = D ** -0.5
+    res = flash_attn_with_kvcache(_pad_last(q, pad), k_pad, v_pad, _pad_last(k, pad),
+                                  _pad_last(v, pad), **kw)
+    if k is not None:
+        k_cache.copy_(k_pad[..., :D])
+        v_cache.copy_(v_pad[..., :D])
+    return (res[0][..., :D], res[1]) if kw["return_softmax_lse"] else res[..., :D]
 
 
 def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -569,7 +636,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
 
         local = opts[3] >= 0 or opts[4] >= 0  # window_left, window_right (causal: right 0)
         q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                           cache_seqlens, cache_batch_idx, cache_leftpad,
+                                           cache_seqlens, cache_batch_idx,
                                            rotary_interleaved, local, block_table,
                                            before_write=check_attention)
     # A sequence whose cache rows fall outside k_cache (indices are not read back on the

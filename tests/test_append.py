@@ -16,15 +16,14 @@ def i32(xs, device):
     return torch.tensor(xs, dtype=torch.int32, device=device)
 
 
-def run_both(q, kc, vc, k, v, cos, sin, seqlens, batch_idx, leftpad, interleaved, per_row,
-             table=None):
+def run_both(q, kc, vc, k, v, cos, sin, seqlens, batch_idx, interleaved, per_row, table=None):
     """(q_rot, k_cache, v_cache, seqlens_out) from the CPU torch ops and from the kernel."""
     outs = []
     for dev in ("cpu", "cuda"):
         mv = (lambda t: None if t is None else t.to(dev))
         kc_d, vc_d = kc.clone().to(dev), vc.clone().to(dev)
         q_rot, new_lens = I._kvcache_append(mv(q), kc_d, vc_d, mv(k), mv(v), mv(cos), mv(sin),
-                                            mv(seqlens), mv(batch_idx), mv(leftpad), interleaved,
+                                            mv(seqlens), mv(batch_idx), interleaved,
                                             per_row, mv(table))
         torch.cuda.synchronize()
         outs.append([t.cpu() for t in (q_rot, kc_d, vc_d, new_lens)])
@@ -42,9 +41,9 @@ def test_append_kernel_equals_torch_ops(interleaved, rot_dtype, per_row):
     kc, vc = (randn(gen, (4, cap, Hk, D), torch.bfloat16) for _ in range(2))
     theta = torch.rand((64, rd // 2), generator=gen, dtype=torch.float64) * 6.28
     cos, sin = theta.cos().to(rot_dtype), theta.sin().to(rot_dtype)
-    seqlens, batch_idx, leftpad = i32([5, 0, 30], "cpu"), i32([3, 0, 1], "cpu"), i32([2, 0, 9], "cpu")
+    seqlens, batch_idx = i32([5, 0, 30], "cpu"), i32([3, 0, 1], "cpu")
     (cq, ck, cv, cl), (gq, gk, gv, gl) = run_both(q, kc, vc, k, v, cos, sin, seqlens, batch_idx,
-                                                  leftpad, interleaved, per_row)
+                                                  interleaved, per_row)
     assert torch.equal(cl, gl) and torch.equal(gl, seqlens + Snew)
     assert torch.equal(cq, gq), "rotated q differs"
     assert torch.equal(ck, gk) and torch.equal(cv, gv), "cache contents differ"
@@ -62,7 +61,7 @@ def test_paged_append_kernel_equals_torch_ops(page):
     cos, sin = theta.cos().to(torch.float16), theta.sin().to(torch.float16)
     table = i32([[4, 0, 7, 2], [8, 1, 3, 5]], "cpu")
     seqlens = i32([page - 1, 2 * page + 5], "cpu")  # the first sequence's rows cross a page
-    (cq, ck, cv, cl), (gq, gk, gv, gl) = run_both(q, kc, vc, k, v, cos, sin, seqlens, None, None,
+    (cq, ck, cv, cl), (gq, gk, gv, gl) = run_both(q, kc, vc, k, v, cos, sin, seqlens, None,
                                                   True, True, table)
     assert torch.equal(cq, gq) and torch.equal(ck, gk) and torch.equal(cv, gv)
     assert torch.equal(cl, gl)
@@ -78,8 +77,7 @@ def test_append_past_the_cache_writes_nothing_outside_it():
     kc, vc = (randn(gen, (3, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
     kc0, vc0 = kc.clone(), vc.clone()
     seqlens, batch_idx = i32([8, 1, 0], "cuda"), i32([0, 1, 7], "cuda")  # 8+3 > 10; entry 7 absent
-    _, new_lens = I._kvcache_append(q, kc, vc, k, v, None, None, seqlens, batch_idx, None, True,
-                                    False)
+    _, new_lens = I._kvcache_append(q, kc, vc, k, v, None, None, seqlens, batch_idx, True, False)
     torch.cuda.synchronize()
     assert torch.equal(new_lens, seqlens + Snew)
     assert torch.equal(kc[0, :8], kc0[0, :8]) and torch.equal(kc[0, 8:], k[0, :2])  # rows 8, 9 only

@@ -153,8 +153,7 @@ def test_infer_bad_input_raises_the_general_message(device):
         ((q, k.half(), v), TypeError, "k: expected dtype bfloat16"),
         ((q, k, v[:, :32]), ValueError, "v: dim 1 must be 64"),
         ((q, k[..., :32].contiguous(), v), ValueError, "k: dim 3 must be 64"),
-        ((q[..., :60].contiguous(), k[..., :60].contiguous(), v[..., :60].contiguous()),
-         ValueError, "head"),
+        (make_qkv(g, 1, 16, 64, 2, 2, 264, torch.bfloat16, device), ValueError, "head"),
     ]
     for args, exc, msg in cases:
         try:  # left to the general path, or (a check of the C core's, which both paths

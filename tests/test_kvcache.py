@@ -210,14 +210,16 @@ def test_decode_with_append_and_rotary_equals_prefill(device, interleaved):
     q, k, v = (randn(gen, (2, T, h, D), torch.bfloat16, device) for h in (H, Hk, Hk))
     theta = torch.rand((T + 10, rd // 2), generator=gen, dtype=torch.float64) * 6.28
     cos, sin = theta.cos().to(torch.bfloat16).to(device), theta.sin().to(torch.bfloat16).to(device)
-    pos = torch.arange(T, device=device)[None].expand(2, T)
+    entries, left = i32([2, 0], device), i32([7, 0], device)
+    # rotary positions are absolute cache rows, leftpad included (flash_attn 2.8.3's kernel and
+    # its test's reference: seqlen_offsets=cache_seqlens): sequence 0's token t sits at row 7 + t
+    pos = torch.arange(T, device=device)[None] + left.long()[:, None]
     q_rot, k_rot = _rotary(q, cos, sin, pos, interleaved), _rotary(k, cos, sin, pos, interleaved)
     ref_rot = rotary_ref(k, cos, sin, pos, interleaved)
     assert (k_rot.double() - ref_rot).abs().max() < 2 ** -6 * ref_rot.abs().max()
     full = fad.flash_attn_func(q_rot, k_rot, v, causal=True)
     kc = torch.zeros(3, 256, Hk, D, dtype=torch.bfloat16, device=device)
     vc = torch.zeros_like(kc)
-    entries, left = i32([2, 0], device), i32([7, 0], device)
     step = 1 if device == "cpu" else 3  # on the GPU, chunks of 3 new tokens per call
     for t in range(0, T, step):
         n = min(step, T - t)

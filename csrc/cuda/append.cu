@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(128) append_kernel(const __grid_constant__ fad
     const int D = p.head_dim, R = p.rotary_dim, half = R / 2;
     const int q_rows = R > 0 ? p.seqlen_q : 0, per_seq = q_rows + 2 * p.seqlen_new;
     const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
-    const int start = p.cache_seqlens[b]; /* cache row of new row 0 */
-    const int pos0 = start - (p.cache_leftpad ? p.cache_leftpad[b] : 0); /* its rotary position */
+    const int start = p.cache_seqlens[b]; /* cache row of new row 0, and its rotary position */
+    const int pos0 = start;
     if (r == 0 && threadIdx.x == 0 && p.seqlens_out)
         p.seqlens_out[b] = start + p.seqlen_new;
 

@@ -464,12 +464,12 @@ static int check_index(const DLTensor *t, const DLTensor *q, const char *name, i
 }
 
 /* Checks append_kvcache's tensors (q_rot, k, v, seqlens_out, batch_idx,
- * leftpad, table, cos, sin NULL-able; k and v together, cos and sin together)
+ * table, cos, sin NULL-able; k and v together, cos and sin together)
  * and fills p; p->rotary_interleaved and rotate_q_per_row are the caller's. */
 int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k,
                         const DLTensor *v, const DLTensor *kc, const DLTensor *vc,
                         const DLTensor *seqlens, const DLTensor *seqlens_out,
-                        const DLTensor *batch_idx, const DLTensor *leftpad, const DLTensor *table,
+                        const DLTensor *batch_idx, const DLTensor *table,
                         const DLTensor *cos, const DLTensor *sin, fad_append_params *p)
 {
     if (check_q(q, 4))
@@ -500,8 +500,7 @@ int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k,
         return -1;
     }
     if (check_index(seqlens, q, "cache_seqlens", 1) || check_index(seqlens_out, q, "seqlens_out", 1) ||
-        check_index(batch_idx, q, "cache_batch_idx", 1) ||
-        check_index(leftpad, q, "cache_leftpad", 1) || check_index(table, q, "block_table", 2))
+        check_index(batch_idx, q, "cache_batch_idx", 1) || check_index(table, q, "block_table", 2))
         return -1;
     if (cos) {
         const int64_t two[2] = {-1, -1};
@@ -532,7 +531,6 @@ int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k,
     p->cache_seqlens = (const int32_t *)tensor_data(seqlens);
     p->seqlens_out = seqlens_out ? (int32_t *)tensor_data(seqlens_out) : NULL;
     p->cache_batch_idx = batch_idx ? (const int32_t *)tensor_data(batch_idx) : NULL;
-    p->cache_leftpad = leftpad ? (const int32_t *)tensor_data(leftpad) : NULL;
     p->block_table = table ? (const int32_t *)tensor_data(table) : NULL;
     p->block_table_stride = table ? (int)tensor_stride(table, 0) : 0;
     p->max_blocks = table ? (int)table->shape[1] : 0;

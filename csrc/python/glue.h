@@ -83,8 +83,7 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
                      fad_fwd_params *p);
 int check_append(const DLTensor *q, const DLTensor *q_rot, const DLTensor *k, const DLTensor *v,
                  const DLTensor *kc, const DLTensor *vc, const DLTensor *seqlens,
-                 const DLTensor *seqlens_out, const DLTensor *batch_idx, const DLTensor *leftpad,
-                 const DLTensor *table, const DLTensor *cos, const DLTensor *sin,
+                 const DLTensor *seqlens_out, const DLTensor *batch_idx, const DLTensor *table, const DLTensor *cos, const DLTensor *sin,
                  fad_append_params *p);
 void set_out(fad_fwd_params *p, const DLTensor *out);
 

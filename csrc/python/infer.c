@@ -252,6 +252,8 @@ static PyObject *finish_infer(const fad_module_state *st, int take, fad_fwd_para
     const int with_lse = take == TAKE ? PyObject_IsTrue(want_lse) : 0;
     if (take == FAIL || with_lse < 0)
         return NULL;
+    if (p->head_dim % 8) /* Python pads it to a multiple of 8 (interface.py, _head_pad) */
+        take = LEAVE;
     if (take == LEAVE) {
         PyErr_Clear(); /* a failed check's message: the general path raises it in its words */
         Py_RETURN_NOTIMPLEMENTED;
@@ -416,7 +418,7 @@ static int take_append(const fad_module_state *st, DLTensor *const t[KV_NTENSORS
     memset(ap, 0, sizeof *ap);
     if (check_append(q, o->q_rot.data ? &o->q_rot : NULL, k, t[KV_V], t[KV_KC], t[KV_VC],
                      t[KV_SEQLENS], o->seqlens.data ? &o->seqlens : NULL, t[KV_BATCH_IDX],
-                     t[KV_LEFTPAD], t[KV_TABLE], cos, t[KV_SIN], ap))
+                     t[KV_TABLE], cos, t[KV_SIN], ap))
         return LEAVE;
     const int il = PyObject_IsTrue(interleaved);
     if (il < 0)

@@ -431,54 +431,54 @@ static PyObject *fad_py_fwd_workspace_size(PyObject *module, PyObject *const *ar
 
 PyDoc_STRVAR(append_kvcache_doc,
 "append_kvcache(q, q_rot, k, v, k_cache, v_cache, cache_seqlens, seqlens_out,\n"
-"               cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,\n"
+"               cache_batch_idx, block_table, rotary_cos, rotary_sin,\n"
 "               rotary_interleaved, rotate_q_per_row, stream)\n"
 "--\n\n"
 "flash_attn_with_kvcache's rotary and append on CUDA tensors, one kernel (fad.h,\n"
 "fad_append_params). q (B, Sq, Hq, D); q_rot like q, contiguous, or None without\n"
 "rotary; k, v (B, Snew, Hkv, D) or None; k_cache, v_cache (entries or pages, rows,\n"
 "Hkv, D); int32 cache_seqlens (B,), seqlens_out (B,) or None (receives\n"
-"cache_seqlens + Snew), cache_batch_idx, cache_leftpad (B,) or None, block_table\n"
-"(B, max_blocks) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2), float32 or\n"
-"q's dtype, contiguous, or None.");
+"cache_seqlens + Snew), cache_batch_idx (B,) or None, block_table (B, max_blocks)\n"
+"or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2), float32 or q's dtype,\n"
+"contiguous, or None. Rotary positions are absolute cache rows (flash_attn's rule):\n"
+"new row i of sequence b at cache_seqlens[b] + i.");
 
 static PyObject *fad_py_append_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args targs, *ta = &targs;
     tensor_args_init(ta, module);
     /* in append_kvcache's argument order; NULL for None */
-    static const char *names[13] = {"q", "q_rot", "k", "v", "k_cache", "v_cache", "cache_seqlens",
-                                    "seqlens_out", "cache_batch_idx", "cache_leftpad",
-                                    "block_table", "rotary_cos", "rotary_sin"};
-    DLTensor *t[13] = {NULL};
+    static const char *names[12] = {"q", "q_rot", "k", "v", "k_cache", "v_cache", "cache_seqlens",
+                                    "seqlens_out", "cache_batch_idx", "block_table",
+                                    "rotary_cos", "rotary_sin"};
+    DLTensor *t[12] = {NULL};
     int interleaved, per_row;
     long long stream;
     char msg[512] = "";
     fad_append_params p;
-    if (nargs != 16) {
-        PyErr_Format(PyExc_TypeError, "append_kvcache: expected 16 arguments, got %zd", nargs);
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "append_kvcache: expected 15 arguments, got %zd", nargs);
         return NULL;
     }
-    for (int i = 0; i < 13; i++)
+    for (int i = 0; i < 12; i++)
         if (args[i] != Py_None && get_tensor(ta, args[i], names[i], &t[i]))
             return NULL;
     if (!t[2] != !t[3]) {
         PyErr_SetString(PyExc_ValueError, "k, v: give both or neither");
         return NULL;
     }
-    if (!t[11] != !t[12]) {
+    if (!t[10] != !t[11]) {
         PyErr_SetString(PyExc_ValueError, "rotary_cos, rotary_sin: give both or neither");
         return NULL;
     }
-    if (as_int(args[13], "rotary_interleaved", &interleaved) ||
-        as_int(args[14], "rotate_q_per_row", &per_row))
+    if (as_int(args[12], "rotary_interleaved", &interleaved) ||
+        as_int(args[13], "rotate_q_per_row", &per_row))
         return NULL;
-    stream = PyLong_AsLongLong(args[15]);
+    stream = PyLong_AsLongLong(args[14]);
     if (stream == -1 && PyErr_Occurred())
         return NULL;
     memset(&p, 0, sizeof p);
-    if (check_append(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
-                     t[12], &p))
+    if (check_append(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], &p))
         return NULL;
     p.rotary_interleaved = interleaved, p.rotate_q_per_row = per_row;
 

@@ -45,7 +45,7 @@ def context_parallel_prefill_with_kvcache(q, k_cache, v_cache, k, v, cache_seqle
     k_full, v_full = _gather(plan, [k, v])
     # the append (and its checks: capacity, block table) of one device's call, in place
     _I._kvcache_append(q, k_cache, v_cache, k_full, v_full, None, None, cache_seqlens,
-                       cache_batch_idx, cache_leftpad, False, False, block_table)
+                       cache_batch_idx, False, False, block_table)
     scale, _, _, softcap_, _ = opts
 
     def attend(qp, piece, ke, window, slopes, want_lse):
