@@ -104,8 +104,23 @@ def _number(x, name):
         raise TypeError(f"{name}: expected a number, got {type(x).__name__}") from None
 
 
+def _length(x, name):
+    """int(x) for a length argument (an int, or a one-element integer tensor), else a
+    TypeError or ValueError naming it (None, a float, NaN, a string...)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point():
+        return int(x)
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    raise (ValueError if isinstance(x, float) else TypeError)(
+        f"{name}: expected an int, got {x!r}")
+
+
 def _options(head_dim, softmax_scale, causal, window_size, softcap, alibi_slopes):
     """The arguments every forward entry shares, checked."""
+    if head_dim <= 0:
+        raise ValueError(f"head_dim: must be at least 1 (got {head_dim})")
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
     else:
@@ -162,7 +177,9 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
-    if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
+    max_seqlen_q, max_seqlen_k = (_length(max_seqlen_q, "max_seqlen_q"),
+                                  _length(max_seqlen_k, "max_seqlen_k"))
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise ValueError(f"max_seqlen_q, max_seqlen_k: must be >= 0, got {max_seqlen_q}, "
                          f"{max_seqlen_k}")
     Tq, H, D = q.shape
