@@ -465,11 +465,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     start = None if q.is_cuda else cache_seqlens  # rotary positions: absolute cache rows
     if not q.is_cuda:  # host tensors: check everything before writing anything
         if n_new:  # (CUDA tensors: the same check in C, csrc/python/glue.c, check_no_overlap)
-            for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-                bad = [d for d in range(t.dim()) if t.shape[d] > 1 and t.stride(d) == 0]
-                if bad:
-                    raise ValueError(f"{name}: dim {bad[0]} has stride 0 (an expand()ed tensor?): "
-                                     f"its rows share memory, and it is written in place")
+            _writable(k_cache, "k_cache"), _writable(v_cache, "v_cache")
         capacity = (k_cache.shape[1] if block_table is None
                     else block_table.shape[1] * k_cache.shape[1])
         if int((cache_seqlens + n_new).max()) > capacity or int(cache_seqlens.min()) < 0:
@@ -587,12 +583,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
+def _writable(t, name):
+    """Refuses a tensor written in place whose rows share memory (a stride-0 dim)."""
+    bad = [d for d in range(t.dim()) if t.shape[d] > 1 and t.stride(d) == 0]
+    if bad:
+        raise ValueError(f"{name}: dim {bad[0]} has stride 0 (an expand()ed tensor?): its rows "
+                         "share memory, and it is written in place")
+
+
 def _kvcache_padded(pad, q, k_cache, v_cache, k, v, **kw):
     """flash_attn_with_kvcache for a head dim that is not a multiple of 8: on zero-padded
     copies of q, the caches and the new k/v (kw: the other arguments), then the caches
     copied back when something was appended -- flash_attn's C++ does the same, copy
     included. A call that raises has written nothing into the caller's caches."""
     D = q.shape[-1]
+    if k is not None:  # (the padded copies below would hide an expand()ed cache from the checks)
+        _writable(k_cache, "k_cache"), _writable(v_cache, "v_cache")
     k_pad, v_pad = _pad_last(k_cache, pad), _pad_last(v_cache, pad)
     if kw["softmax_scale"] is None:  # the unpadded head dim's default
         kw["softmax_scale"] = D ** -0.5

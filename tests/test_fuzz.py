@@ -283,3 +283,18 @@ def test_defects_the_fuzzer_found():
     e = torch.zeros(1, 1, 1, 0, dtype=torch.float16)
     with pytest.raises(ValueError, match="^head_dim:"):
         fad.flash_attn_func(e, e, e)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="needs a GPU"))])
+def test_expanded_cache_with_a_padded_head_dim_is_refused(device):
+    """Found by the fuzzer on CUDA: at head dim 59 the call ran on a padded copy of the cache,
+    which hid its stride-0 rows from the checks, and copying back raised torch's RuntimeError."""
+    kc = torch.randn(1, 8, 1, 59, dtype=torch.float16, device=device).expand(2, 8, 1, 59)
+    vc = torch.randn(2, 8, 1, 59, dtype=torch.float16, device=device)
+    new = torch.randn(2, 1, 1, 59, dtype=torch.float16, device=device)
+    q = torch.randn(2, 1, 2, 59, dtype=torch.float16, device=device)
+    before = (kc.clone(), vc.clone())
+    with pytest.raises(ValueError, match="^k_cache:"):
+        fad.flash_attn_with_kvcache(q, kc, vc, new, new, cache_seqlens=3)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
