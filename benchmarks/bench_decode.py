@@ -46,10 +46,14 @@ IMPLS = ["fad_det", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
 
 
 def lengths(kind, B, gen):
-    """Per-sequence cache lengths: a fixed 8k/32k, or 'mix' (uniform in [1k, 32k], seeded)."""
+    """(per-sequence cache lengths, cache capacity): a fixed length ("8192"), one in a larger
+    cache ("1024@32768": 1k tokens in caches of 32k rows, as a server allocates them), or
+    'mix' (uniform in [1k, 32k], seeded)."""
     if kind == "mix":
-        return [int(x) for x in torch.randint(1024, 32768 + 1, (B,), generator=gen)]
-    return [int(kind)] * B
+        lens = [int(x) for x in torch.randint(1024, 32768 + 1, (B,), generator=gen)]
+        return lens, max(lens)
+    length, _, cap = kind.partition("@")
+    return [int(length)] * B, int(cap or length)
 
 
 def kv_bytes(lens):
@@ -162,7 +166,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8k/32k, B 1/8/64, fewer iterations")
     ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--lens", default=None, help="comma list of 8192, 32768, mix")
+    ap.add_argument("--lens", default=None,
+                    help="comma list of lengths (8192), length@capacity (1024@32768), mix")
     ap.add_argument("--batches", default=None, help="comma list of batch sizes")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=10)
@@ -200,8 +205,8 @@ def main():
     rows = []
     for kind in kinds:
         for B in batches:
-            lens = lengths(kind, B, gen)
-            cap, lmax = max(lens), max(lens)
+            lens, cap = lengths(kind, B, gen)
+            lmax = max(lens)
             need = kv_bytes(lens)
             set_bytes = B * cap * HKV * D * 2 * 2
             n_sets = 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))

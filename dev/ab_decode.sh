@@ -37,21 +37,29 @@ done
 t0=$(date +%s)
 wait
 echo "built $n variants in $(( $(date +%s) - t0 )) s"
+# AB_LENS / AB_BATCHES: bench_decode's --lens / --batches (default 8192,32768 and 1,8);
+# AB_ROUNDS: how many times the variants' benchmarks run, in turn (default 1; the tests run once)
+lens=${AB_LENS:-8192,32768}
+batches=${AB_BATCHES:-1,8}
+for round in $(seq "${AB_ROUNDS:-1}"); do
 n=0
 for v in "$@"; do
     n=$((n + 1))
     d=$root/$n
     echo
-    echo "== variant $n: $v"
+    echo "== variant $n: $v (round $round)"
     if [ "$(cat "$d/build.rc")" != 0 ]; then
         echo "build failed:"; tail -20 "$d/build.log"; continue
     fi
-    grep -h "took" "$d/build.log" | head -3
     impls=fad_det
     [ $n -eq 1 ] && impls=fad_det,sdpa_cudnn
-    (cd "$d" && timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_kvcache.py \
-        -k "packed or paged" 2>&1 | tail -3)
-    (cd "$d" && FLASH_ATTN_DET_COMMIT="$commit" timeout 150 python3 benchmarks/bench_decode.py \
-        --lens 8192,32768 --batches 1,8 --impls "$impls" --iters 20 --warmup 5 \
-        --out "$root/results" --tag "ab$n" 2>&1 | grep -E "^\||TB/s|rror" | head -20)
+    if [ "$round" = 1 ]; then
+        grep -h "took" "$d/build.log" | head -3
+        (cd "$d" && timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_kvcache.py \
+            -k "packed or paged" 2>&1 | tail -3)
+    fi
+    (cd "$d" && FLASH_ATTN_DET_COMMIT="$commit" timeout 200 python3 benchmarks/bench_decode.py \
+        --lens "$lens" --batches "$batches" --impls "$impls" --iters 20 --warmup 5 \
+        --out "$root/results" --tag "ab$n" 2>&1 | grep -E "^\||TB/s|rror" | head -30)
+done
 done

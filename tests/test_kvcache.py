@@ -578,3 +578,62 @@ def test_packed_decode_batch_invariance_gpu(sched):
     assert torch.equal(alone, full)  # one query row, no mask: the whole prefix
     ref, _ = attention_ref(q[pos:pos + 1], kc[pos:pos + 1, :L], vc[pos:pos + 1, :L])
     assert_close(alone, ref, torch.bfloat16, 2.0 ** -7)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("paged", [False, True])
+def test_packed_split_runs_equal_one_cta_gpu(paged):
+    """The packed kernel's CTA-per-split launch gives a row block's splits to fewer CTAs than
+    there are splits when the grid would overfill the SMs (runs of consecutive splits, each
+    split's partial written as it ends). 128-key splits over a 6k cache with 16 row blocks make
+    runs of several splits; the bits must be the one-CTA schedule's and a lone sequence's,
+    for a short sequence in the long cache too, with a window, a softcap and 4 query rows."""
+    gen = make_gen(90 + paged)
+    B, H, Hk, D, cap = 4, 16, 4, 128, 6144
+    lens = [6144, 100, 4097, 3000]
+    q = randn(gen, (B, 4, H, D), torch.bfloat16, "cuda")
+    k, v = (randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
+    if paged:
+        kc, vc, bt = to_pages(gen, k, v, 64, B * cap // 64 + 3, "cuda")
+    else:
+        kc, vc, bt = k, v, None
+    fad.set_deterministic_mode(True, split_size=128)
+    for Sq in (1, 4):
+        for kw in ({"causal": True}, {"causal": True, "window_size": (700, 0)},
+                   {"causal": True, "softcap": 5.0}):
+            res = {}
+            for sched in ("one_cta", "cta_per_split"):
+                with force_schedule(sched):
+                    res[sched] = fad.flash_attn_with_kvcache(
+                        q[:, :Sq], kc, vc, cache_seqlens=i32(lens, "cuda"), block_table=bt,
+                        return_softmax_lse=True, **kw)
+            (a, a_lse), (b, b_lse) = res["one_cta"], res["cta_per_split"]
+            assert torch.equal(a, b) and torch.equal(a_lse, b_lse), f"Sq {Sq}, {kw}"
+            assert torch.isfinite(b).all()
+            with force_schedule("cta_per_split"):
+                alone = fad.flash_attn_with_kvcache(q[2:3, :Sq], k[2:3], v[2:3],
+                                                    cache_seqlens=i32([lens[2]], "cuda"), **kw)
+            assert torch.equal(alone[0], b[2]), f"alone, Sq {Sq}, {kw}"
+    ref, _ = attention_ref(q[1:2, :1], k[1:2, :lens[1]], v[1:2, :lens[1]])
+    assert_close(res["cta_per_split"][0][1:2, :1], ref, torch.bfloat16, 2.0 ** -7)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_packed_split_runs_bad_block_is_nan_gpu():
+    """A page outside the cache in the middle of a long sequence walked in runs of splits:
+    that sequence's rows are NaN, the other sequences' are finite."""
+    gen = make_gen(95)
+    B, H, Hk, D, page, cap = 4, 32, 8, 64, 64, 8192
+    q = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")
+    blocks = B * cap // page
+    kc, vc = (randn(gen, (blocks, page, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
+    table = torch.randperm(blocks, generator=gen).reshape(B, cap // page).to(torch.int32)
+    table[1, 70] = blocks + 5
+    fad.set_deterministic_mode(True, split_size=128)
+    with force_schedule("cta_per_split"):
+        out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=i32([cap] * B, "cuda"),
+                                               block_table=table.cuda(), return_softmax_lse=True)
+    torch.cuda.synchronize()
+    for b in (0, 2, 3):
+        assert torch.isfinite(out[b]).all() and torch.isfinite(lse[b]).all()
+    assert out[1].isnan().all() and lse[1].isnan().all()

@@ -243,6 +243,29 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         start_split(acc, m_s, l_s);
     }
 
+    /* CTA-per-split schedule: split sp's (m, l, o) of this warp's rows out by
+     * flat row (poisoned: (m, l) = NaN, which the combine turns into NaN
+     * rows; o is left as it is). */
+    auto write_partial = [&](int sp, bool poisoned) {
+        const size_t split_base = (size_t)sp * fad_flat_rows(&p);
+        const float nan = __int_as_float(0x7fffffff);
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            const float l_row = poisoned ? nan : quad_sum(l_s[r]);
+            const int pr = m0 + row0 + 8 * r;
+            if (pr < m_end) {
+                const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
+                if (poisoned) { /* the same thread that wrote (m, l) overwrites it */
+                    if (cw == 0 && lane % 4 == 0)
+                        *reinterpret_cast<float2 *>(a.ws_ml + row * 2) = make_float2(nan, nan);
+                } else {
+                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + row * D, a.ws_ml + row * 2, D,
+                                      cw * kColBlocks * 16, cw == 0);
+                }
+            }
+        }
+    };
+
     int st = 0; /* tile j's stage */
 #pragma unroll 1
     for (int j = 0; tile_at(j) < t_last; j++) {
@@ -273,9 +296,14 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             softmax_exp<false>(s, acc, m_s, l_s, m_tile, mod);
             pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
             publish(sp, j % 2 ? xchg0 : xchg1);
-            /* the next tile starts a split: fold this one into R, fresh state */
+            /* the next tile starts a split: fold this one into R (or, on
+             * the CTA-per-split schedule, whose CTA may walk a run of
+             * splits, write it out), fresh state */
             if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
-                fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
+                if (partial)
+                    write_partial(cur_split, false);
+                else
+                    fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
                 cur_split = fad_split_of(t0 + kBlockN, S);
                 start_split(acc, m_s, l_s);
             }
@@ -288,21 +316,14 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     if (!warp_active)
         return;
 
-    if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
+    if (partial) { /* the CTA's last split ends: write its (m, l, o) out */
         if (cur_split >= 0) {
-            const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
-#pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                const float nan = __int_as_float(0x7fffffff);
-                const float l_row = poison ? nan : quad_sum(l_s[r]);
-                const int pr = m0 + row0 + 8 * r;
-                if (pr < m_end) {
-                    const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
-                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + row * D,
-                                      a.ws_ml + row * 2, D,
-                                      cw * kColBlocks * 16, cw == 0);
-                }
-            }
+            write_partial(cur_split, false);
+            /* a page outside the cache: every split this CTA walked gets
+             * (m, l) = NaN, so that every row of it comes out NaN */
+            if (poison)
+                for (int sp = fad_split_of(t_first, S); sp <= cur_split; sp++)
+                    write_partial(sp, true);
         }
         return;
     }
@@ -337,10 +358,32 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
-              plan.cta_per_split ? plan.num_splits : 1);
+    const int64_t row_blocks = (int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k;
+    fwd_args la = a;
+    if (plan.cta_per_split) {
+        /* Runs of splits: as many CTAs per row block as fill the SMs once
+         * (a CTA that walks one 512-key split spends a good part of its life
+         * filling and draining its pipeline; a run keeps it streaming), but
+         * runs of at most FAD_PACKED_MAX_RUN splits, so that a batch of
+         * unequal lengths still spreads its long sequences. The grid reads
+         * shapes only (CUDA-graph safe); the run length is the row block's
+         * own (tile_walk). */
+        static int occ[FAD_MAX_DEVICES];
+        int per_sm = 0, sms = 0;
+        st = ctas_per_sm(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, occ, C::kThreads,
+                         C::kSmemBytes, &per_sm, msg, msg_len);
+        if (st == FAD_OK)
+            st = fad_cuda_num_sms(&sms, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        int64_t z = (int64_t)per_sm * sms / row_blocks;
+        const int64_t fewest = (plan.num_splits + FAD_PACKED_MAX_RUN - 1) / FAD_PACKED_MAX_RUN;
+        z = z < fewest ? fewest : z;
+        la.plan.split_ctas = (int)(z < plan.num_splits ? z : plan.num_splits);
+    }
+    dim3 grid((unsigned)row_blocks, 1, plan.cta_per_split ? la.plan.split_ctas : 1);
     return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
-                         C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
+                         C::kSmemBytes, stream, FAD_ATTN_PDL, la, msg, msg_len);
 }
 
 #define FAD_INST(T, D, MOD, PAGED) \
