@@ -110,13 +110,6 @@
 #ifndef FAD_PACKED_Q_IN_REGS
 #define FAD_PACKED_Q_IN_REGS 0
 #endif
-/* FAD_PACKED_MAX_RUN: on the CTA-per-split schedule, the most consecutive
- * splits one packed CTA walks (writing each split's partial as it ends); the
- * launch gives a row block's splits to as few CTAs as fill the SMs once, in
- * runs of at most this many. 1 = one CTA per split. Never changes a bit. */
-#ifndef FAD_PACKED_MAX_RUN
-#define FAD_PACKED_MAX_RUN 16
-#endif
 /* Knobs that never change a bit (dev/ab_decode.sh compares them):
  * FAD_PACKED_COL_WARPS: warps per 16-row group, splitting the output columns
  * of O += P V and the key blocks of S = Q K^T (1, 2, 4; fewer where the head

@@ -241,7 +241,6 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     if (plan->cta_per_split) {
-        plan->split_ctas = plan->num_splits;
         plan->ws_o_offset = 0;
         plan->ws_ml_offset = (o_bytes + 255) / 256 * 256;
         plan->workspace_bytes = plan->ws_ml_offset + ml_bytes;

@@ -43,9 +43,6 @@ typedef struct fad_plan {
     int num_splits;      /* splits of the longest sequence */
     int m_blocks;        /* query tiles per (batch, head); packed: per (batch, kv head) */
     int cta_per_split;   /* 1: one CTA per split, partials in workspace, combine */
-    int split_ctas;      /* CTA-per-split: CTAs per row block (grid z), each walking a run of
-                            consecutive splits (tile_walk); num_splits = one split each. The
-                            plan sets num_splits; the packed kernel's launch may lower it. */
     int packed;          /* 1: fwd_packed_kernel (GQA heads packed into M), else fwd_kernel */
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */

@@ -89,36 +89,21 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
  * decides bits): the kBlockN-aligned tiles of splits [s_begin, s_end) that
  * intersect keys [first.lo, last.hi) of its rows (first/last: the key ranges of
  * its first and last query row, which only grow with the row index). On the
- * CTA-per-split schedule the CTA walks a run of those splits only:
- * - plan.split_ctas == plan.num_splits (every prefill plan): split blockIdx.z;
- * - fewer (the packed kernel's launch, when one split per CTA would run more
- *   CTAs than the SMs hold at once): the splits [s_begin, s_end) of its rows
- *   cut into split_ctas runs of ceil((s_end - s_begin) / split_ctas) splits,
- *   run blockIdx.z. The run length reads the row block's own lengths, on the
- *   device, so a short sequence in a long cache gets short runs.
- * A split is computed the same way whichever CTA walks it and whatever else
- * that CTA walks (its partial starts from a fresh state), so the runs change
- * no bit. Returns false when the CTA has no split to walk (the combine skips
- * a split masked for every row too). */
+ * CTA-per-split schedule the CTA walks split `split` only (the prefill
+ * kernels' blockIdx.z, the packed kernel's job); returns false when that
+ * split is masked for every row (the combine skips it too). */
 template <int kBlockN>
-__device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range first,
+__device__ __forceinline__ bool tile_walk(const fad_plan &plan, int split, fad_key_range first,
                                           fad_key_range last, int len_k, int *t_first, int *t_last)
 {
     const int S = plan.split_size;
     const fad_key_range keys = {first.lo, last.hi};
     int s_begin = fad_first_split(keys, S), s_end = fad_end_split(keys, S);
     if (plan.cta_per_split) {
-        const int z = (int)blockIdx.z;
-        int lo = z, hi = z + 1;
-        if (plan.split_ctas < plan.num_splits) {
-            const int run = (s_end - s_begin + plan.split_ctas - 1) / plan.split_ctas;
-            lo = s_begin + z * run;
-            hi = lo + run;
-        }
-        s_begin = max(s_begin, lo);
-        s_end = min(s_end, hi);
-        if (s_begin >= s_end)
+        if (split < s_begin || split >= s_end)
             return false;
+        s_begin = split;
+        s_end = split + 1;
     }
     *t_first = max(fad_split_keys(s_begin, S).lo, keys.lo / kBlockN * kBlockN);
     *t_last = min(min(fad_split_keys(s_end, S).lo, keys.hi), len_k);

@@ -63,16 +63,12 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
+/* One row block (sequence, kv head, kBlockM packed rows) of the packed
+ * kernel: all its splits (split < 0), or the one split `split` of the
+ * CTA-per-split schedule, whose partial it writes out. */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
-__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
-fwd_packed_kernel(const __grid_constant__ fwd_args a)
+__device__ __forceinline__ void packed_block(const fwd_args &a, int row_block, int split)
 {
-    /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
-     * written before the kernel ahead of it in the stream is done (a no-op when
-     * launched plainly). Only then may the combine start launching (it waits
-     * for us, and reads our inputs before that). */
-    pdl_wait_primary();
-    pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
     constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
@@ -80,8 +76,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int S = a.plan.split_size;
     const int G = p.num_heads / p.num_heads_k;
 
-    const int m_block = blockIdx.x % a.plan.m_blocks;
-    const int bh = blockIdx.x / a.plan.m_blocks;
+    const int m_block = row_block % a.plan.m_blocks;
+    const int bh = row_block / a.plan.m_blocks;
     const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
@@ -103,7 +99,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
     const bool partial = a.plan.cta_per_split;
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
+    if (!tile_walk<kBlockN>(a.plan, split, first_row, last_row, len_k, &t_first, &t_last))
         return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -243,29 +239,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         start_split(acc, m_s, l_s);
     }
 
-    /* CTA-per-split schedule: split sp's (m, l, o) of this warp's rows out by
-     * flat row (poisoned: (m, l) = NaN, which the combine turns into NaN
-     * rows; o is left as it is). */
-    auto write_partial = [&](int sp, bool poisoned) {
-        const size_t split_base = (size_t)sp * fad_flat_rows(&p);
-        const float nan = __int_as_float(0x7fffffff);
-#pragma unroll
-        for (int r = 0; r < kRows; r++) {
-            const float l_row = poisoned ? nan : quad_sum(l_s[r]);
-            const int pr = m0 + row0 + 8 * r;
-            if (pr < m_end) {
-                const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
-                if (poisoned) { /* the same thread that wrote (m, l) overwrites it */
-                    if (cw == 0 && lane % 4 == 0)
-                        *reinterpret_cast<float2 *>(a.ws_ml + row * 2) = make_float2(nan, nan);
-                } else {
-                    store_partial_row(acc, r, m_s[r], l_row, a.ws_o + row * D, a.ws_ml + row * 2, D,
-                                      cw * kColBlocks * 16, cw == 0);
-                }
-            }
-        }
-    };
-
     int st = 0; /* tile j's stage */
 #pragma unroll 1
     for (int j = 0; tile_at(j) < t_last; j++) {
@@ -296,14 +269,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             softmax_exp<false>(s, acc, m_s, l_s, m_tile, mod);
             pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
             publish(sp, j % 2 ? xchg0 : xchg1);
-            /* the next tile starts a split: fold this one into R (or, on
-             * the CTA-per-split schedule, whose CTA may walk a run of
-             * splits, write it out), fresh state */
+            /* the next tile starts a split: fold this one into R, fresh state */
             if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
-                if (partial)
-                    write_partial(cur_split, false);
-                else
-                    fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
+                fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
                 cur_split = fad_split_of(t0 + kBlockN, S);
                 start_split(acc, m_s, l_s);
             }
@@ -316,14 +284,21 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     if (!warp_active)
         return;
 
-    if (partial) { /* the CTA's last split ends: write its (m, l, o) out */
+    if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
         if (cur_split >= 0) {
-            write_partial(cur_split, false);
-            /* a page outside the cache: every split this CTA walked gets
-             * (m, l) = NaN, so that every row of it comes out NaN */
-            if (poison)
-                for (int sp = fad_split_of(t_first, S); sp <= cur_split; sp++)
-                    write_partial(sp, true);
+            const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
+#pragma unroll
+            for (int r = 0; r < kRows; r++) {
+                const float nan = __int_as_float(0x7fffffff);
+                const float l_row = poison ? nan : quad_sum(l_s[r]);
+                const int pr = m0 + row0 + 8 * r;
+                if (pr < m_end) {
+                    const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
+                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + row * D,
+                                      a.ws_ml + row * 2, D,
+                                      cw * kColBlocks * 16, cw == 0);
+                }
+            }
         }
         return;
     }
@@ -343,8 +318,42 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     }
 }
 
-/* One CTA per (sequence, kv head, kBlockM packed rows [, split]), launched as
- * a programmatic dependent of the kernel before it (FAD_ATTN_PDL). */
+/* The packed kernel. One-CTA schedule: CTA x runs row block x, all its
+ * splits. CTA-per-split schedule: the (row block, split) jobs, split-major
+ * (job j: split j / row blocks, row block j % row blocks), taken by the
+ * CTAs in turn (CTA c: jobs c, c + gridDim.x, ...), gridDim.x being as many
+ * CTAs as the SMs hold at once. The grid is sized for the longest sequence
+ * the shapes allow (graph capture), so most jobs of a short sequence in a
+ * long cache are empty: a job that finds its split past the sequence costs
+ * a few loads, where a CTA of its own would cost a launch slot; and jobs of
+ * unequal sequences spread over all CTAs rather than queueing behind one.
+ * Which CTA runs a job changes no bit: a job is its split's walk from a
+ * fresh state, written out as that split's partial. */
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
+__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
+fwd_packed_kernel(const __grid_constant__ fwd_args a)
+{
+    /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
+     * written before the kernel ahead of it in the stream is done (a no-op when
+     * launched plainly). Only then may the combine start launching (it waits
+     * for us, and reads our inputs before that). */
+    pdl_wait_primary();
+    pdl_launch_dependents();
+    /* (one loop for both schedules, so that the block's code exists once:
+     * on the one-CTA schedule each CTA has one job, split -1) */
+    const bool per_split = a.plan.cta_per_split;
+    const int row_blocks = a.plan.m_blocks * a.p.batch * a.p.num_heads_k;
+    const int64_t jobs = per_split ? (int64_t)row_blocks * a.plan.num_splits : row_blocks;
+    for (int64_t j = blockIdx.x; j < jobs; j += gridDim.x) {
+        packed_block<T, kHeadDim, kMod, kPaged>(a, (int)(j % row_blocks),
+                                                per_split ? (int)(j / row_blocks) : -1);
+        __syncthreads(); /* the next job's copies overwrite tiles this one's warps may still read */
+    }
+}
+
+/* The grid: one CTA per row block (one-CTA schedule), or as many CTAs as
+ * the SMs hold at once, at most one per job (CTA-per-split), launched as a
+ * programmatic dependent of the kernel before it (FAD_ATTN_PDL). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -358,16 +367,8 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    const int64_t row_blocks = (int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k;
-    fwd_args la = a;
+    int64_t ctas = (int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k;
     if (plan.cta_per_split) {
-        /* Runs of splits: as many CTAs per row block as fill the SMs once
-         * (a CTA that walks one 512-key split spends a good part of its life
-         * filling and draining its pipeline; a run keeps it streaming), but
-         * runs of at most FAD_PACKED_MAX_RUN splits, so that a batch of
-         * unequal lengths still spreads its long sequences. The grid reads
-         * shapes only (CUDA-graph safe); the run length is the row block's
-         * own (tile_walk). */
         static int occ[FAD_MAX_DEVICES];
         int per_sm = 0, sms = 0;
         st = ctas_per_sm(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, occ, C::kThreads,
@@ -376,14 +377,12 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
             st = fad_cuda_num_sms(&sms, msg, msg_len);
         if (st != FAD_OK)
             return st;
-        int64_t z = (int64_t)per_sm * sms / row_blocks;
-        const int64_t fewest = (plan.num_splits + FAD_PACKED_MAX_RUN - 1) / FAD_PACKED_MAX_RUN;
-        z = z < fewest ? fewest : z;
-        la.plan.split_ctas = (int)(z < plan.num_splits ? z : plan.num_splits);
+        const int64_t jobs = ctas * plan.num_splits, slots = (int64_t)per_sm * sms;
+        ctas = jobs < slots ? jobs : slots;
     }
-    dim3 grid((unsigned)row_blocks, 1, plan.cta_per_split ? la.plan.split_ctas : 1);
+    dim3 grid((unsigned)ctas);
     return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
-                         C::kSmemBytes, stream, FAD_ATTN_PDL, la, msg, msg_len);
+                         C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
 }
 
 #define FAD_INST(T, D, MOD, PAGED) \
