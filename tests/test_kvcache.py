@@ -582,11 +582,11 @@ def test_packed_decode_batch_invariance_gpu(sched):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("paged", [False, True])
-def test_packed_split_jobs_equal_one_cta_gpu(paged):
-    """On the CTA-per-split schedule the packed kernel's CTAs take (row block, split) jobs in
-    turn, several each: 128-key splits over a 6k cache with 16 row blocks make 768 jobs for
-    the SMs' few hundred CTAs. The bits must be the one-CTA schedule's and a lone sequence's,
-    for a short sequence in the long cache too, with a window, a softcap and 4 query rows."""
+def test_packed_many_splits_equal_one_cta_gpu(paged):
+    """The packed kernel at many splits (128-key splits over a 6k cache, 16 row blocks: 768
+    split CTAs, more than the SMs hold at once): the CTA-per-split schedule gives the one-CTA
+    schedule's bits and a lone sequence's, for a short sequence in the long cache too, with a
+    window, a softcap and 4 query rows, contiguous and paged."""
     gen = make_gen(90 + paged)
     B, H, Hk, D, cap = 4, 16, 4, 128, 6144
     lens = [6144, 100, 4097, 3000]
@@ -621,10 +621,9 @@ def test_packed_split_jobs_equal_one_cta_gpu(paged):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_packed_split_jobs_bad_block_is_nan_gpu():
-    """A page outside the cache in the middle of one sequence, on the CTA-per-split schedule
-    whose CTAs run several jobs each: that sequence's rows are NaN, and the jobs a CTA runs
-    after it (other sequences') are finite."""
+def test_packed_many_splits_bad_block_is_nan_gpu():
+    """A page outside the cache in the middle of one sequence, on the CTA-per-split schedule at
+    many splits: that sequence's rows are NaN, the other sequences' are finite."""
     gen = make_gen(95)
     B, H, Hk, D, page, cap = 4, 32, 8, 64, 64, 8192
     q = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")

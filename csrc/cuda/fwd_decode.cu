@@ -63,12 +63,16 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-/* One row block (sequence, kv head, kBlockM packed rows) of the packed
- * kernel: all its splits (split < 0), or the one split `split` of the
- * CTA-per-split schedule, whose partial it writes out. */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
-__device__ __forceinline__ void packed_block(const fwd_args &a, int row_block, int split)
+__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
+fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
+    /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
+     * written before the kernel ahead of it in the stream is done (a no-op when
+     * launched plainly). Only then may the combine start launching (it waits
+     * for us, and reads our inputs before that). */
+    pdl_wait_primary();
+    pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
     constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
@@ -76,8 +80,8 @@ __device__ __forceinline__ void packed_block(const fwd_args &a, int row_block, i
     const int S = a.plan.split_size;
     const int G = p.num_heads / p.num_heads_k;
 
-    const int m_block = row_block % a.plan.m_blocks;
-    const int bh = row_block / a.plan.m_blocks;
+    const int m_block = blockIdx.x % a.plan.m_blocks;
+    const int bh = blockIdx.x / a.plan.m_blocks;
     const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
@@ -99,7 +103,7 @@ __device__ __forceinline__ void packed_block(const fwd_args &a, int row_block, i
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
     const bool partial = a.plan.cta_per_split;
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, split, first_row, last_row, len_k, &t_first, &t_last))
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
         return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -318,42 +322,8 @@ __device__ __forceinline__ void packed_block(const fwd_args &a, int row_block, i
     }
 }
 
-/* The packed kernel. One-CTA schedule: CTA x runs row block x, all its
- * splits. CTA-per-split schedule: the (row block, split) jobs, split-major
- * (job j: split j / row blocks, row block j % row blocks), taken by the
- * CTAs in turn (CTA c: jobs c, c + gridDim.x, ...), gridDim.x being as many
- * CTAs as the SMs hold at once. The grid is sized for the longest sequence
- * the shapes allow (graph capture), so most jobs of a short sequence in a
- * long cache are empty: a job that finds its split past the sequence costs
- * a few loads, where a CTA of its own would cost a launch slot; and jobs of
- * unequal sequences spread over all CTAs rather than queueing behind one.
- * Which CTA runs a job changes no bit: a job is its split's walk from a
- * fresh state, written out as that split's partial. */
-template <typename T, int kHeadDim, bool kMod, bool kPaged>
-__global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
-fwd_packed_kernel(const __grid_constant__ fwd_args a)
-{
-    /* Launched early itself (FAD_ATTN_PDL): nothing in global memory is read or
-     * written before the kernel ahead of it in the stream is done (a no-op when
-     * launched plainly). Only then may the combine start launching (it waits
-     * for us, and reads our inputs before that). */
-    pdl_wait_primary();
-    pdl_launch_dependents();
-    /* (one loop for both schedules, so that the block's code exists once:
-     * on the one-CTA schedule each CTA has one job, split -1) */
-    const bool per_split = a.plan.cta_per_split;
-    const int row_blocks = a.plan.m_blocks * a.p.batch * a.p.num_heads_k;
-    const int64_t jobs = per_split ? (int64_t)row_blocks * a.plan.num_splits : row_blocks;
-    for (int64_t j = blockIdx.x; j < jobs; j += gridDim.x) {
-        packed_block<T, kHeadDim, kMod, kPaged>(a, (int)(j % row_blocks),
-                                                per_split ? (int)(j / row_blocks) : -1);
-        __syncthreads(); /* the next job's copies overwrite tiles this one's warps may still read */
-    }
-}
-
-/* The grid: one CTA per row block (one-CTA schedule), or as many CTAs as
- * the SMs hold at once, at most one per job (CTA-per-split), launched as a
- * programmatic dependent of the kernel before it (FAD_ATTN_PDL). */
+/* One CTA per (sequence, kv head, kBlockM packed rows [, split]), launched as
+ * a programmatic dependent of the kernel before it (FAD_ATTN_PDL). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -367,20 +337,8 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    int64_t ctas = (int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k;
-    if (plan.cta_per_split) {
-        static int occ[FAD_MAX_DEVICES];
-        int per_sm = 0, sms = 0;
-        st = ctas_per_sm(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, occ, C::kThreads,
-                         C::kSmemBytes, &per_sm, msg, msg_len);
-        if (st == FAD_OK)
-            st = fad_cuda_num_sms(&sms, msg, msg_len);
-        if (st != FAD_OK)
-            return st;
-        const int64_t jobs = ctas * plan.num_splits, slots = (int64_t)per_sm * sms;
-        ctas = jobs < slots ? jobs : slots;
-    }
-    dim3 grid((unsigned)ctas);
+    dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
+              plan.cta_per_split ? plan.num_splits : 1);
     return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
                          C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
 }

@@ -72,7 +72,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const fad_key_range last_row = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
     const bool partial = a.plan.cta_per_split;
     int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, (int)blockIdx.z, first_row, last_row, len_k, &t_first, &t_last))
+    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
         return; /* this split is masked for every row: the combine skips it too */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -90,7 +90,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         if (m0 < len_q) {
             const fad_key_range lo = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
             const fad_key_range hi = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
-            w.walks = tile_walk<kBlockN>(a.plan, (int)blockIdx.z, lo, hi, len_k, &w.first, &w.last) && w.first < w.last;
+            w.walks = tile_walk<kBlockN>(a.plan, lo, hi, len_k, &w.first, &w.last) && w.first < w.last;
         }
         return w;
     };

@@ -42,25 +42,6 @@ static inline fad_status allow_smem(Kernel kernel, int *set, size_t bytes, char 
     return FAD_OK;
 }
 
-/* CTAs of `kernel` (threads, bytes of dynamic shared memory) one SM holds at
- * once on the current device, asked once per device: cache[dev], 0 = not asked. */
-template <typename Kernel>
-static inline fad_status ctas_per_sm(Kernel kernel, int *cache, int threads, size_t bytes, int *n,
-                                     char *msg, size_t msg_len)
-{
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= FAD_MAX_DEVICES)
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", dev);
-    if (!cache[dev]) {
-        int got = 0;
-        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, threads, bytes));
-        cache[dev] = got > 0 ? got : 1;
-    }
-    *n = cache[dev];
-    return FAD_OK;
-}
-
 /* ------------------------------------------------------------------------ */
 /* dtype traits: packing fp32 pairs and the matching mma instruction         */
 /* ------------------------------------------------------------------------ */
