@@ -7,17 +7,24 @@ Environment:
   FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest;
                               90 is built as sm_90a, the Hopper target with wgmma)
   FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
+  FLASH_ATTN_DET_CUDA=1 / 0   CUDA kernels required (an error if no nvcc can be had) / never
+  FLASH_ATTN_DET_CUDA_WHEELS  the CUDA release of the compiler wheels (default 13.0)
   FLASH_ATTN_DET_BUILD_JOBS   nvcc jobs at a time (default: the CPU count)
-  CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH)
+  CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH, else the nvidia-cuda-nvcc
+                              wheel, which the in-tree backend build_backend/fad_backend.py adds
+                              to the build requirements when there is a GPU and no toolkit)
 """
+import glob
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_backend"))
+from fad_toolchain import cpu_only_reason, find_nvcc  # noqa: E402  (shared with the build backend)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc")
@@ -26,31 +33,35 @@ C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c",
 CUDA_SOURCES = sorted(os.path.join("cuda", f) for f in os.listdir(os.path.join(ROOT, CSRC, "cuda"))
                       if f.endswith(".cu"))
 DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89
+# The glue uses only the stable ABI of CPython 3.10 (METH_FASTCALL is in it from 3.10), so one
+# module (_C.abi3.so) serves every CPython from 3.10 on. FLASH_ATTN_DET_ABI3=0 builds a
+# version-specific module instead (_C.cpython-3XY-....so).
+ABI3 = os.environ.get("FLASH_ATTN_DET_ABI3", "1") != "0"
+ABI3_VERSION = "0x030A0000"
 
 
-def find_nvcc():
-    if os.environ.get("FLASH_ATTN_DET_FORCE_CPU") == "1":
+def cudart_dir(nvcc):
+    """The directory of libcudart_static.a that goes with nvcc: the toolkit's lib64, or lib in
+    the compiler wheels' layout (nvidia/cu13/{bin,lib}); follows a wrapper script or symlink."""
+    def lib_in(home):
+        for sub in ("lib64", "lib"):
+            if os.path.exists(os.path.join(home, sub, "libcudart_static.a")):
+                return os.path.join(home, sub)
         return None
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
 
-
-def cuda_home(nvcc):
-    """The toolkit root, following a wrapper script or symlink to the real nvcc."""
-    real = os.path.realpath(nvcc)
-    home = os.path.dirname(os.path.dirname(real))
-    if os.path.exists(os.path.join(home, "lib64", "libcudart_static.a")):
-        return home
+    home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    found = lib_in(home)
+    if found:
+        return found
     out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True)
     for line in (out.stdout + out.stderr).splitlines():
         if "TOP=" in line:
-            return line.split("TOP=", 1)[1].strip()
-    for guess in ("/usr/local/cuda", home):
-        if os.path.exists(os.path.join(guess, "lib64", "libcudart_static.a")):
-            return guess
+            found = lib_in(line.split("TOP=", 1)[1].strip())
+            if found:
+                return found
+    found = lib_in("/usr/local/cuda")
+    if found:
+        return found
     raise RuntimeError(f"cannot find libcudart_static.a near {nvcc}")
 
 
@@ -96,15 +107,26 @@ def run_jobs(cmds):
 
 
 class BuildExt(build_ext):
+    def copy_extensions_to_source(self):
+        # --inplace / editable: CPython prefers a _C.cpython-3XY-*.so over _C.abi3.so, so a
+        # module of the other kind left beside the new one would shadow it
+        for old in glob.glob(os.path.join(ROOT, "flash_attn_det", "_C.*.so")):
+            os.remove(old)
+        super().copy_extensions_to_source()
+
     def build_extensions(self):
+        # Always relink: a module left in build/ by a build of the other kind (CPU-only vs
+        # CUDA) is newer than every source, and setuptools would keep it (its check does not
+        # see the CUDA objects or the choice of compiler).
+        self.force = True
         ext = self.extensions[0]
         nvcc = find_nvcc()
         if nvcc is None:
-            print("flash_attn_det: nvcc not found -> building the CPU-only module "
-                  "(CUDA tensors will raise a clear error)", file=sys.stderr)
+            print(f"flash_attn_det: CPU-only module: {cpu_only_reason()}", file=sys.stderr)
             ext.sources.append(os.path.join(CSRC, "fad_nocuda.c"))
         else:
-            home = cuda_home(nvcc)
+            libdir = cudart_dir(nvcc)
+            print(f"flash_attn_det: building the CUDA kernels with {nvcc}", file=sys.stderr)
             archs = os.environ.get("FLASH_ATTN_DET_CUDA_ARCHS", DEFAULT_ARCHS)
             obj_dir = os.path.join(self.build_temp, "cuda")
             os.makedirs(obj_dir, exist_ok=True)
@@ -119,7 +141,7 @@ class BuildExt(build_ext):
             run_jobs(cmds)
             print(f"flash_attn_det: nvcc for archs {archs} took {time.time() - t0:.1f} s",
                   file=sys.stderr)
-            ext.library_dirs.append(os.path.join(home, "lib64"))
+            ext.library_dirs.append(libdir)
             ext.libraries += ["cudart_static", "dl", "rt", "pthread", "stdc++"]
         super().build_extensions()
 
@@ -132,7 +154,10 @@ setup(
             include_dirs=[CSRC],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-ffp-contract=off"],
+            define_macros=[("Py_LIMITED_API", ABI3_VERSION)] if ABI3 else [],
+            py_limited_api=ABI3,
         )
     ],
     cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}} if ABI3 else {},
 )

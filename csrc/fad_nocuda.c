@@ -5,8 +5,9 @@
 #include "fad_internal.h"
 
 #define NO_CUDA_MSG                                                                          \
-    "this build of flash_attn_det has no CUDA path (nvcc was not found when it was built); " \
-    "reinstall with nvcc on PATH or CUDA_HOME set"
+    "this build of flash_attn_det is CPU-only (it was built without a CUDA compiler); "      \
+    "rebuild it with the CUDA kernels: FLASH_ATTN_DET_CUDA=1 pip install --force-reinstall " \
+    "--no-deps <its source> (with no CUDA toolkit, the build fetches the CUDA compiler wheels)"
 
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
 {

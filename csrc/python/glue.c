@@ -78,8 +78,13 @@ int get_tensor(tensor_args *ta, PyObject *obj, const char *name, DLTensor **out)
         *out = &m->dl_tensor;
         return 0;
     }
-    PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor or a DLPack capsule, got %s", name,
-                 Py_TYPE(obj)->tp_name);
+    /* the type's name through the stable ABI (no tp_name), on this error path only */
+    PyObject *type_name = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+    if (type_name) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor or a DLPack capsule, got %S",
+                     name, type_name);
+        Py_DECREF(type_name);
+    }
     return -1;
 }
 

@@ -552,9 +552,13 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
     Py_INCREF(args[0]);
     Py_INCREF(args[1]);
     Py_INCREF(args[2]);
-    Py_XSETREF(st->api_owner, args[0]);
-    Py_XSETREF(st->tensor_type, (PyTypeObject *)args[1]);
-    Py_XSETREF(st->is_grad_enabled, args[2]);
+    /* replace the held references (Py_XSETREF, spelled out: it is not in the stable ABI) */
+    PyObject *old[3] = {st->api_owner, (PyObject *)st->tensor_type, st->is_grad_enabled};
+    st->api_owner = args[0];
+    st->tensor_type = (PyTypeObject *)args[1];
+    st->is_grad_enabled = args[2];
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(old[i]);
     st->api = api;
     st->can_allocate = api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync &&
                        api->current_work_stream;
