@@ -18,9 +18,12 @@ ENV = ("FLASH_ATTN_DET_FORCE_CPU", "FLASH_ATTN_DET_CUDA", "FLASH_ATTN_DET_CUDA_W
 
 @pytest.fixture
 def machine(monkeypatch, tmp_path):
-    """A machine with no toolkit, no wheel and no GPU; the test adds what it needs."""
+    """A machine with no toolkit, no wheel and no GPU; the test adds what it needs. setuptools'
+    own hook is stubbed: it would run egg_info in the working directory."""
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(fad_backend._orig, "get_requires_for_build_wheel", lambda cs=None: ["st"])
+    monkeypatch.setattr(fad_backend._orig, "get_requires_for_build_editable", lambda cs=None: ["st"])
     state = {"gpu": False, "which": None, "wheel": None}
     monkeypatch.setattr(tc.shutil, "which", lambda cmd: state["which"] if cmd == "nvcc" else None)
     monkeypatch.setattr(tc, "has_nvidia_gpu", lambda: state["gpu"])
@@ -32,13 +35,14 @@ def test_no_toolkit_no_gpu_builds_cpu_only(machine):
     assert not tc.wants_cuda_wheels()
     assert tc.find_nvcc() is None
     assert "FLASH_ATTN_DET_CUDA=1 pip install ." in tc.cpu_only_reason()
-    assert fad_backend.get_requires_for_build_wheel() == fad_backend._orig.get_requires_for_build_wheel()
+    assert fad_backend.get_requires_for_build_wheel() == ["st"]
 
 
 def test_gpu_without_toolkit_asks_for_the_wheels(machine):
     machine["gpu"] = True
     assert tc.wants_cuda_wheels()
     reqs = fad_backend.get_requires_for_build_wheel()
+    assert reqs[0] == "st"  # setuptools' own requirements first
     for name in tc.WHEEL_PACKAGES:
         assert f"{name}=={tc.DEFAULT_WHEELS_RELEASE}.*" in reqs
     assert set(tc.cuda_wheel_requirements()) <= set(fad_backend.get_requires_for_build_editable())
