@@ -119,6 +119,11 @@ class BuildExt(build_ext):
         # CUDA) is newer than every source, and setuptools would keep it (its check does not
         # see the CUDA objects or the choice of compiler).
         self.force = True
+        # A module of the other ABI kind (_C.abi3.so vs _C.cpython-3XY-*.so) left in build/lib
+        # by an earlier build would go into the wheel beside the new one, and CPython prefers
+        # the version-specific one: remove them all, the new one is linked below.
+        for old in glob.glob(os.path.join(self.build_lib, "flash_attn_det", "_C.*.so")):
+            os.remove(old)
         ext = self.extensions[0]
         nvcc = find_nvcc()
         if nvcc is None:
