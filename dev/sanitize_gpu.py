@@ -1,0 +1,98 @@
+"""One small call of every CUDA kernel variant, for compute-sanitizer (dev/sanitize_gpu.sh runs
+it under memcheck, racecheck, initcheck and synccheck). Sizes are small so that racecheck's
+shared-memory tracking finishes in minutes; each shape still crosses tile, split and page
+boundaries. Every output is checked finite, so a variant that silently did nothing shows up.
+
+Variants: the prefill kernel's wgmma variants (D64 one warpgroup, D128 warp-specialized) and its
+mma.sync one (softcap / ALiBi, and FLASH_ATTN_DET_WGMMA=0 runs everything on mma.sync), the packed
+decode kernel on a contiguous and a paged cache, the combine (CTA-per-split schedule), the
+append + rotary step, varlen, and the backward (dK/dV, dQ, dsum; wgmma and mma.sync).
+    python3 dev/sanitize_gpu.py
+"""
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det.testing import force_schedule
+
+dev, bf = "cuda", torch.bfloat16
+g = torch.Generator(device=dev).manual_seed(0)
+
+
+def rnd(*shape, dtype=bf):
+    return torch.randn(*shape, device=dev, dtype=dtype, generator=g)
+
+
+def finite(name, *ts):
+    torch.cuda.synchronize()
+    for t in ts:
+        assert torch.isfinite(t).all(), name
+    print(f"ok  {name}", flush=True)
+
+
+def prefill_and_backward():
+    for D in (64, 128, 256):
+        for kw in ({}, {"causal": True}, {"softcap": 8.0}, {"causal": True, "window_size": (40, 0)}):
+            q, k, v = (rnd(2, 130, 4, D).requires_grad_() for _ in range(3))
+            out = fad.flash_attn_func(q, k, v, **kw)
+            out.float().square().sum().backward()
+            finite(f"fwd+bwd D{D} {kw}", out, q.grad, k.grad, v.grad)
+    q, k, v = (rnd(1, 200, 4, 64).requires_grad_() for _ in range(3))
+    slopes = torch.rand(4, device=dev, generator=g)
+    out = fad.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
+    out.float().sum().backward()
+    finite("fwd+bwd alibi", out, q.grad)
+    # GQA and a long enough row for several splits on the CTA-per-split schedule
+    fad.set_deterministic_mode(True, split_size=128)
+    for sched in ("one_cta", "cta_per_split"):
+        with force_schedule(sched):
+            q, k, v = rnd(1, 700, 8, 128), rnd(1, 700, 2, 128), rnd(1, 700, 2, 128)
+            finite(f"fwd gqa 700 keys, {sched}", fad.flash_attn_func(q, k, v, causal=True))
+    fad.set_deterministic_mode(True)
+
+
+def varlen():
+    lens = [37, 1, 150, 64]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    q, k, v = (rnd(sum(lens), 4, 64).requires_grad_() for _ in range(3))
+    out = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    out.float().sum().backward()
+    finite("varlen fwd+bwd", out, q.grad, k.grad, v.grad)
+
+
+def decode():
+    B, cap, H, Hk, D = 3, 640, 8, 2, 128
+    kc, vc = rnd(B, cap, Hk, D), rnd(B, cap, Hk, D)
+    lens = torch.tensor([600, 5, 333], dtype=torch.int32, device=dev)
+    fad.set_deterministic_mode(True, split_size=128)
+    for sched in ("one_cta", "cta_per_split"):
+        with force_schedule(sched):
+            for sq in (1, 4):
+                out = fad.flash_attn_with_kvcache(rnd(B, sq, H, D), kc, vc, cache_seqlens=lens,
+                                                  causal=True)
+                finite(f"decode Sq{sq} {sched}", out)
+            # paged: 64-row pages in shuffled blocks
+            page = 64
+            nb = B * cap // page
+            table = torch.randperm(nb, device=dev, generator=g).reshape(B, cap // page).to(torch.int32)
+            kp, vp = rnd(nb, page, Hk, D), rnd(nb, page, Hk, D)
+            out = fad.flash_attn_with_kvcache(rnd(B, 1, H, D), kp, vp, cache_seqlens=lens,
+                                              block_table=table, causal=True, softcap=5.0)
+            finite(f"paged decode {sched}", out)
+    # append + rotary, then attention over the grown cache
+    cos, sin = (torch.rand(cap, D // 2, device=dev, generator=g).to(bf) for _ in range(2))
+    lens2 = lens.clone() - 4
+    out = fad.flash_attn_with_kvcache(rnd(B, 2, H, D), kc, vc, k=rnd(B, 2, Hk, D),
+                                      v=rnd(B, 2, Hk, D), rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=lens2, causal=True)
+    finite("append + rotary + attention", out, kc, vc)
+    fad.set_deterministic_mode(True)
+
+
+if __name__ == "__main__":
+    prefill_and_backward()
+    varlen()
+    decode()
+    fad.set_deterministic_mode(False)
+    q, k, v = rnd(1, 300, 4, 128), rnd(1, 300, 4, 128), rnd(1, 300, 4, 128)
+    finite("fast mode fwd", fad.flash_attn_func(q, k, v, causal=True))
+    print("all variants ran")

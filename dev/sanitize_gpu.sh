@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# compute-sanitizer over every CUDA kernel variant (dev/sanitize_gpu.py), each of the four tools,
+# on the wgmma build and with FLASH_ATTN_DET_WGMMA=0 (mma.sync everywhere). torch's caching
+# allocator is off so that memcheck sees each buffer's real bounds. Logs under $OUT (or
+# ./device_out); prints each run's ERROR SUMMARY. Needs a built module (dev/device_all.sh build).
+#   bash dev/sanitize_gpu.sh [tool ...]      tools: memcheck racecheck initcheck synccheck
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device_out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD PYTORCH_NO_CUDA_MEMORY_CACHING=1
+tools=${*:-memcheck racecheck initcheck synccheck}
+fail=0
+for tool in $tools; do
+    for wg in 1 0; do
+        log="$out/sanitize_${tool}_wgmma${wg}.log"
+        extra=""
+        [ "$tool" = initcheck ] && extra="--track-unused-memory no"
+        FLASH_ATTN_DET_WGMMA=$wg timeout 900 compute-sanitizer --tool "$tool" $extra \
+            --target-processes all python3 dev/sanitize_gpu.py > "$log" 2>&1
+        rc=$?
+        summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$log" | tail -1)
+        ran=$(grep -c "^ok " "$log")
+        echo "$tool wgmma=$wg: rc $rc, $ran calls ok, ${summary:-no summary}"
+        grep -q "all variants ran" "$log" || fail=1
+        [[ "$summary" == *" 0 error"* || "$summary" == *" 0 hazard"* ]] || fail=1
+    done
+done
+exit $fail
