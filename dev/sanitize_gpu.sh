@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every CUDA kernel variant (dev/sanitize_gpu.py), each of the four tools,
-# on the wgmma build and with FLASH_ATTN_DET_WGMMA=0 (mma.sync everywhere). torch's caching
+# with FLASH_ATTN_DET_WGMMA=force (the wgmma variants wherever they exist, the backward's on these
+# small grids too) and =0 (mma.sync everywhere). torch's caching
 # allocator is off so that memcheck sees each buffer's real bounds. Logs under $OUT (or
 # ./device_out); prints each run's ERROR SUMMARY. Needs a built module (dev/device_all.sh build).
 #   bash dev/sanitize_gpu.sh [tool ...]      tools: memcheck racecheck initcheck synccheck
@@ -12,11 +13,9 @@ export PYTHONPATH=$PWD PYTORCH_NO_CUDA_MEMORY_CACHING=1
 tools=${*:-memcheck racecheck initcheck synccheck}
 fail=0
 for tool in $tools; do
-    for wg in 1 0; do
+    for wg in force 0; do
         log="$out/sanitize_${tool}_wgmma${wg}.log"
-        extra=""
-        [ "$tool" = initcheck ] && extra="--track-unused-memory no"
-        FLASH_ATTN_DET_WGMMA=$wg timeout 900 compute-sanitizer --tool "$tool" $extra \
+        FLASH_ATTN_DET_WGMMA=$wg timeout 900 compute-sanitizer --tool "$tool" \
             --target-processes all python3 dev/sanitize_gpu.py > "$log" 2>&1
         rc=$?
         summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$log" | tail -1)
