@@ -19,8 +19,9 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
     python3 setup.py -q build_ext --inplace --build-temp "$work/build" > "$work/build.log" 2>&1) \
     || { tail -20 "$work/build.log"; exit 1; }
 so=$(ls "$work"/flash_attn_det/_C*.so)
-nm "$so" | grep -q __asan_report || { echo "sanitize_cpu: $so is not instrumented"; exit 1; }
-nm "$so" | grep -q __ubsan_handle || { echo "sanitize_cpu: $so has no UBSan checks"; exit 1; }
+nm "$so" > "$work/symbols"  # (not piped into grep -q: with pipefail, nm's SIGPIPE would fail it)
+grep -q __asan_report "$work/symbols" || { echo "sanitize_cpu: $so is not instrumented"; exit 1; }
+grep -q __ubsan_handle "$work/symbols" || { echo "sanitize_cpu: $so has no UBSan checks"; exit 1; }
 echo "sanitize_cpu: $(basename "$so") built with ASan + UBSan"
 cd "$work"
 # the interpreter is not instrumented, so the runtimes are preloaded; the C API test that
