@@ -123,6 +123,13 @@ typedef struct fad_fwd_params {
     int deterministic;   /* 1: fixed split plan from split_size; 0: plan adapts to the batch */
     int split_size;      /* keys per split, a positive multiple of FAD_SPLIT_QUANTUM */
     fad_schedule schedule;
+
+    /* --- checks --- */
+    int check_indices;   /* GPU: 1 = copy the index arrays (cu_seqlens, seqused_k, cache_seqlens,
+                            cache_batch_idx, cache_leftpad, block_table) to the host and check
+                            them as the CPU path does, before anything is written: an error
+                            that names the argument and the sequence instead of NaN rows, at
+                            the price of a device sync (not graph-safe). 0 (default): trusted */
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),

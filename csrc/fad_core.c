@@ -305,8 +305,10 @@ fad_status fad_fwd_check_call(const fad_fwd_params *p, int on_gpu, char *msg, si
     fad_status st = fad_fwd_check_run(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (on_gpu)
-        return check_alignment(p, msg, msg_len);
+    if (on_gpu) {
+        st = check_alignment(p, msg, msg_len);
+        return st != FAD_OK || !p->check_indices ? st : fad_check_indices_cuda(p, msg, msg_len);
+    }
     const fad_fwd_params resolved = fad_fwd_resolve(p);
     return fad_check_seqlens_host(&resolved, msg, msg_len);
 }
@@ -385,6 +387,8 @@ fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t worksp
         return st;
     const fad_fwd_params *p = &bp->fwd;
     st = check_alignment(p, msg, msg_len);
+    if (st == FAD_OK && p->check_indices)
+        st = fad_check_indices_cuda(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (fad_fwd_is_empty(p))

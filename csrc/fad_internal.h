@@ -93,6 +93,9 @@ fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, .
 /* CUDA side (cuda/, or fad_nocuda.c in a CPU-only build). The current device's
  * SM count and compute-capability major (cuda/device.cu, asked once per device). */
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
+/* p's index arrays (device memory) copied to the host and checked with
+ * fad_check_seqlens_host: the checked mode (fad_fwd_params.check_indices). */
+fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len);
 fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len);
 /* The forward's kernels (cuda/fwd_launch.cu). */
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,

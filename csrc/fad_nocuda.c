@@ -38,6 +38,12 @@ fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *strea
 
 int fad_has_cuda(void) { return 0; }
 
+fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    (void)p;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
 fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
 {
     (void)dev;

@@ -652,7 +652,9 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
         def check_attention(n_new):
             # The caches are the caller's state: the attention's own checks run on the lengths
             # and the q it will see, before the append writes a row.
-            after = cache_seqlens if q.is_cuda else cache_seqlens + n_new  # (GPU: not read)
+            # (GPU: not read, unless the index checks are on: set_index_checks)
+            after = (cache_seqlens if q.is_cuda and not _state["index_checks"]
+                     else cache_seqlens + n_new)
             q_seen = (q if rotary_cos is None or not q.is_cuda
                       else torch.empty_like(q, memory_format=torch.contiguous_format))
             _C.check_fwd_kvcache(*head(q_seen, after), None, *tail, 0)

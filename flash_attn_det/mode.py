@@ -1,4 +1,7 @@
-"""Process-wide switch between deterministic mode (the default) and fast mode."""
+"""Process-wide switches: deterministic mode (the default) or fast mode, and the checked mode
+for index tensors on the GPU."""
+import os
+
 from . import _C
 
 _SPLIT_QUANTUM = _C.SPLIT_QUANTUM
@@ -6,7 +9,8 @@ _MAX_SPLIT_SIZE = _C.MAX_SPLIT_SIZE
 
 # One dict, read on every call: deterministic flag, split_size, and the
 # test-only schedule override (flash_attn_det.testing.force_schedule).
-_state = {"enabled": True, "split_size": 512, "schedule": _C.SCHEDULE_AUTO}
+_state = {"enabled": True, "split_size": 512, "schedule": _C.SCHEDULE_AUTO,
+          "index_checks": os.environ.get("FLASH_ATTN_DET_CHECK_INDICES", "0") not in ("", "0")}
 
 
 def set_deterministic_mode(enabled=True, split_size=512):
@@ -32,8 +36,33 @@ def set_deterministic_mode(enabled=True, split_size=512):
 
 def _sync():
     """Hands _state to _C, whose inference entries (infer, infer_varlen, infer_kvcache) read
-    the mode there."""
+    the mode there, and every entry the index checks."""
     _C.set_mode(int(_state["enabled"]), _state["split_size"], _state["schedule"])
+    _C.set_index_checks(bool(_state.get("index_checks")))
+
+
+def set_index_checks(enabled=True):
+    """Checked mode for the index tensors of CUDA calls (off by default; also on when the
+    environment variable FLASH_ATTN_DET_CHECK_INDICES=1 is set at import).
+
+    On CPU tensors every call checks cu_seqlens_q/k, seqused_k, cache_seqlens,
+    cache_batch_idx, cache_leftpad and block_table and raises a ValueError naming the
+    argument and the sequence. On CUDA tensors those checks would need the values on the
+    host, a sync that CUDA graphs cannot capture, so by default the kernels trust them and a
+    sequence whose indices are out of range gets NaN rows. With checks on, every CUDA call
+    copies its index tensors to the host first and raises the CPU path's errors, before
+    anything (output, KV cache) is written. For debugging and tests: it costs a sync per call,
+    and a CUDA-graph capture fails under it.
+    """
+    if not isinstance(enabled, (bool, int)):
+        raise ValueError(f"enabled: expected a bool, got {type(enabled).__name__}")
+    _C.set_index_checks(bool(enabled))
+    _state["index_checks"] = bool(enabled)
+
+
+def get_index_checks():
+    """True when CUDA calls check their index tensors on the host first (set_index_checks)."""
+    return _state["index_checks"]
 
 
 def get_deterministic_mode():
@@ -44,3 +73,7 @@ def get_deterministic_mode():
 def get_split_size():
     """The split_size of deterministic mode."""
     return _state["split_size"]
+
+
+if _state["index_checks"]:  # FLASH_ATTN_DET_CHECK_INDICES=1 at import
+    _C.set_index_checks(True)

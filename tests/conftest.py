@@ -34,7 +34,7 @@ UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 def _restore_mode():
     """Every test starts from, and leaves behind, the default mode."""
     saved = dict(mode._state)
-    mode._state.update(enabled=True, split_size=512, schedule=_C.SCHEDULE_AUTO)
+    mode._state.update(enabled=True, split_size=512, schedule=_C.SCHEDULE_AUTO, index_checks=False)
     mode._sync()
     yield
     mode._state.clear()

@@ -95,3 +95,55 @@ extern "C" fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len)
     *use = major == 9 ? env : 0;
     return st;
 }
+
+/* The checked mode (fad_fwd_params.check_indices): every index array the
+ * kernels would read, copied to the host (a sync: the mode is for debugging
+ * and tests, not for graphs), then the CPU path's own check of them
+ * (fad_check_seqlens_host), so that both devices give the same errors naming
+ * the argument and the sequence. One host buffer holds every copy. */
+extern "C" fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    fad_fwd_params h = fad_fwd_resolve(p);
+    const int B = p->batch;
+    const int max_blocks = p->block_table && p->page_size > 0 ? p->seqlen_k / p->page_size : 0;
+    const int32_t *dev[6] = {p->cu_seqlens_q, p->cu_seqlens_k, p->seqused_k, p->cache_seqlens,
+                             p->cache_batch_idx, p->cache_leftpad};
+    const int32_t **host[6] = {&h.cu_seqlens_q, &h.cu_seqlens_k, &h.seqused_k, &h.cache_seqlens,
+                               &h.cache_batch_idx, &h.cache_leftpad};
+    const size_t counts[6] = {(size_t)B + 1, (size_t)B + 1, (size_t)B, (size_t)B, (size_t)B,
+                              (size_t)B};
+    size_t total = (size_t)B * max_blocks;
+    for (int i = 0; i < 6; i++)
+        total += dev[i] ? counts[i] : 0;
+    if (B <= 0 || total == 0)
+        return fad_check_seqlens_host(&h, msg, msg_len);
+    int32_t *buf = (int32_t *)malloc(total * sizeof(int32_t));
+    if (!buf)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "check_indices: cannot allocate %zu bytes",
+                        total * sizeof(int32_t));
+    fad_status st = FAD_OK;
+    cudaError_t err = cudaSuccess;
+    int32_t *next = buf;
+    for (int i = 0; i < 6 && err == cudaSuccess; i++) {
+        if (!dev[i])
+            continue;
+        err = cudaMemcpy(next, dev[i], counts[i] * sizeof(int32_t), cudaMemcpyDefault);
+        *host[i] = next;
+        next += counts[i];
+    }
+    if (err == cudaSuccess && max_blocks) {
+        /* rows of max_blocks entries, block_table_stride apart on the device */
+        const size_t pitch = (size_t)(B > 1 ? p->block_table_stride : max_blocks) * sizeof(int32_t);
+        err = cudaMemcpy2D(next, (size_t)max_blocks * sizeof(int32_t), p->block_table, pitch,
+                           (size_t)max_blocks * sizeof(int32_t), (size_t)B, cudaMemcpyDefault);
+        h.block_table = next;
+        h.block_table_stride = max_blocks;
+    }
+    if (err != cudaSuccess)
+        st = fad_fail(FAD_ERR_CUDA, msg, msg_len, "check_indices: copying the index arrays: %s",
+                      cudaGetErrorString(err));
+    else
+        st = fad_check_seqlens_host(&h, msg, msg_len);
+    free(buf);
+    return st;
+}

@@ -29,6 +29,7 @@ typedef struct fad_module_state {
     int deterministic;              /* the mode, as set_mode last set it */
     int split_size;
     fad_schedule schedule;
+    int check_indices;              /* set_index_checks: every call's fad_fwd_params.check_indices */
 } fad_module_state;
 
 /* The DLTensors of one call: borrowed from capsules, or filled into slot by

@@ -288,6 +288,7 @@ static int take_start(tensor_args *ta, const char *entry, PyObject *const *args,
     if (!ta->st->can_allocate)
         return LEAVE;
     fad_fwd_params_init(p);
+    p->check_indices = ta->st->check_indices;
     for (int i = 0; i < n_plain && take == TAKE; i++)
         take = take_tensor(ta, args[i], 1, &t[i]);
     return take;

@@ -171,6 +171,7 @@ static int fill_fwd(tensor_args *ta, PyObject *const *args, fad_fwd_params *p, f
 {
     DLTensor *q, *k, *v, *out, *lse = NULL;
     fad_fwd_params_init(p);
+    p->check_indices = ta->st->check_indices;
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
         get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
         (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
@@ -218,6 +219,7 @@ static int parse_fwd_kvcache(tensor_args *ta, PyObject *const *args, Py_ssize_t 
         return -1;
     }
     fad_fwd_params_init(p);
+    p->check_indices = ta->st->check_indices;
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k_cache", &kc) ||
         get_tensor(ta, args[2], "v_cache", &vc) || get_tensor(ta, args[3], "out", &out) ||
         (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
@@ -315,6 +317,7 @@ static int fill_fwd_varlen(tensor_args *ta, PyObject *const *args, fad_fwd_param
     int max_q, max_k;
 
     fad_fwd_params_init(p);
+    p->check_indices = ta->st->check_indices;
     if (get_tensor(ta, args[0], "q", &q) || get_tensor(ta, args[1], "k", &k) ||
         get_tensor(ta, args[2], "v", &v) || get_tensor(ta, args[3], "out", &out) ||
         (args[4] != Py_None && get_tensor(ta, args[4], "softmax_lse", &lse)) ||
@@ -565,6 +568,21 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
     return PyBool_FromLong(st->can_allocate);
 }
 
+PyDoc_STRVAR(set_index_checks_doc,
+"set_index_checks(enabled)\n"
+"--\n\n"
+"Checked mode for CUDA calls (flash_attn_det.set_index_checks): every later call\n"
+"copies its index tensors to the host and checks them before it writes.");
+
+static PyObject *fad_py_set_index_checks(PyObject *module, PyObject *enabled)
+{
+    const int on = PyObject_IsTrue(enabled);
+    if (on < 0)
+        return NULL;
+    module_state(module)->check_indices = on;
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(set_mode_doc,
 "set_mode(deterministic, split_size, schedule)\n"
 "--\n\n"
@@ -619,6 +637,7 @@ static PyMethodDef fad_methods[] = {
     {"infer_kvcache", (PyCFunction)(void (*)(void))fad_py_infer_kvcache, METH_FASTCALL,
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
+    {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)
