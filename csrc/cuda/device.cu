@@ -115,8 +115,12 @@ extern "C" fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg,
     size_t total = (size_t)B * max_blocks;
     for (int i = 0; i < 6; i++)
         total += dev[i] ? counts[i] : 0;
-    if (B <= 0 || total == 0)
+    if (total == 0) /* no index array (B >= 0: fad_fwd_check ran first) */
         return fad_check_seqlens_host(&h, msg, msg_len);
+    /* every stream's work first: the lengths may come from a kernel queued on
+     * another stream (an append), which a copy on the legacy stream would not
+     * wait for if that stream is non-blocking */
+    CUDA_TRY(cudaDeviceSynchronize());
     int32_t *buf = (int32_t *)malloc(total * sizeof(int32_t));
     if (!buf)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "check_indices: cannot allocate %zu bytes",

@@ -461,6 +461,11 @@ PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize
     if (t[KV_TABLE] && (t[KV_BATCH_IDX] || t[KV_LEFTPAD] || t[KV_Q]->device.device_type == kDLCPU))
         take = LEAVE;
     appends = t[KV_K] || t[KV_V] || t[KV_COS] || t[KV_SIN];
+    /* Checked mode (set_index_checks): this entry's attention reads the lengths
+     * the append kernel writes, so its check could only run after the append;
+     * the general path checks the lengths after the append before it writes. */
+    if (take == TAKE && appends && ta->st->check_indices)
+        take = LEAVE;
     if (take == TAKE && appends)
         take = take_append(ta->st, t, args[KV_INTERLEAVED], &ap, &o);
     /* the attention reads the rotated q and the lengths after the append */
