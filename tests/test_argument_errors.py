@@ -53,3 +53,24 @@ def test_varlen_backward_zeroes_dq_rows_of_no_sequence():
     out.float().square().sum().backward()
     assert torch.equal(q.grad[14:], torch.zeros_like(q.grad[14:]))
     assert q.grad[:14].abs().sum() > 0
+
+
+@pytest.mark.parametrize("extra", [{}, {"softcap": 3.0}], ids=["inference entry", "general path"])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_tensor_dlpack_refuses_is_named(extra, which):
+    """A meta tensor (no data) cannot cross DLPack: torch's error comes back as a ValueError
+    naming the argument, on every entry, before anything is written."""
+    q, k, v = _qkv()
+    args = [q, k, v]
+    args[which] = args[which].to("meta")
+    name = "qkv"[which]
+    with pytest.raises(ValueError, match=f"^{name}: cannot be passed to the kernels through DLPack"):
+        fad.flash_attn_func(*args, **extra)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"^{name}: cannot be passed"):
+        fad.flash_attn_varlen_func(*(a[0] for a in args), cu, cu, 6, 6, **extra)
+    if which == 0:  # the caches as k, v: nothing appended, nothing written
+        kc, vc = k.clone(), v.clone()
+        with pytest.raises(ValueError, match="^q: cannot be passed"):
+            fad.flash_attn_with_kvcache(args[0], kc, vc, cache_seqlens=6, **extra)
+        assert torch.equal(kc, k) and torch.equal(vc, v)

@@ -44,6 +44,34 @@ void tensor_args_init(tensor_args *ta, PyObject *module)
     ta->used = 0;
 }
 
+/* The exchange API refused a tensor (torch raises for a meta tensor, say):
+ * the same failure as a ValueError that names the argument, with the first
+ * line of torch's message (the rest is a C++ backtrace). */
+static int dlpack_refused(const char *name)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    Py_ssize_t len = 0;
+    const char *s = text ? PyUnicode_AsUTF8AndSize(text, &len) : NULL;
+    if (!s) {
+        PyErr_Clear();
+        s = "unknown error", len = 13;
+    }
+    const char *nl = memchr(s, '\n', (size_t)len);
+    PyObject *line = PyUnicode_FromStringAndSize(s, nl ? nl - s : len);
+    if (line) {
+        PyErr_Format(PyExc_ValueError, "%s: cannot be passed to the kernels through DLPack: %U",
+                     name, line);
+        Py_DECREF(line);
+    }
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return -1;
+}
+
 /* obj -> DLTensor: a torch tensor through the exchange API (no capsule, no
  * allocation), or the DLTensor borrowed from a capsule. Either way the caller's
  * tensor stays alive for the whole call, so nothing is consumed. */
@@ -58,7 +86,7 @@ int get_tensor(tensor_args *ta, PyObject *obj, const char *name, DLTensor **out)
         }
         DLTensor *t = &ta->slot[ta->used++];
         if (st->api->dltensor_from_py_object_no_sync(obj, t) != 0)
-            return -1;
+            return dlpack_refused(name);
         *out = t;
         return 0;
     }

@@ -32,8 +32,10 @@ static int take_tensor(tensor_args *ta, PyObject *obj, int plain, DLTensor **t)
 {
     if (Py_TYPE(obj) != ta->st->tensor_type)
         return LEAVE;
-    if (get_tensor(ta, obj, "tensor", t))
-        return FAIL;
+    if (get_tensor(ta, obj, "tensor", t)) { /* (a meta tensor, say) the general path names it */
+        PyErr_Clear();
+        return LEAVE;
+    }
     if (plain && (!is_compact(*t) || (uintptr_t)tensor_data(*t) % 16))
         return LEAVE;
     return TAKE;
