@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from conftest import HAS_CUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
+sys.path.insert(0, os.path.join(ROOT, "build_backend"))
+from fad_toolchain import system_nvcc  # noqa: E402  (the build's own rule for finding nvcc)
 DEMO = os.path.join(ROOT, "tests", "capi_demo.c")
 CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-ffp-contract=off", "-I" + CSRC]
 
@@ -81,14 +84,6 @@ def cpu_demo(tmp_path_factory):
     return Demo(exe, d)
 
 
-def _nvcc():
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
-
-
 def _cuda_arch():
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
@@ -99,7 +94,7 @@ def _cuda_arch():
 
 @pytest.fixture(scope="module")
 def cuda_demo_exe(tmp_path_factory):
-    nvcc = _nvcc()
+    nvcc = system_nvcc()
     if nvcc is None or shutil.which("gcc") is None:
         pytest.skip("nvcc or gcc not found")
     d = str(tmp_path_factory.mktemp("capi_cuda"))
