@@ -23,10 +23,10 @@ import time
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_backend"))
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "build_backend"))
 from fad_toolchain import cpu_only_reason, find_nvcc  # noqa: E402  (shared with the build backend)
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc")
 C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c", "fad_cpu.c",
              "fad_bwd_cpu.c"]

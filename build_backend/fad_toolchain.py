@@ -31,6 +31,11 @@ def env_flag(name):
     return value
 
 
+def cuda_switched_off():
+    """FLASH_ATTN_DET_FORCE_CPU=1 or FLASH_ATTN_DET_CUDA=0: the CPU-only module, whatever is installed."""
+    return env_flag("FLASH_ATTN_DET_FORCE_CPU") == "1" or env_flag("FLASH_ATTN_DET_CUDA") == "0"
+
+
 def system_nvcc():
     """nvcc of a CUDA toolkit: CUDA_HOME, CUDA_PATH, then PATH; None if there is none."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -61,7 +66,7 @@ def has_nvidia_gpu():
 
 def wants_cuda_wheels():
     """True when the build must take its compiler from the CUDA compiler wheels."""
-    if env_flag("FLASH_ATTN_DET_FORCE_CPU") == "1" or env_flag("FLASH_ATTN_DET_CUDA") == "0":
+    if cuda_switched_off():
         return False
     if system_nvcc():
         return False
@@ -93,7 +98,7 @@ def cpu_only_reason():
 def find_nvcc():
     """The nvcc this build uses, or None for the CPU-only module. FLASH_ATTN_DET_CUDA=1 with no
     compiler anywhere is an error, not a silent CPU build."""
-    if env_flag("FLASH_ATTN_DET_FORCE_CPU") == "1" or env_flag("FLASH_ATTN_DET_CUDA") == "0":
+    if cuda_switched_off():
         return None
     nvcc = system_nvcc() or wheel_nvcc()
     if nvcc is None and env_flag("FLASH_ATTN_DET_CUDA") == "1":
