@@ -130,6 +130,13 @@ typedef struct fad_fwd_params {
                             them as the CPU path does, before anything is written: an error
                             that names the argument and the sequence instead of NaN rows, at
                             the price of a device sync (not graph-safe). 0 (default): trusted */
+
+    /* --- dropout (training): element (row, key) kept with probability 1 - dropout_p by a
+     *     mask keyed on positions only (fad_math.h, fad_make_dropout), kept ones scaled by
+     *     1 / (1 - dropout_p); the backward must get the forward's three values --- */
+    float dropout_p;         /* in [0, 1); 0: off */
+    uint64_t dropout_seed;   /* the generator's seed ... */
+    uint64_t dropout_offset; /* ... and offset, one per call */
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),

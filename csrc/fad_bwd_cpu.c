@@ -3,9 +3,10 @@
  *
  * For one (sequence, query head h, row i) with its keys [lo, hi) (fad_row_keys):
  *   p_ij  = exp2(s_ij - lse_i * log2 e)        s_ij: the forward's log2 logit
- *   Delta = sum_d dout_i[d] * out_i[d]
- *   dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - Delta) d(score)/d(q.k)
- *   dq_i += ds_ij k_j,      dk_j += ds_ij q_i,      dv_j += p_ij dout_i
+ *   z_ij  = rp if dropout keeps (i, j), else 0  (1 without dropout)
+ *   Delta = sum_d dout_i[d] * out_i[d]         (= sum_j p_ij dp_ij, dropout or not)
+ *   dp_ij = z_ij (dout_i . v_j),   ds_ij = p_ij (dp_ij - Delta) d(score)/d(q.k)
+ *   dq_i += ds_ij k_j,      dk_j += ds_ij q_i,      dv_j += z_ij p_ij dout_i
  * Orders are fixed by position: keys increasing for dq_i; for dk/dv of a kv
  * head, the query heads of its group increasing, then rows increasing. Nothing
  * depends on the rest of the batch, so gradients are batch-invariant.
@@ -22,6 +23,7 @@
 typedef struct bwd_ctx {
     const fad_bwd_params *bp;
     const fad_score_mod *mod;
+    const fad_dropout *drop;
     load_fn load;
     fad_seq seq;
     int hk;           /* kv head */
@@ -75,13 +77,18 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
                     s2 = FAD_ADD(s2, fad_alibi_log2(slope_log2, i, j, seq->len_q, seq->len_k));
             }
             const float pij = fad_exp2(s2 - lse2);
-            const float ds = fad_ds(pij, dot(dout, vj, D), delta,
-                                     fad_logit_grad(c->mod, p->softmax_scale, qk));
+            float dp = dot(dout, vj, D), pv = pij; /* pv: what dv_j sees of p_ij */
+            if (c->drop->on) {
+                const int kept = fad_dropout_keep(c->drop, 0, h, i + seq->len_k - seq->len_q, j);
+                dp = kept ? FAD_MUL(dp, c->drop->rp) : 0.f;
+                pv = kept ? FAD_MUL(pij, c->drop->rp) : 0.f;
+            }
+            const float ds = fad_ds(pij, dp, delta, fad_logit_grad(c->mod, p->softmax_scale, qk));
             float *dkj = c->dk + (int64_t)(j)*D, *dvj = c->dv + (int64_t)(j)*D;
             for (int d = 0; d < D; d++) {
                 dq[d] = FAD_FMA(ds, kj[d], dq[d]);
                 dkj[d] = FAD_FMA(ds, q[d], dkj[d]);
-                dvj[d] = FAD_FMA(pij, dout[d], dvj[d]);
+                dvj[d] = FAD_FMA(pv, dout[d], dvj[d]);
             }
         }
     }
@@ -116,6 +123,7 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     const fad_fwd_params *p = &rp.fwd;
 
     const fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
+    const fad_dropout drop = fad_dropout_of(p);
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     float *acc = malloc(sizeof(float) * 2 * (size_t)(p->seqlen_k > 0 ? p->seqlen_k : 1) * D);
     float *kv = fad_kv_buffer(p);
@@ -123,7 +131,7 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
         free(acc), free(kv);
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: out of host memory for the backward");
     }
-    bwd_ctx c = {.bp = &rp, .mod = &mod,
+    bwd_ctx c = {.bp = &rp, .mod = &mod, .drop = &drop,
                  .load = p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float};
     for (int b = 0; b < p->batch; b++) {
         c.seq = fad_get_seq(p, b);

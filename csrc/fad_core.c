@@ -78,6 +78,12 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
     if (!(p->softcap >= 0.f) || !isfinite(p->softcap))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "softcap: must be finite and >= 0 (got %g)",
                         (double)p->softcap);
+    if (!(p->dropout_p >= 0.f && p->dropout_p < 1.f))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "dropout_p: must be in [0, 1) (got %g)",
+                        (double)p->dropout_p);
+    if (p->dropout_p > 0.f && p->block_table)
+        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len,
+                        "dropout_p: dropout is not supported with block_table (paged KV)");
     if (p->window_left < -1 || p->window_right < -1)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "window_size: entries must be -1 (unbounded) or >= 0 (got (%d, %d))",
@@ -175,6 +181,8 @@ static int use_packed_kernel(const fad_fwd_params *p)
 {
     const long long rows = (long long)p->seqlen_q * (p->num_heads / p->num_heads_k);
     if (rows > (1LL << 30)) /* the packed kernel indexes rows with int */
+        return 0;
+    if (p->dropout_p > 0.f) /* dropout runs on the prefill kernel's score-mod variant only */
         return 0;
     const char *force = getenv("FLASH_ATTN_DET_FWD_KERNEL");
     if (force && !strcmp(force, "packed"))

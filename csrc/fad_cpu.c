@@ -78,6 +78,7 @@ uint16_t fad_float_to_fp16(float f)
 typedef struct row_ctx {
     const fad_fwd_params *p;
     const fad_score_mod *mod;
+    const fad_dropout *drop;
     load_fn load;
     int split_size;
     int len_q, len_k; /* the current sequence's */
@@ -135,8 +136,10 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
                 os[d] = FAD_MUL(os[d], scale);
             for (int j = t0; j < t1; j++) {
                 float pj = fad_exp_score(s[j - t0], es, base);
-                psum += pj;
+                psum += pj; /* (l sums every p: dropout only thins what reaches o) */
                 if (pj == 0.f)
+                    continue;
+                if (c->drop->on && !fad_dropout_keep(c->drop, 0, h, i + c->len_k - c->len_q, j))
                     continue;
                 const float *vr = vf + (int64_t)j * D;
                 for (int d = 0; d < D; d++)
@@ -153,7 +156,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
         mr = w.m;
     }
 
-    float inv = fad_inv_sum(lr);
+    float inv = fad_out_scale(lr, c->drop->rp);
     int bf16 = p->dtype == FAD_BFLOAT16;
     for (int d = 0; d < D; d++) {
         float y = FAD_MUL(orow[d], inv);
@@ -260,7 +263,8 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    row_ctx c = {p, &mod, p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float,
+    const fad_dropout drop = fad_dropout_of(p);
+    row_ctx c = {p, &mod, &drop, p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float,
                  plan.split_size, 0, 0};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     const int64_t lse_head_stride = fad_lse_head_stride(p);

@@ -17,6 +17,7 @@
 #define FAD_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define FAD_HD __host__ __device__ __forceinline__
@@ -286,11 +287,112 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Dropout: a keep mask keyed only by positions, so batch-invariant.          */
+/* ------------------------------------------------------------------------ */
+
+/* Element (query row i, key j) of head h is kept with probability 1 - p. Its
+ * random bits are Philox4x32-10 (Salmon et al., Random123) of
+ *   key     = the call's key (fad_make_dropout: Philox of the generator's
+ *             (seed, offset), so each call of a training step draws anew)
+ *   counter = (32-key group of j and j's pair in its 8, (uint32) the row's
+ *             key-space position i + len_k - len_q, h, seq_id)
+ * output word (j / 8) % 4, its low 16 bits for even j and high 16 bits for
+ * odd j; kept iff those 16 bits < keep16 = round((1 - p) * 65536). Nothing
+ * else enters: not the batch index, the batch size, the tile or the split,
+ * so a sequence is dropped the same way alone and in any batch. seq_id is 0
+ * unless the caller names its sequences. The counter layout puts a thread's
+ * 8 elements of one m16n8k16 row (keys 8 nb + 2 (lane % 4) + {0, 1}, nb = 0..3)
+ * in one Philox call: the kernels draw each call once. Kept elements are
+ * scaled by rp = 1 / (1 - p) at the output's normalisation. */
+#define FAD_PHILOX_M0 0xD2511F53u
+#define FAD_PHILOX_M1 0xCD9E8D57u
+#define FAD_PHILOX_W0 0x9E3779B9u
+#define FAD_PHILOX_W1 0xBB67AE85u
+#if defined(__CUDA_ARCH__)
+#define FAD_MULHI(a, b) __umulhi((a), (b))
+#else
+#define FAD_MULHI(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))
+#endif
+
+typedef struct fad_u32x4 {
+    uint32_t x[4];
+} fad_u32x4;
+
+/* Philox4x32 with 10 rounds (integer math: the same bits on every path). */
+FAD_HD fad_u32x4 fad_philox(fad_u32x4 c, uint32_t k0, uint32_t k1)
+{
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int round = 0; round < 10; round++) {
+        const uint32_t hi0 = FAD_MULHI(FAD_PHILOX_M0, c.x[0]), lo0 = FAD_PHILOX_M0 * c.x[0];
+        const uint32_t hi1 = FAD_MULHI(FAD_PHILOX_M1, c.x[2]), lo1 = FAD_PHILOX_M1 * c.x[2];
+        fad_u32x4 n;
+        n.x[0] = hi1 ^ c.x[1] ^ k0, n.x[1] = lo1, n.x[2] = hi0 ^ c.x[3] ^ k1, n.x[3] = lo0;
+        c = n;
+        k0 += FAD_PHILOX_W0, k1 += FAD_PHILOX_W1;
+    }
+    return c;
+}
+
+typedef struct fad_dropout {
+    uint32_t k0, k1; /* the call's Philox key */
+    uint32_t keep16; /* keep iff 16 random bits < keep16; 65536: dropout off */
+    float rp;        /* 1 / (1 - p): the kept elements' scale; 1 when off */
+    int on;
+} fad_dropout;
+
+/* 1 / (1 - p), or 1 without dropout: the kept elements' scale. */
+FAD_HD float fad_dropout_rp(float p) { return p > 0.f ? 1.f / FAD_ADD(1.f, -p) : 1.f; }
+
+FAD_HD fad_dropout fad_make_dropout(float p, uint64_t seed, uint64_t offset)
+{
+    fad_dropout d;
+    fad_u32x4 c;
+    c.x[0] = (uint32_t)offset, c.x[1] = (uint32_t)(offset >> 32);
+    c.x[2] = 0x64726f70u /* "drop": this stream is not used for anything else */, c.x[3] = 0;
+    const fad_u32x4 k = fad_philox(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+    d.k0 = k.x[0], d.k1 = k.x[1];
+    d.on = p > 0.f;
+    const float keep = FAD_ADD(1.f, -p);
+    d.keep16 = d.on ? (uint32_t)FAD_FMA(keep, 65536.f, 0.5f) : 65536u;
+    d.rp = fad_dropout_rp(p);
+    return d;
+}
+
+/* The Philox draw that holds element (row position i_pos, key j) of head h:
+ * it holds keys 32 (j / 32) + 8 w + 2 ((j / 2) % 4) + {0, 1}, w = 0..3. */
+FAD_HD fad_u32x4 fad_dropout_draw(const fad_dropout *d, uint32_t seq_id, int h, int i_pos, int j)
+{
+    fad_u32x4 c;
+    c.x[0] = ((uint32_t)j >> 5 << 2) | (((uint32_t)j >> 1) & 3u);
+    c.x[1] = (uint32_t)i_pos, c.x[2] = (uint32_t)h, c.x[3] = seq_id;
+    return fad_philox(c, d->k0, d->k1);
+}
+
+/* Whether key j is kept, from the draw that holds it. */
+FAD_HD int fad_dropout_kept(const fad_dropout *d, fad_u32x4 r, int j)
+{
+    const uint32_t w = r.x[((uint32_t)j >> 3) & 3u];
+    return ((j & 1) ? w >> 16 : w & 0xffffu) < d->keep16;
+}
+
+/* One element, for paths that draw per element (the CPU's). */
+FAD_HD int fad_dropout_keep(const fad_dropout *d, uint32_t seq_id, int h, int i_pos, int j)
+{
+    return fad_dropout_kept(d, fad_dropout_draw(d, seq_id, h, i_pos, j), j);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Final normalisation of a merged state.                                    */
 /* ------------------------------------------------------------------------ */
 
 /* 1/l, or 0 for a row that saw no key (its output is 0, as flash_attn's). */
 FAD_HD float fad_inv_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+
+/* What a merged row's o is multiplied by: 1/l, times dropout's rp (exactly
+ * 1/l without dropout: rp = 1). */
+FAD_HD float fad_out_scale(float l, float rp) { return FAD_MUL(fad_inv_sum(l), rp); }
 
 /* Natural-log log-sum-exp; -inf for a row that saw no key. */
 FAD_HD float fad_lse(float m, float l)

@@ -55,6 +55,12 @@ FAD_HD float fad_alibi_slope_log2(const fad_fwd_params *p, int b, int h)
     return p->alibi_slopes ? FAD_MUL(p->alibi_slopes[b * p->alibi_batch_stride + h], FAD_LOG2E) : 0.f;
 }
 
+/* The call's dropout (fad_math.h): every path derives it here from the params. */
+FAD_HD fad_dropout fad_dropout_of(const fad_fwd_params *p)
+{
+    return fad_make_dropout(p->dropout_p, p->dropout_seed, p->dropout_offset);
+}
+
 /* Rows per head in the flat row space, and rows in all. */
 FAD_HD int64_t fad_lse_head_stride(const fad_fwd_params *p)
 {

@@ -6,6 +6,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from . import _C
+from . import dropout as _dropout
 from .mode import _state
 
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
@@ -61,18 +62,18 @@ def _window(window_size, causal):
 _WS_BYTES = {}
 
 
-def _launch(entry, head, tail, q, key):
-    """entry(*head, workspace, *tail, stream) with the workspace its plan needs."""
+def _launch(entry, head, tail, q, key, extra=()):
+    """entry(*head, workspace, *tail, stream, *extra) with the workspace its plan needs."""
     if not q.is_cuda:
-        return entry(*head, None, *tail, 0)
+        return entry(*head, None, *tail, 0, *extra)
     stream = _current_stream(q)
     nbytes = _WS_BYTES.get(key, 0)
-    need = entry(*head, _workspace(nbytes, q.device), *tail, stream)
+    need = entry(*head, _workspace(nbytes, q.device), *tail, stream, *extra)
     if need is not None:
         if len(_WS_BYTES) > 4096:
             _WS_BYTES.clear()
         _WS_BYTES[key] = need
-        entry(*head, _workspace(need, q.device), *tail, stream)
+        entry(*head, _workspace(need, q.device), *tail, stream, *extra)
 
 
 def _workspace(nbytes, device):
@@ -148,9 +149,11 @@ def _opt(t):
     return None if t is None else _dl(t)
 
 
-def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, want_lse=True):
+def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, want_lse=True,
+         dropout=None):
     """Runs the forward kernel on a padded batch; returns (out, softmax_lse), softmax_lse
-    None unless want_lse (then it is neither allocated nor written)."""
+    None unless want_lse (then it is neither allocated nor written). dropout: None or
+    (dropout_p, seed, offset)."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 4:
         raise ValueError(f"q: expected 4 dims (batch, seqlen, nheads, headdim), got {q.dim()}")
@@ -162,13 +165,14 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, wan
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
     _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
-            (0, shape, k.shape, det, split_size, schedule, q.get_device()))
+            (0, shape, k.shape, det, split_size, schedule, q.get_device()),
+            () if dropout is None else (dropout,))
     return out, lse
 
 
 def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                 causal, window_size, softcap, alibi_slopes, seqused_k, block_table=None,
-                want_lse=True):
+                want_lse=True, dropout=None):
     """Runs the forward kernel on a variable-length batch; returns (out, softmax_lse),
     softmax_lse None unless want_lse."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
@@ -198,14 +202,14 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
              int(max_seqlen_k), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k),
              None if block_table is None else block_table.shape, det, split_size, schedule,
-             q.get_device()))
+             q.get_device()), () if dropout is None else (dropout,))
     return out, lse
 
 
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap,
-              alibi_slopes, varlen=None):
+              alibi_slopes, varlen=None, dropout=None):
     """dq, dk, dv of a forward call. varlen: (cu_seqlens_q, cu_seqlens_k, seqused_k,
-    max_seqlen_q, max_seqlen_k) for the variable-length entry."""
+    max_seqlen_q, max_seqlen_k) for the variable-length entry; dropout: the forward's."""
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written,
     # nor varlen dq rows past cu_seqlens_q[-1] (which belong to no sequence: 0, as the forward
@@ -219,13 +223,14 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
         ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
         stream = _current_stream(q)
     mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
+    extra = () if dropout is None else (dropout,)
     if varlen is None:
-        _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode)
+        _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
     else:
         cu_q, cu_k, used, max_q, max_k = varlen
         _C.bwd_varlen(*tensors, _dl(cu_q), _dl(cu_k),
                       _opt(used), None, int(max_q), int(max_k),
-                      opts[0], ws, *opts[1:], *mode)
+                      opts[0], ws, *opts[1:], *mode, *extra)
     return dq, dk, dv
 
 
@@ -233,16 +238,20 @@ class _FlashAttnFunc(torch.autograd.Function):
     """flash_attn_func under autograd in eager mode (ops.py registers the same for compile)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes):
-        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                dropout=None):
+        out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        dropout=dropout)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts = (softmax_scale, causal, window_size, softcap, alibi_slopes)
+        ctx.dropout = dropout
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        return (*_backward(dout, *ctx.saved_tensors, *ctx.opts),) + (None,) * 5
+        return (*_backward(dout, *ctx.saved_tensors, *ctx.opts, dropout=ctx.dropout),) + \
+            (None,) * 6
 
 
 class _FlashAttnVarlenFunc(torch.autograd.Function):
@@ -250,20 +259,23 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k):
+                softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k,
+                dropout=None):
         out, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_size, softcap, alibi_slopes,
-                               seqused_k)
+                               seqused_k, dropout=dropout)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts = (softmax_scale, causal, window_size, softcap, alibi_slopes)
         ctx.varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+        ctx.dropout = dropout
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        dq, dk, dv = _backward(dout, *ctx.saved_tensors, *ctx.opts, varlen=ctx.varlen)
-        return (dq, dk, dv) + (None,) * 10
+        dq, dk, dv = _backward(dout, *ctx.saved_tensors, *ctx.opts, varlen=ctx.varlen,
+                               dropout=ctx.dropout)
+        return (dq, dk, dv) + (None,) * 11
 
 
 class _FlashAttnPagedFunc(torch.autograd.Function):
@@ -271,8 +283,8 @@ class _FlashAttnPagedFunc(torch.autograd.Function):
     (as in flash_attn); only reaching the backward raises."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_table, want_lse, *args):
-        out, lse = _fwd_varlen(q, k, v, *args, block_table, want_lse=want_lse)
+    def forward(ctx, q, k, v, block_table, want_lse, dropout, *args):
+        out, lse = _fwd_varlen(q, k, v, *args, block_table, want_lse=want_lse, dropout=dropout)
         if lse is not None:
             ctx.mark_non_differentiable(lse)
         return out, lse
@@ -284,10 +296,29 @@ class _FlashAttnPagedFunc(torch.autograd.Function):
                                   "torch.no_grad() when its output is part of a loss")
 
 
-def _no_dropout(dropout_p):
+def _no_dropout(dropout_p, where="context-parallel attention"):
     if dropout_p:
-        raise NotImplementedError("dropout_p: dropout is not implemented by flash_attn_det yet; "
-                                  "pass dropout_p=0.0")
+        raise NotImplementedError(f"dropout_p: {where} has no dropout yet; pass dropout_p=0.0")
+
+
+def _dropout_p(dropout_p):
+    """dropout_p as a float in [0, 1), or an exception naming it."""
+    p = _number(dropout_p, "dropout_p")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p!r}")
+    return p
+
+
+def _dropout_begin(dropout_p, q):
+    """(dropout, commit): dropout None or (p, seed, offset) for the call; commit() advances
+    the random generator once the call has run (a call that raises does not)."""
+    p = _dropout_p(dropout_p)
+    if p == 0.0:
+        return None, lambda: None
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("dropout_p: dropout under torch.compile is not supported yet")
+    seed, offset, commit = _dropout.draw(q, p)
+    return (p, seed, offset), commit
 
 
 _MAX_HEAD_DIM = 256
@@ -340,7 +371,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
-    _no_dropout(dropout_p)
+    _dropout_p(dropout_p)
     pad = _head_pad(q, k, v)
     if pad:  # (autograd slices the padded gradients back through the pad)
         D = q.shape[-1]
@@ -348,6 +379,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                               D ** -0.5 if softmax_scale is None else softmax_scale, causal,
                               window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
         return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
+    dropout, commit = _dropout_begin(dropout_p, q)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -355,11 +387,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                                                 float(softcap), alibi_slopes)
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
-                                        alibi_slopes)
+                                        alibi_slopes, dropout)
     else:  # inference: softmax_lse only when asked for
         out, lse = _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                        want_lse=return_attn_probs)
-    return (out, lse, None) if return_attn_probs else out
+                        want_lse=return_attn_probs, dropout=dropout)
+    commit()
+    if not return_attn_probs:
+        return out
+    return out, lse, _s_dmask(q, k, None, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, dropout)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -386,7 +422,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
-    _no_dropout(dropout_p)
+    _dropout_p(dropout_p)
     pad = _head_pad(q, k, v)
     if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
         D = q.shape[-1]
@@ -398,6 +434,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
+    dropout, commit = _dropout_begin(dropout_p, q)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -405,12 +442,81 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
             bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table)
     elif _needs_grad(q, k, v) and block_table is not None:
-        out, lse = _FlashAttnPagedFunc.apply(q, k, v, block_table, return_attn_probs, *args[3:])
+        out, lse = _FlashAttnPagedFunc.apply(q, k, v, block_table, return_attn_probs, dropout,
+                                             *args[3:])
     elif _needs_grad(q, k, v):
-        out, lse = _FlashAttnVarlenFunc.apply(*args)
+        out, lse = _FlashAttnVarlenFunc.apply(*args, dropout)
     else:  # inference: softmax_lse only when asked for
-        out, lse = _fwd_varlen(*args, block_table, want_lse=return_attn_probs)
-    return (out, lse, None) if return_attn_probs else out
+        out, lse = _fwd_varlen(*args, block_table, want_lse=return_attn_probs, dropout=dropout)
+    commit()
+    if not return_attn_probs:
+        return out
+    return out, lse, _s_dmask(q, k, (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                     max_seqlen_k, block_table), softmax_scale, causal,
+                              window_size, softcap, alibi_slopes, dropout)
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key block of S_dmask's convention (flash_attn's helper of the same name, which its
+    tests use to decode S_dmask): flash_attn_det's S_dmask is relative to each row's own max,
+    one block per row."""
+    return 1 << 30
+
+
+def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout):
+    """S_dmask as flash_attn returns it with return_attn_probs=True and dropout (None without
+    dropout): (batch, nheads, seqlen_q, seqlen_k), both rounded up to 128, q's dtype. Entry
+    (b, h, i, j) is exp(score - the row's max score) for a key j that row i sees, negated
+    where dropout drops it, and 0 elsewhere. Computed here in fp32 from q and k (and the
+    mask from dropout.keep_mask): a debugging aid, O(seqlen_q * seqlen_k) memory."""
+    if dropout is None:
+        return None
+    p, seed, offset = dropout
+    H, D = q.shape[-2], q.shape[-1]
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    left, right = _window(window_size, causal)
+    if varlen is None:
+        B, Lq, Lk = q.shape[0], q.shape[1], k.shape[1]
+        seqs = [(b, q[b], k[b], Lq, Lk) for b in range(B)]
+        max_q, max_k = Lq, Lk
+    else:
+        cu_q, cu_k, used, max_q, max_k, table = varlen
+        if table is not None:
+            raise NotImplementedError("return_attn_probs: no S_dmask for paged KV")
+        cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+        used = None if used is None else used.tolist()
+        B = len(cu_q) - 1
+        seqs = []
+        for b in range(B):
+            Lq, Lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+            Lk = Lk if used is None else min(Lk, used[b])
+            seqs.append((b, q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b] + Lk], Lq, Lk))
+    rq, rk = (int(max_q) + 127) // 128 * 128, (int(max_k) + 127) // 128 * 128
+    S = torch.zeros((B, H, rq, rk), dtype=q.dtype, device=q.device)
+    heads = torch.arange(H, device=q.device)
+    for b, qb, kb, Lq, Lk in seqs:
+        if Lq == 0 or Lk == 0:
+            continue
+        kb = kb.float().repeat_interleave(H // kb.shape[1], dim=1)
+        s = torch.einsum("ihd,jhd->hij", qb.float(), kb) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        i = torch.arange(Lq, device=q.device).view(-1, 1) + (Lk - Lq)  # key-space position
+        j = torch.arange(Lk, device=q.device).view(1, -1)
+        if alibi_slopes is not None:
+            slope = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+            s = s - slope.float().view(-1, 1, 1) * (i - j).abs()
+        seen = torch.ones((Lq, Lk), dtype=torch.bool, device=q.device)
+        if left >= 0:
+            seen &= j >= i - left
+        if right >= 0:
+            seen &= j <= i + right
+        s = s.masked_fill(~seen, -math.inf)
+        m = s.amax(-1, keepdim=True)
+        a = torch.exp(s - torch.where(m == -math.inf, 0.0, m))
+        keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1))
+        S[b, :, :Lq, :Lk] = torch.where(keep, a, -a).to(q.dtype)
+    return S
 
 
 def _rotary(x, cos, sin, pos, interleaved):

@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from . import _C
+from . import dropout as _dropout
 from .mode import _state, _sync
 
 _SCHEDULES = {
@@ -24,7 +25,7 @@ _MAX_SCORE_ELEMS = 1 << 25
 
 
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, upcast=True):
+                  alibi_slopes=None, upcast=True, dropout_p=0.0, dropout_mask=None):
     """Float64 attention with flash_attn's semantics.
 
     q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H % Hkv == 0. Causal and window
@@ -38,6 +39,9 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     chunks of query rows so the float64 score block stays bounded.
     upcast=False does the same math in q's dtype: what plain torch code computes,
     the peer that error bounds are measured against (results still float64).
+    dropout_mask (bool, broadcastable to (B, H, Sq, Sk), True = kept) with dropout_p:
+    the probabilities are masked and scaled by 1 / (1 - dropout_p) before P V (lse is
+    that of the undropped scores); dropout_mask_of gives flash_attn_det's mask of a call.
     """
     B, Sq, H, D = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -81,9 +85,23 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
         seen = torch.isfinite(m)
         p = torch.exp(s - torch.where(seen, m, torch.zeros_like(m))[..., None])
         p = torch.where(seen[..., None], p, torch.zeros_like(p))
+        if dropout_mask is not None:
+            keep = dropout_mask.expand(B, H, Sq, Sk)[:, :, r0:r1]
+            p = torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
         out[:, :, r0:r1] = torch.matmul(p, vd)
         lse[:, :, r0:r1] = m
     return out.transpose(1, 2).contiguous(), lse
+
+
+def dropout_mask_of(dropout, H, Sq, Sk, device="cpu"):
+    """flash_attn_det's keep mask (bool (1, H, Sq, Sk)) of a padded call with dropout =
+    (dropout_p, seed, offset): the same for every sequence of the batch. Take (seed, offset)
+    from flash_attn_det.dropout.draw(q, dropout_p) just before the call: it reads them
+    without advancing the generator."""
+    p, seed, offset = dropout
+    rows = torch.arange(Sq, device=device) + (Sk - Sq)
+    return _dropout.keep_mask(p, seed, offset, torch.arange(H, device=device), rows,
+                              torch.arange(Sk, device=device))[None]
 
 
 @contextlib.contextmanager

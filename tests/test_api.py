@@ -192,11 +192,13 @@ def test_bad_softcap(cap):
         flash_attn_func(q, k, v, softcap=cap)
 
 
-@pytest.mark.parametrize("p", [0.1, 1e-6, 1.0])
-def test_dropout_not_implemented(p):
+@pytest.mark.parametrize("p", [1.0, -1e-6, float("nan"), float("inf")])
+def test_bad_dropout_p(p):
     q, k, v = _qkv()
-    with pytest.raises(NotImplementedError, match="^dropout_p:"):
+    with pytest.raises(ValueError, match="^dropout_p:"):
         flash_attn_func(q, k, v, dropout_p=p)
+    with pytest.raises(TypeError, match="^dropout_p:"):
+        flash_attn_func(q, k, v, dropout_p="0.1")
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])

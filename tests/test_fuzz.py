@@ -117,7 +117,7 @@ def attn_call(draw):
     args = dict(q=q, k=k, v=v, softmax_scale=_opt(draw, SCALES, valid),
                 causal=draw(st.booleans()), window_size=_opt(draw, WINDOWS, valid),
                 softcap=_opt(draw, SOFTCAPS, valid), return_attn_probs=draw(st.booleans()),
-                dropout_p=0.0 if valid else draw(st.sampled_from([0.0, 0.1])))
+                dropout_p=0.0 if valid else draw(st.sampled_from([0.0, 1.0, -0.5, float("nan")])))
     alibi = draw(st.sampled_from([None, None, "H", "BH"] + ([] if valid else ["bad_shape", "bad_dtype"])))
     if alibi == "H":
         args["alibi_slopes"] = torch.rand(H).to(DEVICE)

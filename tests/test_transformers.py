@@ -162,14 +162,31 @@ def test_gradients_match_eager_and_repeat_bitwise(device, family):
         assert err < 0.05, f"{n}: relative error {err:.3g}"
 
 
-def test_dropout_in_training_raises():
-    model = _model("llama", "cpu").train()
-    model.config.attention_dropout = 0.1
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_in_training_is_seeded_and_batch_invariant(device):
+    """attention_dropout in training reaches flash_attn_det's dropout: torch.manual_seed
+    reproduces the logits bit for bit, a new seed changes them, and a prompt gets the same
+    bits alone as in a right-padded batch (the keep mask is keyed by positions, not rows)."""
+    model = _model("llama", device).train()
     for layer in model.model.layers:
-        layer.self_attn.attention_dropout = 0.1
-    ids, mask, pos = _batch("cpu", [8, 5], 8, "right")
-    with pytest.raises(NotImplementedError, match="^dropout:"):
-        model(ids, attention_mask=mask, position_ids=pos)
+        layer.self_attn.attention_dropout = 0.25
+    ids, mask, pos = _batch(device, [12, 7], 12, "right")
+
+    def logits(seed, ids, mask, pos):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return model(ids, attention_mask=mask, position_ids=pos).logits
+
+    a, b, c = logits(5, ids, mask, pos), logits(5, ids, mask, pos), logits(6, ids, mask, pos)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    model.eval()
+    with torch.no_grad():
+        no_drop = model(ids, attention_mask=mask, position_ids=pos).logits
+    model.train()
+    assert not torch.equal(a, no_drop)
+    for i, n in enumerate([12, 7]):
+        alone = logits(5, ids[i:i + 1, :n], mask[i:i + 1, :n], pos[i:i + 1, :n])
+        assert torch.equal(alone[0], a[i, :n]), f"prompt {i}: alone != in the batch"
 
 
 def test_register_refuses_a_name_with_flash():

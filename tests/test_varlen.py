@@ -158,8 +158,8 @@ def test_varlen_bad_input(device):
     with pytest.raises(ValueError, match="^k: expected 4 dims"):  # paged: k/v are pages
         call(q, k, v, cu_q, cu_k, 20, 20,
              block_table=torch.zeros(2, 1, dtype=torch.int32, device=q.device))
-    with pytest.raises(NotImplementedError, match="^dropout_p:"):
-        call(q, k, v, cu_q, cu_k, 20, 20, dropout_p=0.1)
+    with pytest.raises(ValueError, match="^dropout_p:"):
+        call(q, k, v, cu_q, cu_k, 20, 20, dropout_p=1.0)
     with pytest.raises(ValueError, match="^seqused_k:"):
         call(q, k, v, cu_q, cu_k, 20, 20, seqused_k=torch.ones(3, dtype=torch.int32,
                                                                device=device))

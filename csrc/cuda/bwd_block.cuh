@@ -9,6 +9,7 @@
 
 #include "bwd_cfg.cuh"
 #include "bwd_launch.h"
+#include "dropout.cuh"
 #include "fad_seq.h"
 #include "mma.cuh"
 

@@ -4,7 +4,7 @@
  */
 #include "bwd_block.cuh"
 
-template <typename T, int kHeadDim, bool kMod>
+template <typename T, int kHeadDim, bool kMod, bool kDrop = false>
 __global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dkdv_kernel(const __grid_constant__ bwd_args a)
 {
@@ -72,7 +72,12 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     const lds_base<kHeadDim> q_t0(sQ, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
     const lds_base<kHeadDim> do_t0(sQ + kM * kHeadDim, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
+    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
+     * softcap nor ALiBi, so the mod must say so) */
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
+    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
+    if constexpr (kDrop)
+        drop = fad_dropout_of(&p);
     /* This thread's keys: n0 + key_row + 8r, r = e / 2. */
     const int key_row = warp * 16 + lane / 4;
     float dk[kDB][4] = {}, dv[kDB][4] = {};
@@ -130,11 +135,40 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
                 pt[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[i_loc]);
             }
 
-        /* dV += P^T dO: P^T from the accumulators as A fragments. */
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e). Its keys key_row and
+         * key_row + 8 share a row's Philox draw (same 32-key group and pair). */
+        uint32_t kept = ~0u;
+        if constexpr (kDrop) {
+            kept = 0;
+#pragma unroll
+            for (int nb = 0; nb < kMB; nb++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = m0 + nb * 8 + (lane % 4) * 2 + e2, j = n0 + key_row;
+                    const fad_u32x4 bits = fad_dropout_draw(&drop, 0, h, i + len_k - len_q, j);
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; e1++)
+                        kept |= (uint32_t)fad_dropout_kept(&drop, bits, j + 8 * e1) << (nb * 4 + 2 * e1 + e2);
+                }
+        }
+
+        /* dV += P^T dO (with dropout: rp P^T where kept, 0 where dropped): P^T from
+         * the accumulators as A fragments. */
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++) {
             uint32_t pf[4];
-            p_fragment<T>(pt, kk, pf);
+            if constexpr (kDrop) {
+                float pv[2][4];
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        pv[n][e] = kept >> ((2 * kk + n) * 4 + e) & 1u
+                                       ? FAD_MUL(pt[2 * kk + n][e], drop.rp) : 0.f;
+                p_fragment<T>(pv, 0, pf);
+            } else {
+                p_fragment<T>(pt, kk, pf);
+            }
 #pragma unroll
             for (int j = 0; j < C::kDCols / 16; j++) {
                 uint32_t bf[4];
@@ -164,7 +198,10 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
             for (int e = 0; e < 4; e++) {
                 const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
                 const float g = kMod ? grad[kMod ? nb : 0][e] : p.softmax_scale;
-                ds[nb][e] = fad_ds(pt[nb][e], ds[nb][e], dsum[i_loc], g);
+                float dp = ds[nb][e];
+                if constexpr (kDrop) /* dropout: dP of a kept element times rp, of a dropped one 0 */
+                    dp = kept >> (nb * 4 + e) & 1u ? FAD_MUL(dp, drop.rp) : 0.f;
+                ds[nb][e] = fad_ds(pt[nb][e], dp, dsum[i_loc], g);
             }
 
         /* dK += dS^T Q. */
@@ -189,11 +226,16 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(dkdv_kernel<T, kHeadDim, kMod>, smem_set, bwd_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    void (*kernel)(bwd_args) = dkdv_kernel<T, kHeadDim, kMod>;
+    int *set = smem_set;
+    if constexpr (kMod) /* dropout: the score-mod variant with dropout compiled in */
+        if (a.p.dropout_p > 0.f)
+            kernel = dkdv_kernel<T, kHeadDim, true, true>, set = smem_set_drop;
+    fad_status st = allow_smem(kernel, set, bwd_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    dkdv_kernel<T, kHeadDim, kMod><<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -4,7 +4,7 @@
  */
 #include "bwd_block.cuh"
 
-template <typename T, int kHeadDim, bool kMod>
+template <typename T, int kHeadDim, bool kMod, bool kDrop = false>
 __global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dq_kernel(const __grid_constant__ bwd_args a)
 {
@@ -43,8 +43,13 @@ dq_kernel(const __grid_constant__ bwd_args a)
     float lse2[2], dsum[2];
     fad_key_range rk[2];
     dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
+    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
+     * softcap nor ALiBi, so the mod must say so) */
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
     const float slope_log2 = fad_alibi_slope_log2(&p, b, h);
+    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
+    if constexpr (kDrop)
+        drop = fad_dropout_of(&p);
 
     const lds_base<kHeadDim> q_a(sQ, warp * 16 + lane % 16, lane / 16);
     const lds_base<kHeadDim> do_a(sdO, warp * 16 + lane % 16, lane / 16);
@@ -80,6 +85,14 @@ dq_kernel(const __grid_constant__ bwd_args a)
                 ops::mma(ds[2 * j], dof, vf[0], vf[1]);
                 ops::mma(ds[2 * j + 1], dof, vf[2], vf[3]);
             }
+        }
+        /* Dropout: dP of a kept element times rp, of a dropped one 0. */
+        if constexpr (kDrop) {
+            const int i_pos[2] = {m0 + row0 + len_k - len_q, m0 + row0 + 8 + len_k - len_q};
+            dropout_walk<2, kNB>(drop, h, i_pos, t0, [&](int r, int nb, int e, bool kept) {
+                float &x = ds[nb][2 * r + e];
+                x = kept ? FAD_MUL(x, drop.rp) : 0.f;
+            });
         }
         /* P and dS: element (nb, e) is row m0 + row0 + 8 (e/2), key t0 + 8 nb + 2 (lane%4) + e%2. */
         const bool need_mask = t0 < w.last.lo || t0 + kN > w.first.hi;
@@ -118,11 +131,16 @@ dq_kernel(const __grid_constant__ bwd_args a)
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(dq_kernel<T, kHeadDim, kMod>, smem_set, bwd_cfg<kHeadDim>::kDqSmem, msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    void (*kernel)(bwd_args) = dq_kernel<T, kHeadDim, kMod>;
+    int *set = smem_set;
+    if constexpr (kMod) /* dropout: the score-mod variant with dropout compiled in */
+        if (a.p.dropout_p > 0.f)
+            kernel = dq_kernel<T, kHeadDim, true, true>, set = smem_set_drop;
+    fad_status st = allow_smem(kernel, set, bwd_cfg<kHeadDim>::kDqSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    dq_kernel<T, kHeadDim, kMod><<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kDqSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kDqSmem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

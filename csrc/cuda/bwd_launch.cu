@@ -91,7 +91,8 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum,
     a.dout = bp->dout, a.dq = bp->dq, a.dk = bp->dk, a.dv = bp->dv;
     a.dsum = dsum;
     a.n_blocks = a.m_blocks = 0;
-    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes;
+    /* dropout rides on the score-mod variants (mma.sync: bwd_dq.cu, bwd_dkdv.cu) */
+    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes || a.p.dropout_p > 0.f;
     if (a.p.dtype == FAD_BFLOAT16)
         return mod ? bwd_dispatch_head_dim<__nv_bfloat16, true>(a, stream, msg, msg_len)
                    : bwd_dispatch_head_dim<__nv_bfloat16, false>(a, stream, msg, msg_len);

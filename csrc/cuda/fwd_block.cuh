@@ -177,13 +177,14 @@ __device__ __forceinline__ void store_split_rows(const fwd_args &a, int D, int s
 }
 
 /* Otherwise: the merged result R (acc after the last fold, mR, lR),
- * normalised, to out and lse of head h. */
+ * normalised (times dropout's rp), to out and lse of head h. */
 template <typename T, int kMT, int kDB>
 __device__ __forceinline__ void store_result_rows(const fad_fwd_params &p, int D, const fad_seq &seq,
                                                   int h, int64_t lse_row0, int m0, int row0, int len_q,
                                                   const float (&acc)[kMT][kDB][4],
                                                   const float (&mR)[2 * kMT],
-                                                  const float (&lR)[2 * kMT], bool poison)
+                                                  const float (&lR)[2 * kMT], bool poison,
+                                                  float rp = 1.f)
 {
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
@@ -191,7 +192,7 @@ __device__ __forceinline__ void store_result_rows(const fad_fwd_params &p, int D
         if (row < len_q)
             store_row(acc, r, mR[r], lR[r],
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
-                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison);
+                      p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison, rp);
     }
 }
 

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             fetch(ml_a, ov_a, s0 + 2 * kBatch);
         merge(ml_b, ov_b, s0 + kBatch);
     }
-    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, fad_dropout_rp(p.dropout_p));
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
     for (int c = 0; c < kC; c++)

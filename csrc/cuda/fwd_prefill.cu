@@ -39,7 +39,7 @@
 #include "fwd_tile_wgmma.cuh"
 
 /* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
-template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma, bool kDrop = false>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim, kWgmma>::kThreads, fwd_cfg<kHeadDim, kWgmma>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
@@ -91,8 +91,13 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const int row0 = warp * 16 * kMT + lane / 4;
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL);
+    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
+     * softcap nor ALiBi, so the mod must say so) */
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
     const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
+    fad_dropout drop = {};
+    if constexpr (kDrop)
+        drop = fad_dropout_of(&p);
 
     /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];
@@ -196,10 +201,10 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 });
             acc_live = true;
         } else {
-            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod>(
+            attend_tile<T, kHeadDim, kBlockN, kMT, C::kQInRegs, kMod, kDrop>(
                 acc, m_s, l_s, qf, q_lds, k_lds0.reload(stage * C::kStageElems * 2),
                 v_lds0.reload(stage * C::kStageElems * 2), need_mask, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right);
+                p.window_left, p.window_right, drop, h);
         }
         /* A split ends with this tile and another follows: fold it into R and
          * start a fresh state. (Done here, where acc was just written, rather
@@ -228,16 +233,21 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     }
     if (walked) /* R is now in acc, mR, lR */
         fold(false);
-    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison);
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison, drop.rp);
 }
 
 template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
 fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = fwd_cfg<kHeadDim, kWgmma>;
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma>, smem_set, C::kSmemBytes,
-                               msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    void (*kernel)(fwd_args) = fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma>;
+    int *set = smem_set;
+    /* dropout: the score-mod variant with dropout compiled in (no pages: refused before) */
+    if constexpr (kMod && !kPaged && !kWgmma)
+        if (a.p.dropout_p > 0.f)
+            kernel = fwd_kernel<T, kHeadDim, true, false, false, true>, set = smem_set_drop;
+    fad_status st = allow_smem(kernel, set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
@@ -245,7 +255,7 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
                         C::kBlockM, fad_block_m(a.p.head_dim));
     dim3 grid((unsigned)((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads), 1,
               a.plan.cta_per_split ? a.plan.num_splits : 1);
-    fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
 }
 

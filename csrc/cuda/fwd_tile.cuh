@@ -13,6 +13,7 @@
 #ifndef FAD_FWD_TILE_CUH
 #define FAD_FWD_TILE_CUH
 
+#include "dropout.cuh"
 #include "fad_seq.h"
 #include "mma.cuh"
 
@@ -254,6 +255,23 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNB][4], float (&ac
     softmax_exp<true>(s, acc, m_s, l_s, m_tile, mod);
 }
 
+/* The forward's dropout of a tile's P (after softmax_exp, whose l_s sums every
+ * p: dropout only thins what reaches O += P V; rp scales the output at the end). */
+template <int kMT, int kNB, class Rows>
+__device__ __forceinline__ void dropout_tile(float (&s)[kMT][kNB][4], const fad_dropout &d,
+                                             int head, const Rows &rows, int t0, int len_q,
+                                             int len_k)
+{
+    int i_pos[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++)
+        i_pos[r] = rows.qrow(r) + len_k - len_q;
+    dropout_walk<2 * kMT, kNB>(d, head, i_pos, t0, [&](int r, int nb, int e, bool kept) {
+        float &x = s[r / 2][nb][2 * (r % 2) + e];
+        x = kept ? x : 0.f;
+    });
+}
+
 /* O += P V for one kBlockN-key tile: P goes straight from the S
  * accumulators (after softmax_tile) to A fragments. kColBlocks: the
  * 16-column blocks of the output this warp accumulates (acc holds only those;
@@ -292,19 +310,25 @@ __device__ __forceinline__ void pv_tile(float (&acc)[kMT][2 * kColBlocks][4],
  * ahead), so a row walks the same tiles through the same instruction sequence
  * in either. q from qf (kQInRegs) or through q_lds; K/V of this stage through
  * k_lds/v_lds. need_mask: some key of the tile lies outside some row's range
- * (masking an in-range key is a no-op, so the flag only costs time). */
-template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, class Rows>
+ * (masking an in-range key is a no-op, so the flag only costs time). kDrop:
+ * dropout on P between the two products (its own compile-time variant, so that
+ * the other kernels' register allocation is not touched by it). */
+template <typename T, int kHeadDim, int kBlockN, int kMT, bool kQInRegs, bool kMod, bool kDrop,
+          class Rows>
 __device__ __forceinline__ void
 attend_tile(float (&acc)[kMT][kHeadDim / 8][4], float (&m_s)[2 * kMT], float (&l_s)[2 * kMT],
             const uint32_t (&qf)[kMT][kQInRegs ? kHeadDim / 16 : 1][4],
             const lds_base<kHeadDim> &q_lds, const lds_base<kHeadDim> &k_lds,
             const lds_base<kHeadDim> &v_lds, bool need_mask, const fad_score_mod &mod,
-            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right)
+            const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
+            const fad_dropout &drop, int head)
 {
     float s[kMT][kBlockN / 8][4] = {};
     qk_tile<T, kHeadDim, kMT, kBlockN / 16, kQInRegs>(s, qf, q_lds, k_lds, 0);
     softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
                        window_right);
+    if constexpr (kDrop)
+        dropout_tile(s, drop, head, rows, t0, len_q, len_k);
     pv_tile<T, kBlockN, kMT, kHeadDim / 16>(acc, s, v_lds);
 }
 
@@ -417,11 +441,12 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
 template <typename T, int kMT, int kDB>
 __device__ __forceinline__ void store_row(const float (&acc)[kMT][kDB][4], int r, float m, float l,
                                           T *o, float *lse, int D, int col0 = 0,
-                                          bool with_lse = true, bool poison = false)
+                                          bool with_lse = true, bool poison = false,
+                                          float rp = 1.f)
 {
     using ops = dtype_ops<T>;
     const int lane = threadIdx.x % 32;
-    const float inv = poison ? __int_as_float(0x7fffffff) : fad_inv_sum(l);
+    const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, rp);
 #pragma unroll
     for (int nb = 0; nb < kDB; nb++) {
         const int col = col0 + nb * 8 + (lane % 4) * 2;
@@ -431,7 +456,7 @@ __device__ __forceinline__ void store_row(const float (&acc)[kMT][kDB][4], int r
                           FAD_MUL(acc[r / 2][nb][2 * (r % 2) + 1], inv));
     }
     if (with_lse && lane % 4 == 0)
-        *lse = poison ? inv : fad_lse(m, l);
+        *lse = poison ? inv : fad_lse(m, l); /* (inv is NaN when poisoned) */
 }
 
 /* Row r of this thread, one split's state: o (unnormalised, D fp32) and

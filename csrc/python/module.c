@@ -49,6 +49,44 @@ static int parse_opts(tensor_args *ta, PyObject *const *a, fad_fwd_params *p, fw
     return 0;
 }
 
+/* The optional last argument of fwd, fwd_varlen, bwd and bwd_varlen: None, or dropout as
+ * (dropout_p, seed, offset) -- p a float in [0, 1) (checked with the rest, fad_fwd_check),
+ * seed and offset integers in [0, 2^64). */
+static int parse_dropout(PyObject *arg, fad_fwd_params *p)
+{
+    if (arg == Py_None)
+        return 0;
+    if (!PyTuple_Check(arg) || PyTuple_Size(arg) != 3) {
+        PyErr_SetString(PyExc_TypeError, "dropout: expected None or (dropout_p, seed, offset)");
+        return -1;
+    }
+    if (as_float(PyTuple_GetItem(arg, 0), "dropout_p", &p->dropout_p))
+        return -1;
+    const char *names[2] = {"seed", "offset"};
+    uint64_t *dst[2] = {&p->dropout_seed, &p->dropout_offset};
+    for (int i = 0; i < 2; i++) {
+        PyObject *x = PyTuple_GetItem(arg, i + 1);
+        const unsigned long long v = PyLong_Check(x) ? PyLong_AsUnsignedLongLong(x) : 0;
+        if (!PyLong_Check(x) || (v == (unsigned long long)-1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "dropout: %s must be an int in [0, 2**64)", names[i]);
+            return -1;
+        }
+        *dst[i] = v;
+    }
+    return 0;
+}
+
+/* nargs must be n, or n + 1 with the dropout argument last. */
+static int check_nargs(const char *entry, Py_ssize_t nargs, Py_ssize_t n)
+{
+    if (nargs == n || nargs == n + 1)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s: expected %zd arguments (%zd with dropout), got %zd", entry,
+                 n, n + 1, nargs);
+    return -1;
+}
+
 /* Checks the options' tensors against p (sizes filled in) and stores them. */
 static int finish_opts(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o)
 {
@@ -154,14 +192,16 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
 
 PyDoc_STRVAR(fwd_doc,
 "fwd(q, k, v, out, softmax_lse, alibi_slopes, workspace, softmax_scale, softcap,\n"
-"    window_left, window_right, causal, deterministic, split_size, schedule, stream)\n"
+"    window_left, window_right, causal, deterministic, split_size, schedule, stream\n"
+"    [, dropout])\n"
 "--\n\n"
 "Attention forward. q, k, v, out, softmax_lse are tensors (torch.Tensor once\n"
 "set_dlpack_exchange_api has been called, or DLPack capsules; q (B, Sq, Hq, D),\n"
 "k/v (B, Sk, Hkv, D), out like q, softmax_lse (B, Hq, Sq) float32 contiguous, or\n"
 "None when the caller does not need it: not computed); alibi_slopes (float32 (Hq,)\n"
 "or (B, Hq)) and workspace (uint8, fwd_workspace_size bytes) are such tensors or None.\n"
-"stream is a cudaStream_t as an int (ignored on CPU).\n"
+"stream is a cudaStream_t as an int (ignored on CPU). dropout: None or\n"
+"(dropout_p, seed, offset), the keep mask of fad_make_dropout (fad_math.h).\n"
 "Everything is checked before anything is written. Returns None, or, when the\n"
 "workspace is missing or too small (nothing written), the bytes it needs.");
 
@@ -188,11 +228,8 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 5 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "fwd: expected %d arguments, got %zd", 5 + FWD_NOPTS, nargs);
-        return NULL;
-    }
-    if (fill_fwd(ta, args, &p, &o, t))
+    if (check_nargs("fwd", nargs, 5 + FWD_NOPTS) || fill_fwd(ta, args, &p, &o, t) ||
+        (nargs > 5 + FWD_NOPTS && parse_dropout(args[5 + FWD_NOPTS], &p)))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -286,12 +323,8 @@ static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 4 + 5 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "bwd: expected %d arguments, got %zd", 4 + 5 + FWD_NOPTS,
-                     nargs);
-        return NULL;
-    }
-    if (fill_fwd(ta, args + 4, &p, &o, t))
+    if (check_nargs("bwd", nargs, 4 + 5 + FWD_NOPTS) || fill_fwd(ta, args + 4, &p, &o, t) ||
+        (nargs > 4 + 5 + FWD_NOPTS && parse_dropout(args[4 + 5 + FWD_NOPTS], &p)))
         return NULL;
     return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }
@@ -340,12 +373,8 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 11 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "fwd_varlen: expected %d arguments, got %zd",
-                     11 + FWD_NOPTS, nargs);
-        return NULL;
-    }
-    if (fill_fwd_varlen(ta, args, &p, &o, t))
+    if (check_nargs("fwd_varlen", nargs, 11 + FWD_NOPTS) || fill_fwd_varlen(ta, args, &p, &o, t) ||
+        (nargs > 11 + FWD_NOPTS && parse_dropout(args[11 + FWD_NOPTS], &p)))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -362,12 +391,9 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
     fad_fwd_params p;
     fwd_opts o;
     DLTensor *t[4];
-    if (nargs != 4 + 11 + FWD_NOPTS) {
-        PyErr_Format(PyExc_TypeError, "bwd_varlen: expected %d arguments, got %zd",
-                     4 + 11 + FWD_NOPTS, nargs);
-        return NULL;
-    }
-    if (fill_fwd_varlen(ta, args + 4, &p, &o, t))
+    if (check_nargs("bwd_varlen", nargs, 4 + 11 + FWD_NOPTS) ||
+        fill_fwd_varlen(ta, args + 4, &p, &o, t) ||
+        (nargs > 4 + 11 + FWD_NOPTS && parse_dropout(args[4 + 11 + FWD_NOPTS], &p)))
         return NULL;
     return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }

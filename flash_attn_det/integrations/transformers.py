@@ -18,7 +18,8 @@ What it registers, through transformers' public interfaces:
 
 So a sequence gets the bits flash_attn_det gives it alone, inside a padded or packed batch,
 and from a prefill or token by token from the cache (deterministic mode). Attention dropout
-is not implemented yet (issue 22): a training call with dropout > 0 raises.
+(the `dropout` transformers passes, 0 outside training) is flash_attn_det's batch-invariant
+dropout: a sequence is dropped the same way alone and in a batch (flash_attn_det.dropout).
 """
 import torch
 
@@ -74,9 +75,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       sliding_window=None, softcap=None, is_causal=None, **kwargs):
     """transformers' attention function: query (B, H, Lq, D), key/value (B, Hkv, Lk, D),
     attention_mask the 2D padding mask or None. Returns (out (B, Lq, H, D), None)."""
-    if dropout and module.training:
-        raise NotImplementedError(f"dropout: attention dropout ({dropout}) is not implemented by "
-                                  "flash_attn_det yet; set the model's attention_dropout to 0")
     if any(d == 0 for d in query.shape):
         raise ValueError(f"query: a zero dimension in shape {tuple(query.shape)}")
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
@@ -88,7 +86,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         v = torch.nn.functional.pad(v, (0, D - Dv))
     B, Lq = q.shape[:2]
     causal = module.is_causal if is_causal is None else is_causal
-    kw = dict(softmax_scale=scaling, causal=causal)
+    kw = dict(softmax_scale=scaling, causal=causal, dropout_p=float(dropout or 0.0))
     if sliding_window is not None and k.shape[1] > sliding_window:
         kw["window_size"] = (sliding_window - 1, sliding_window - 1)  # (transformers' convention)
     if softcap is not None:

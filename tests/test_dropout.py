@@ -1,0 +1,199 @@
+"""Dropout (issue 22, item 4): the keep mask is Philox4x32-10 keyed only by the generator's
+seed and offset, the head and the positions (flash_attn_det/dropout.py, csrc/fad_math.h), so
+a sequence's dropped elements and its output and gradient bits do not depend on the batch.
+Checked on both paths against a float64 reference that uses the mask of dropout.keep_mask
+(an independent torch implementation of the rule), plus S_dmask, seeding and the refusals.
+"""
+import math
+
+import pytest
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det import dropout as D
+from flash_attn_det.testing import attention_ref, dropout_mask_of, force_schedule
+
+from conftest import DEVICES, HAS_CUDA, make_gen, randn
+
+REL_TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+def test_philox_known_answers():
+    """Random123's known-answer vectors for philox4x32-10."""
+    assert D._philox_int([0, 0, 0, 0], 0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ones = 0xFFFFFFFF
+    assert D._philox_int([ones] * 4, ones, ones) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    c = [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344]
+    want = [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    assert D._philox_int(c, 0xA4093822, 0x299F31D0) == want
+    t = [torch.tensor([x], dtype=torch.int64) for x in c]
+    assert [int(x) for x in D._philox(*t, 0xA4093822, 0x299F31D0)] == want
+
+
+def test_keep_fraction_and_threshold():
+    assert D.keep_threshold(0.0) == 65536 and D.keep_threshold(0.5) == 32768
+    keep = D.keep_mask(0.3, 123, 8, torch.arange(4), torch.arange(256), torch.arange(256))
+    assert abs(1 - keep.float().mean().item() - 0.3) < 0.005
+
+
+def _rel(got, ref):
+    den = float(ref.norm())
+    return float((got.double() - ref).norm()) / (den if den > 0 else 1.0)
+
+
+def _call(q, k, v, p, kw, grad_out=None):
+    """(out, dq, dk, dv, dropout) of one flash_attn_func call with dropout p."""
+    seed, offset, _ = D.draw(q, p)
+    q, k, v = (t.detach().clone().requires_grad_(grad_out is not None) for t in (q, k, v))
+    out = fad.flash_attn_func(q, k, v, dropout_p=p, **kw)
+    if grad_out is None:
+        return out, None, None, None, (p, seed, offset)
+    out.backward(grad_out)
+    return out.detach(), q.grad, k.grad, v.grad, (p, seed, offset)
+
+
+CASES = [
+    dict(B=2, Sq=37, Sk=300, H=4, Hk=2, Dh=64),
+    dict(B=1, Sq=130, Sk=130, H=2, Hk=2, Dh=128, causal=True),
+    dict(B=2, Sq=40, Sk=90, H=2, Hk=1, Dh=32, window_size=(20, 5)),
+    dict(B=1, Sq=33, Sk=700, H=2, Hk=2, Dh=64, softcap=5.0),               # several splits
+    dict(B=2, Sq=25, Sk=60, H=2, Hk=2, Dh=256, alibi=True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_forward_and_grads_match_float64(device, dtype, case):
+    case = dict(case)
+    B, Sq, Sk, H, Hk, Dh = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "Dh"))
+    gen = make_gen(31)
+    q, k, v = (randn(gen, (B, S, h, Dh), dtype, device) for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, Dh), dtype, device)
+    if case.pop("alibi", False):
+        case["alibi_slopes"] = (torch.rand((B, H), generator=gen) * 0.2 + 0.01).to(device)
+    p = 0.17
+    out, dq, dk, dv, drop = _call(q, k, v, p, case, dout)
+    mask = dropout_mask_of(drop, H, Sq, Sk, device)
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    ref, _ = attention_ref(qd, kd, vd, dropout_p=p, dropout_mask=mask, **case)
+    ref.backward(dout.double())
+    # the reference's own error in the dtype: the tolerance's floor
+    peer, _ = attention_ref(q, k, v, dropout_p=p, dropout_mask=mask, upcast=False, **case)
+    tol = max(REL_TOL[dtype], 2 * _rel(peer, ref.detach()))
+    for what, got, want in (("out", out, ref.detach()), ("dq", dq, qd.grad), ("dk", dk, kd.grad),
+                            ("dv", dv, vd.grad)):
+        assert torch.isfinite(got).all(), what
+        assert _rel(got, want) < tol, f"{what}: relative error {_rel(got, want):.2e} >= {tol:.1e}"
+    # a different mask is far off: the kernels really drew this one
+    other = dropout_mask_of((p, drop[1] + 1, drop[2]), H, Sq, Sk, device)
+    wrong, _ = attention_ref(qd.detach(), kd.detach(), vd.detach(), dropout_p=p,
+                             dropout_mask=other, **case)
+    assert _rel(out, wrong) > 10 * tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_invariant_and_seeded(device):
+    """A sequence alone, in a batch (any row), and packed in a varlen batch: the same output
+    and gradient bits; torch.manual_seed reproduces a call, the next call draws anew."""
+    gen = make_gen(5)
+    L, H, Dh, p = 150, 4, 64, 0.25
+    q, k, v, dout = (randn(gen, (3, L, H, Dh), torch.bfloat16, device) for _ in range(4))
+    kw = dict(causal=True)
+    torch.manual_seed(11)
+    full = _call(q, k, v, p, kw, dout)
+    torch.manual_seed(11)
+    again = _call(q, k, v, p, kw, dout)
+    nxt = _call(q, k, v, p, kw, dout)
+    for a, b in zip(full[:4], again[:4]):
+        assert torch.equal(a, b)
+    assert not torch.equal(full[0], nxt[0])
+    for b in range(3):
+        torch.manual_seed(11)
+        alone = _call(q[b:b + 1], k[b:b + 1], v[b:b + 1], p, kw, dout[b:b + 1])
+        for what, a, f in zip(("out", "dq", "dk", "dv"), alone[:4], full[:4]):
+            assert torch.equal(a[0], f[b]), f"sequence {b}: {what} alone != in the batch"
+    # varlen: the three sequences cut to different lengths, packed
+    lens = [150, 61, 97]
+    cu = torch.tensor([0, 150, 211, 308], dtype=torch.int32, device=device)
+    pack = lambda t: torch.cat([t[b, :n] for b, n in enumerate(lens)])
+    qv, kv, vv = (pack(t).requires_grad_(True) for t in (q, k, v))
+    torch.manual_seed(11)
+    out = fad.flash_attn_varlen_func(qv, kv, vv, cu, cu, 150, 150, dropout_p=p, causal=True)
+    out.backward(pack(dout))
+    for b, n in enumerate(lens):
+        torch.manual_seed(11)
+        alone = _call(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n], p, kw, dout[b:b + 1, :n])
+        s = slice(int(cu[b]), int(cu[b + 1]))
+        for what, a, f in zip(("out", "dq", "dk", "dv"), alone[:4], (out, qv.grad, kv.grad, vv.grad)):
+            assert torch.equal(a[0], f[s].detach()), f"varlen sequence {b}: {what}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_s_dmask_decodes_to_the_mask_and_the_probabilities(device):
+    gen = make_gen(8)
+    B, L, H, Dh, p = 2, 70, 2, 32, 0.3
+    q, k, v = (randn(gen, (B, L, H, Dh), torch.float16, device) for _ in range(3))
+    seed, offset, _ = D.draw(q, p)
+    out, lse, S = fad.flash_attn_func(q, k, v, p, causal=True, return_attn_probs=True)
+    assert S.shape == (B, H, 128, 128) and S.dtype == q.dtype
+    seen = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    keep = dropout_mask_of((p, seed, offset), H, L, L, device)[0]
+    assert torch.equal((S[:, :, :L, :L] >= 0)[:, :, seen], keep.expand(B, H, L, L)[:, :, seen])
+    assert (S[:, :, L:] == 0).all() and (S[:, :, :, L:] == 0).all()
+    assert (S[:, :, :L, :L][:, :, ~seen] == 0).all()
+    # |S| * exp(row max - lse) is the softmax (flash_attn's normalisation, one block per row)
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * Dh ** -0.5
+    s = s.masked_fill(~seen, -math.inf)
+    prob = torch.softmax(s, -1)
+    got = S[:, :, :L, :L].abs().double() * torch.exp(s.amax(-1, keepdim=True) - lse.double()[..., None])
+    assert (got - prob).abs().max() < 2e-3
+    assert fad.flash_attn_func(q, k, v, 0.0, return_attn_probs=True)[2] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_dropout_changes_nothing(device):
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16, device=device) for _ in range(3))
+    state = (torch.cuda.get_rng_state(q.device) if q.is_cuda else torch.get_rng_state())
+    for p, exc in ((1.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError), ("x", TypeError)):
+        with pytest.raises(exc, match="^dropout_p:"):
+            fad.flash_attn_func(q, k, v, dropout_p=p)
+    with pytest.raises(ValueError, match="^softcap:"):  # valid dropout, bad other argument
+        fad.flash_attn_func(q, k, v, dropout_p=0.1, softcap=-1.0)
+    after = (torch.cuda.get_rng_state(q.device) if q.is_cuda else torch.get_rng_state())
+    assert torch.equal(state, after), "a call that raised advanced the generator"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+def test_gpu_schedules_give_the_same_bits_with_dropout():
+    gen = make_gen(9)
+    q, k, v = (randn(gen, (1, 40, 2, 128), torch.bfloat16, "cuda") for _ in range(3))
+    k, v = (randn(gen, (1, 1500, 2, 128), torch.bfloat16, "cuda") for _ in range(2))
+    outs = []
+    for name in ("one_cta", "cta_per_split"):
+        with force_schedule(name):
+            torch.manual_seed(3)
+            outs.append(fad.flash_attn_func(q, k, v, dropout_p=0.2))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+def test_gpu_graph_capture_with_dropout_is_refused():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with pytest.raises(NotImplementedError, match="^dropout_p:"):
+            with torch.cuda.graph(g):
+                fad.flash_attn_func(q, q, q, dropout_p=0.1)
+
+
+def test_paged_kv_with_dropout_is_refused():
+    q = torch.randn(4, 2, 16, dtype=torch.float16)
+    pages = torch.randn(2, 16, 2, 16, dtype=torch.float16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    cuk = torch.tensor([0, 10], dtype=torch.int32)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="^dropout_p:"):
+        fad.flash_attn_varlen_func(q, pages, pages, cu, cuk, 4, 32, dropout_p=0.1,
+                                   block_table=table)
