@@ -95,7 +95,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
      * softcap nor ALiBi, so the mod must say so) */
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
     const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
-    fad_dropout drop = {};
+    fad_dropout drop = {}; /* (all zero, rp included, unless kDrop: read only under kDrop) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p);
 
@@ -233,7 +233,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     }
     if (walked) /* R is now in acc, mR, lR */
         fold(false);
-    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison, drop.rp);
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison,
+                         kDrop ? drop.rp : 1.f);
 }
 
 template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
