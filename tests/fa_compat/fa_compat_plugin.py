@@ -1,0 +1,154 @@
+"""The pytest plugin (-p fa_compat_plugin) that runs flash_attn's test file on flash_attn_det
+(tests/fa_compat/run.sh, and a CPU-sized sample in tests/test_fa_compat.py).
+
+The file parametrizes ~509k tests; expanding them costs minutes. So before pytest expands a
+test function's parametrize marks, this plugin takes them off and draws FA_PER_FUNCTION
+(default 50) combinations uniformly from their product (seed FA_SEED, default a fresh one,
+printed and handed to xdist workers through the environment), which pytest then parametrizes
+as one list: only the sampled items are ever built. FA_NO_DROPOUT=1 restricts dropout_p to 0.
+FA_DEVICE=cpu runs the file on the CPU without touching a line of it: CUDA device arguments of
+torch calls become the CPU through a TorchFunctionMode around each test, the file's capability
+queries answer sm_90, and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head
+dims <= FA_CPU_MAX_D (128). At the end it prints each function's passed/failed/skipped."""
+import collections
+import math
+import os
+import random
+import sys
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+CPU = os.environ.get("FA_DEVICE", "cuda") == "cpu"
+# functions a CPU sample leaves out: batch 60 for its race, or sizes with no length parameter
+CPU_SKIP = {"test_flash_attn_race_condition", "test_flash_attn_bwd_varlen_overflow"}
+_SEQLEN_NAMES = {"seqlen", "seqlen_q", "seqlen_k"}
+
+
+def _seed():
+    return int(os.environ["FA_SEED"])
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """device='cuda' (str or torch.device) in any torch call, and .cuda(), go to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if isinstance(a, (str, torch.device)) and torch.device(a).type == "cuda"
+                         else a for a in args)
+        return func(*args, **kwargs)
+
+
+class _Props:
+    total_memory = 80 * 2 ** 30
+    name = "flash_attn_det CPU"
+
+
+def pytest_configure(config):
+    if "FA_SEED" not in os.environ:  # the controller draws it; xdist workers inherit it
+        os.environ["FA_SEED"] = str(random.SystemRandom().randrange(1 << 31))
+    config._fa_counts = collections.defaultdict(collections.Counter)
+    if CPU:  # the file's module level and skips ask the device: answer as an sm_90 GPU
+        torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+        torch.cuda.get_device_properties = lambda *a, **k: _Props()
+    if not hasattr(config, "workerinput"):
+        print(f"fa_compat: FA_SEED={_seed()} FA_PER_FUNCTION="
+              f"{os.environ.get('FA_PER_FUNCTION', '50')}" + (" FA_DEVICE=cpu" if CPU else ""),
+              file=sys.stderr)
+
+
+def _names(mark):
+    names = mark.args[0] if mark.args else mark.kwargs["argnames"]
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+
+def _values(mark, names):
+    vals = list(mark.args[1] if len(mark.args) > 1 else mark.kwargs["argvalues"])
+    return [tuple(v) if len(names) > 1 else (v,) for v in vals]
+
+
+def _fits(names, value):
+    """Whether one mark's value tuple is allowed (FA_NO_DROPOUT; the CPU's sizes)."""
+    for n, v in zip(names, value):
+        if n == "dropout_p" and v and os.environ.get("FA_NO_DROPOUT", "0") == "1":
+            return False
+        if CPU and n in _SEQLEN_NAMES and v > int(os.environ.get("FA_CPU_MAX_SEQLEN", "256")):
+            return False
+        if CPU and n == "d" and v > int(os.environ.get("FA_CPU_MAX_D", "128")):
+            return False
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    node = metafunc.definition
+    marks = [m for m in node.own_markers if m.name == "parametrize"]
+    if not marks:
+        return
+    node.own_markers = [m for m in node.own_markers if m.name != "parametrize"]
+    axes = []  # per mark: (names, allowed value tuples)
+    for m in marks:
+        names = _names(m)
+        axes.append((names, [v for v in _values(m, names) if _fits(names, v)]))
+    name = metafunc.function.__name__
+    total = math.prod(len(vals) for _, vals in axes)
+    n = int(os.environ.get("FA_PER_FUNCTION", "50"))
+    if total == 0 or (CPU and name in CPU_SKIP):
+        picks = []
+    else:
+        rng = random.Random(f"{_seed()}:{name}")
+        picks = sorted(rng.sample(range(total), n)) if n and total > n else range(total)
+    rows = []
+    for idx in picks:  # index -> one value of every mark (mixed radix)
+        row = ()
+        for _, vals in axes:
+            idx, r = divmod(idx, len(vals))
+            row += vals[r]
+        rows.append(row)
+    argnames = [n for names, _ in axes for n in names]
+    if not rows:
+        metafunc.parametrize(argnames, [pytest.param(*([None] * len(argnames)), marks=pytest.mark.skip(
+            reason="fa_compat: no parametrization in this sample"))])
+        return
+    metafunc.parametrize(argnames, rows)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if not CPU:
+        yield
+        return
+    with _CudaToCpu():
+        yield
+
+
+def pytest_sessionstart(session):
+    global _CONFIG
+    _CONFIG = session.config
+
+
+def pytest_runtest_logreport(report):
+    counts = _CONFIG._fa_counts[report.nodeid.split("::")[-1].split("[")[0]]
+    if report.when == "call":
+        counts[report.outcome] += 1
+    elif report.outcome != "passed":  # a skip or an error in setup/teardown
+        counts["skipped" if report.skipped else "error"] += 1
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    counts = config._fa_counts
+    if not counts:
+        return
+    terminalreporter.write_line(f"fa_compat (FA_SEED={_seed()}): per test function")
+    for name in sorted(counts):
+        c = counts[name]
+        terminalreporter.write_line(
+            f"  {name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+            + (f", {c['error']} errors" if c["error"] else ""))

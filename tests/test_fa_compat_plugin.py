@@ -1,0 +1,61 @@
+"""The plugin that runs flash_attn's test file (tests/fa_compat): it must prune each test
+function's parametrizations before pytest builds items, to a seeded random sample of
+FA_PER_FUNCTION each (FA_NO_DROPOUT dropping the dropout ones first), and report per-function
+counts. Checked on a small stand-in file, in a subprocess (CPU, no flash_attn file needed)."""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+STAND_IN = '''
+import pytest
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.17])
+@pytest.mark.parametrize("a", list(range(10)))
+@pytest.mark.parametrize("b", list(range(6)))
+def test_big(a, b, dropout_p):
+    assert a != 3 or b != 3 or dropout_p == 0.0
+
+@pytest.mark.parametrize("c", [1, 2])
+def test_small(c):
+    pass
+'''
+
+
+def _run(tmp_path, *args, **env):
+    (tmp_path / "test_standin.py").write_text(STAND_IN)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FA_")}
+    e.update(env, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fa_compat"), os.path.dirname(HERE)]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", str(tmp_path),
+                           "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "fa_compat_plugin",
+                           str(tmp_path / "test_standin.py"), *args],
+                          capture_output=True, text=True, env=e, cwd=tmp_path, timeout=120)
+
+
+def _selected(res):
+    return sorted(re.findall(r"(test_\w+\[[^\]]*\])", res.stdout))
+
+
+def test_sample_per_function_seeded_and_reported(tmp_path):
+    a = _run(tmp_path, "--collect-only", "-q", FA_SEED="3", FA_PER_FUNCTION="7")
+    assert a.returncode == 0, a.stdout + a.stderr
+    sel = _selected(a)
+    assert sum(s.startswith("test_big[") for s in sel) == 7
+    assert sum(s.startswith("test_small[") for s in sel) == 2  # fewer than 7: all kept
+    assert "FA_SEED=3" in a.stderr
+    assert _selected(_run(tmp_path, "--collect-only", "-q", FA_SEED="3", FA_PER_FUNCTION="7")) == sel
+    other = _run(tmp_path, "--collect-only", "-q", FA_SEED="4", FA_PER_FUNCTION="7")
+    assert _selected(other) != sel
+    fresh = _run(tmp_path, "--collect-only", "-q", FA_PER_FUNCTION="7")
+    assert re.search(r"FA_SEED=\d+", fresh.stderr), "a fresh seed is printed"
+
+
+def test_no_dropout_and_per_function_counts(tmp_path):
+    res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0", FA_NO_DROPOUT="1")
+    assert res.returncode == 0, res.stdout
+    assert "test_big: 60 passed, 0 failed, 0 skipped" in res.stdout
+    assert "test_small: 2 passed, 0 failed, 0 skipped" in res.stdout
+    res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0")
+    assert "test_big: 119 passed, 1 failed, 0 skipped" in res.stdout
