@@ -7,6 +7,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _C
 from . import dropout as _dropout
+from . import testing as _testing
 from .mode import _state
 
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
@@ -309,12 +310,16 @@ def _dropout_p(dropout_p):
     return p
 
 
+def _no_commit():
+    pass
+
+
 def _dropout_begin(dropout_p, q):
     """(dropout, commit): dropout None or (p, seed, offset) for the call; commit() advances
     the random generator once the call has run (a call that raises does not)."""
     p = _dropout_p(dropout_p)
     if p == 0.0:
-        return None, lambda: None
+        return None, _no_commit
     if torch.compiler.is_compiling():
         raise NotImplementedError("dropout_p: dropout under torch.compile is not supported yet")
     seed, offset, commit = _dropout.draw(q, p)
@@ -371,7 +376,6 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
-    _dropout_p(dropout_p)
     pad = _head_pad(q, k, v)
     if pad:  # (autograd slices the padded gradients back through the pad)
         D = q.shape[-1]
@@ -422,7 +426,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
-    _dropout_p(dropout_p)
     pad = _head_pad(q, k, v)
     if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
         D = q.shape[-1]
@@ -497,21 +500,14 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
     for b, qb, kb, Lq, Lk in seqs:
         if Lq == 0 or Lk == 0:
             continue
-        kb = kb.float().repeat_interleave(H // kb.shape[1], dim=1)
-        s = torch.einsum("ihd,jhd->hij", qb.float(), kb) * scale
-        if softcap:
-            s = softcap * torch.tanh(s / softcap)
+        kb = kb.float().repeat_interleave(H // kb.shape[1], dim=1).transpose(0, 1)  # (H, Lk, D)
         i = torch.arange(Lq, device=q.device).view(-1, 1) + (Lk - Lq)  # key-space position
         j = torch.arange(Lk, device=q.device).view(1, -1)
+        slope = None
         if alibi_slopes is not None:
-            slope = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
-            s = s - slope.float().view(-1, 1, 1) * (i - j).abs()
-        seen = torch.ones((Lq, Lk), dtype=torch.bool, device=q.device)
-        if left >= 0:
-            seen &= j >= i - left
-        if right >= 0:
-            seen &= j <= i + right
-        s = s.masked_fill(~seen, -math.inf)
+            slope = (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes).float().view(-1, 1, 1)
+        s = _testing.masked_scores(qb.float().transpose(0, 1), kb, scale, float(softcap), slope,
+                                   i, j, left, right)  # (H, Lq, Lk)
         m = s.amax(-1, keepdim=True)
         a = torch.exp(s - torch.where(m == -math.inf, 0.0, m))
         keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1))

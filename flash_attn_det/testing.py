@@ -24,6 +24,26 @@ _SCHEDULES = {
 _MAX_SCORE_ELEMS = 1 << 25
 
 
+def masked_scores(qd, kd, scale, softcap, slopes, pos, j, left, right):
+    """Scores of rows at key positions pos ((rows, 1)) against keys j ((1, Sk)), as
+    flash_attn_det defines them: q.k * scale, softcap * tanh(. / softcap) when softcap > 0,
+    minus slopes * |pos - j| (ALiBi, slopes broadcastable to (B, H, 1, 1) or None), and -inf
+    where the window (left, right; -1 unbounded) hides the key. qd (..., rows, D), kd
+    (..., Sk, D), in the dtype the scores are computed in. The one torch copy of the rule:
+    attention_ref and S_dmask (interface._s_dmask) both use it."""
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:
+        s = s - slopes * (pos - j).abs().to(s.dtype)
+    mask = torch.zeros((pos.shape[0], j.shape[1]), dtype=torch.bool, device=s.device)
+    if left >= 0:
+        mask |= j < pos - left
+    if right >= 0:
+        mask |= j > pos + right
+    return s.masked_fill(mask, float("-inf"))
+
+
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                   alibi_slopes=None, upcast=True, dropout_p=0.0, dropout_mask=None):
     """Float64 attention with flash_attn's semantics.
@@ -69,18 +89,8 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     for r0 in range(0, Sq, chunk):
         r1 = min(Sq, r0 + chunk)
         qd = q[:, r0:r1].to(ct).transpose(1, 2)  # (B, H, rows, D)
-        s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
-        if softcap > 0:
-            s = softcap * torch.tanh(s / softcap)
         pos = torch.arange(r0, r1, device=dev)[:, None] + (Sk - Sq)
-        if slopes is not None:
-            s = s - slopes * (pos - j).abs().to(ct)
-        mask = torch.zeros((r1 - r0, Sk), dtype=torch.bool, device=dev)
-        if left >= 0:
-            mask |= j < pos - left
-        if right >= 0:
-            mask |= j > pos + right
-        s = s.masked_fill(mask, float("-inf"))
+        s = masked_scores(qd, kd, scale, softcap, slopes, pos, j, left, right)
         m = torch.logsumexp(s, dim=-1)  # -inf for rows that see nothing
         seen = torch.isfinite(m)
         p = torch.exp(s - torch.where(seen, m, torch.zeros_like(m))[..., None])
