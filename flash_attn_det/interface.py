@@ -297,17 +297,10 @@ class _FlashAttnPagedFunc(torch.autograd.Function):
                                   "torch.no_grad() when its output is part of a loss")
 
 
-def _no_dropout(dropout_p, where="context-parallel attention"):
+def _no_dropout(dropout_p):
     if dropout_p:
-        raise NotImplementedError(f"dropout_p: {where} has no dropout yet; pass dropout_p=0.0")
-
-
-def _dropout_p(dropout_p):
-    """dropout_p as a float in [0, 1), or an exception naming it."""
-    p = _number(dropout_p, "dropout_p")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p!r}")
-    return p
+        raise NotImplementedError("dropout_p: context-parallel attention has no dropout yet; "
+                                  "pass dropout_p=0.0")
 
 
 def _no_commit():
@@ -317,7 +310,7 @@ def _no_commit():
 def _dropout_begin(dropout_p, q):
     """(dropout, commit): dropout None or (p, seed, offset) for the call; commit() advances
     the random generator once the call has run (a call that raises does not)."""
-    p = _dropout_p(dropout_p)
+    p = _number(dropout_p, "dropout_p")  # (its range: fad_fwd_check, before anything runs)
     if p == 0.0:
         return None, _no_commit
     if torch.compiler.is_compiling():
