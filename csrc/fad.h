@@ -175,10 +175,20 @@ fad_status fad_fwd_cpu(const fad_fwd_params *p, char *msg, size_t msg_len);
  * Accumulation orders depend only on positions inside a sequence (keys in
  * increasing order for dq; query heads of a group, then rows, in increasing
  * order for dk/dv), so the gradients are batch-invariant and run-to-run stable. */
+typedef enum fad_bwd_part {
+    FAD_BWD_ALL = 0,  /* dq, dk and dv */
+    FAD_BWD_DQ = 1,   /* dq only: dk, dv are not read and may be NULL */
+    FAD_BWD_DKDV = 2, /* dk and dv only: dq is not read and may be NULL */
+} fad_bwd_part;
+
 typedef struct fad_bwd_params {
     fad_fwd_params fwd; /* the forward's tensors and options */
     const void *dout;   /* like out: gradient of the output */
     void *dq, *dk, *dv; /* like q, k, v: written */
+    /* Which gradients to compute. A part's bits are those of FAD_BWD_ALL (the dQ and
+     * dK/dV passes share nothing but the row sums): context parallel asks each rank for
+     * the dq of its rows and the dk/dv of its keys at half the work. Zero: all. */
+    fad_bwd_part part;
 } fad_bwd_params;
 
 /* Backward on the CPU (host pointers), fp32 accumulation. */

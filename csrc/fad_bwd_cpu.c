@@ -46,7 +46,7 @@ static float dot(const float *a, const float *b, int D)
     return s;
 }
 
-/* One query row: accumulates into c->dk / c->dv and writes dq_i. */
+/* One query row: accumulates into c->dk / c->dv and writes dq_i (unless only dK/dV are asked). */
 static void row_backward(const bwd_ctx *c, int b, int h, int i)
 {
     const fad_fwd_params *p = &c->bp->fwd;
@@ -92,6 +92,8 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
             }
         }
     }
+    if (c->bp->part == FAD_BWD_DKDV) /* (the CPU computes both parts; it writes one) */
+        return;
     uint16_t *dst = (uint16_t *)c->bp->dq + q_at;
     for (int d = 0; d < D; d++)
         dst[d] = p->dtype == FAD_BFLOAT16 ? fad_float_to_bf16(dq[d]) : fad_float_to_fp16(dq[d]);
@@ -143,6 +145,8 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
             for (int h = c.hk * group; h < (c.hk + 1) * group; h++)
                 for (int i = 0; i < c.seq.len_q; i++)
                     row_backward(&c, b, h, i);
+            if (rp.part == FAD_BWD_DQ)
+                continue;
             store_rows(p, (uint16_t *)rp.dk + c.seq.k_off + c.hk * p->k_head_stride, p->k_row_stride,
                        c.dk, c.seq.len_k);
             store_rows(p, (uint16_t *)rp.dv + c.seq.v_off + c.hk * p->v_head_stride, p->v_row_stride,

@@ -378,11 +378,17 @@ fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len
     if (!p->softmax_lse)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "softmax_lse: NULL pointer (the backward needs the forward's)");
+    if (bp->part != FAD_BWD_ALL && bp->part != FAD_BWD_DQ && bp->part != FAD_BWD_DKDV)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "part: expected FAD_BWD_ALL, FAD_BWD_DQ or "
+                        "FAD_BWD_DKDV, got %d", (int)bp->part);
     const int has_keys = (p->cu_seqlens_k ? p->total_k : p->seqlen_k) > 0;
     const void *grads[4] = {bp->dout, bp->dq, bp->dk, bp->dv};
     static const char *names[4] = {"dout", "dq", "dk", "dv"};
+    /* the pointers of the part not computed are never read */
+    const int wanted[4] = {1, bp->part != FAD_BWD_DKDV, bp->part != FAD_BWD_DQ && has_keys,
+                           bp->part != FAD_BWD_DQ && has_keys};
     for (int t = 0; t < 4; t++)
-        if (!grads[t] && (t < 2 || has_keys))
+        if (!grads[t] && wanted[t])
             return fad_fail(FAD_ERR_VALUE, msg, msg_len, "%s: NULL pointer", names[t]);
     return FAD_OK;
 }

@@ -10,7 +10,8 @@
    the others waiting), then context_parallel_attn_func (head_tail layout) and
    ulysses_attn_func on all ranks: the time per forward+backward (median of --iters, the
    slowest rank's), the speed-up against one GPU, and whether every rank's out, dq, dk, dv
-   equal one GPU's rows.
+   equal one GPU's rows; for sequence parallel also the time of its all-gathers alone (the
+   most a ring overlapping them with compute could hide).
 Exit status 0 only when every check holds.
 """
 import argparse
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flash_attn_det import flash_attn_func  # noqa: E402
 from flash_attn_det.distributed import (context_parallel_attn_func, shard,  # noqa: E402
                                         ulysses_attn_func)
+from flash_attn_det.distributed import sequence as seq_mod  # noqa: E402
 from flash_attn_det.distributed.check import run_checks  # noqa: E402
 
 
@@ -50,6 +52,19 @@ def _time(fn, iters, group):
     med = torch.tensor(sorted(times[1:])[len(times[1:]) // 2], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
     return float(med), res
+
+
+def _gather_time(q, k, v, iters):
+    """Seconds (median, slowest rank) of the all-gathers alone that one sequence-parallel
+    forward+backward makes (K/V; then Q, K, V, O, dO and the lse): what a ring that overlaps
+    them with compute could at most hide."""
+    plan = seq_mod._make_plan(q, k, v, None, "head_tail", None, 0.0)
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+
+    def both():
+        seq_mod._gather(plan, [k, v])
+        seq_mod._gather(plan, [q, k, v, q, q], lse)
+    return _time(both, iters, None)[0]
 
 
 def main():
@@ -95,6 +110,8 @@ def main():
             dist.all_reduce(same, op=dist.ReduceOp.MIN)
             ok &= bool(same)
             run[name] = {"s": round(t, 4), "bits_equal": bool(same)}
+            if name == "context_parallel":
+                run[name]["gather_s"] = round(_gather_time(cut(q), cut(k), cut(v), args.iters), 4)
         if rank == 0:
             for name in ("context_parallel", "ulysses"):
                 if name in run:

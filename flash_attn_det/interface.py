@@ -208,17 +208,24 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 
 
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap,
-              alibi_slopes, varlen=None, dropout=None):
+              alibi_slopes, varlen=None, dropout=None, part="all"):
     """dq, dk, dv of a forward call. varlen: (cu_seqlens_q, cu_seqlens_k, seqused_k,
-    max_seqlen_q, max_seqlen_k) for the variable-length entry; dropout: the forward's."""
+    max_seqlen_q, max_seqlen_k) for the variable-length entry; dropout: the forward's.
+    part "dq" or "dkdv" computes only those (the others come back None) with the bits of
+    "all" at about half the work (context parallel asks for one part per call)."""
+    if part not in ("all", "dq", "dkdv"):
+        raise ValueError(f"part: expected 'all', 'dq' or 'dkdv', got {part!r}")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     # dk/dv rows that no query sees (past seqused_k, between varlen sequences) are not written,
     # nor varlen dq rows past cu_seqlens_q[-1] (which belong to no sequence: 0, as the forward
     # writes 0 there)
-    dq = torch.empty_like(q) if varlen is None else torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dq = dk = dv = None
+    if part != "dkdv":
+        dq = torch.empty_like(q) if varlen is None else torch.zeros_like(q)
+    if part != "dq":
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     opts = _options(q.shape[-1], softmax_scale, causal, window_size, softcap, alibi_slopes)
-    tensors = [_dl(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
+    tensors = [_opt(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
     ws, stream = None, 0
     if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
         ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))

@@ -8,7 +8,7 @@ import torch
 import flash_attn_det as fad
 from flash_attn_det.testing import attention_ref
 
-from conftest import HAS_CUDA, make_gen, randn
+from conftest import HAS_CUDA, make_gen, on_devices, randn
 
 # Relative error of a gradient (Frobenius norm) against float64 autograd: the inputs are
 # rounded to the dtype and so are the gradients, so a few unit roundoffs.
@@ -269,3 +269,48 @@ def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
         for i, (a, b) in enumerate(zip(results[setting], mma_sync)):
             for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
                 assert torch.equal(x, y), f"case {i}: {name} differs ({setting} vs mma.sync)"
+
+
+# ---------------------------------------------------------------------------------------
+# One part of the backward (dQ only, dK/dV only): context parallel's calls
+# ---------------------------------------------------------------------------------------
+
+# (device, case): the CPU path; on the GPU mma.sync (small grid), the wgmma kernels (a grid of
+# at least as many dK/dV CTAs as SMs), a score mod and dropout (the kMod / kDrop variants)
+_PART_CASES = on_devices(
+    [dict(B=2, Sq=37, Sk=41, H=4, Hk=2, D=24, causal=True)],
+    [dict(B=2, Sq=130, Sk=170, H=4, Hk=2, D=64, causal=True),
+     dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True),
+     dict(B=1, Sq=300, Sk=260, H=2, Hk=1, D=128, softcap=4.0, window_size=(90, 10)),
+     dict(B=2, Sq=200, Sk=200, H=2, Hk=2, D=64, dropout=0.2)])
+
+
+@pytest.mark.parametrize("device,case", _PART_CASES)
+def test_backward_parts_equal_the_whole(device, case):
+    """_backward(part="dq") gives the dq bits of part="all", part="dkdv" its dk and dv, and
+    each leaves the other part out (None): the dQ and dK/dV passes share only the row sums."""
+    from flash_attn_det import interface as I
+    from flash_attn_det import dropout as fdrop
+    case = dict(case)
+    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    p = case.pop("dropout", 0.0)
+    gen = make_gen(77)
+    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16).to(device)
+               for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, D), torch.bfloat16).to(device)
+    opts = (None, case.get("causal", False), case.get("window_size", (-1, -1)),
+            case.get("softcap", 0.0), None)
+    drop = None
+    if p:
+        seed, offset, _ = fdrop.draw(q, p)
+        drop = (p, seed, offset)
+    out, lse = I._fwd(q, k, v, *opts, dropout=drop)
+    whole = I._backward(dout, q, k, v, out, lse, *opts, dropout=drop)
+    dq, none_k, none_v = I._backward(dout, q, k, v, out, lse, *opts, dropout=drop, part="dq")
+    none_q, dk, dv = I._backward(dout, q, k, v, out, lse, *opts, dropout=drop, part="dkdv")
+    assert none_k is None and none_v is None and none_q is None
+    for name, got, ref in (("dq", dq, whole[0]), ("dk", dk, whole[1]), ("dv", dv, whole[2])):
+        assert float(ref.abs().max()) > 0, f"{name}: the whole backward gave zeros"
+        assert torch.equal(got, ref), f"{name}: the part differs from the whole backward"
+    with pytest.raises(ValueError, match="part"):
+        I._backward(dout, q, k, v, out, lse, *opts, part="dk")

@@ -1,7 +1,7 @@
 /*
  * bwd_launch.cu — the backward's one dispatch point: a call's compile-time
  * variant (dtype x head dim x score mod) and its kernels, dsum then dK/dV and
- * dQ on mma.sync or on their sm_90a variants.
+ * dQ (or the one part asked for) on mma.sync or on their sm_90a variants.
  */
 #include "bwd_cfg.cuh"
 #include "bwd_launch.h"
@@ -24,9 +24,9 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
         const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
         const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
         fad_status st = FAD_OK;
-        if (dkdv_ctas > 0)
+        if (dkdv_ctas > 0 && a.part != FAD_BWD_DQ)
             st = launch_dkdv_wgmma<T, kHeadDim>(a, dkdv_ctas, stream, msg, msg_len);
-        if (st == FAD_OK && dq_ctas > 0)
+        if (st == FAD_OK && dq_ctas > 0 && a.part != FAD_BWD_DKDV)
             st = launch_dq_wgmma<T, kHeadDim>(a, dq_ctas, stream, msg, msg_len);
         return st;
     } else {
@@ -64,9 +64,9 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;
     const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
-    if (dkdv_ctas > 0)
+    if (dkdv_ctas > 0 && a.part != FAD_BWD_DQ)
         st = launch_dkdv<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
-    if (st == FAD_OK)
+    if (st == FAD_OK && a.part != FAD_BWD_DKDV)
         st = launch_dq<T, kHeadDim, kMod>(a, dq_ctas, stream, msg, msg_len);
     return st;
 }
@@ -89,6 +89,7 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum,
     bwd_args a;
     a.p = bp->fwd;
     a.dout = bp->dout, a.dq = bp->dq, a.dk = bp->dk, a.dv = bp->dv;
+    a.part = bp->part; /* the dQ and dK/dV passes only share dsum: either may be left out */
     a.dsum = dsum;
     a.n_blocks = a.m_blocks = 0;
     /* dropout rides on the score-mod variants (mma.sync: bwd_dq.cu, bwd_dkdv.cu) */

@@ -20,6 +20,8 @@ struct bwd_args {
     float *dsum;       /* one fp32 per flat row: D_i */
     int n_blocks;      /* key tiles per (sequence, kv head) in dkdv_kernel's grid */
     int m_blocks;      /* row tiles per (sequence, head) in dq_kernel's grid */
+    fad_bwd_part part; /* which passes run (host side only; last, so the kernels' view of the
+                        * fields above is unchanged) */
 };
 
 /* The compile-time variants, X(T, kHeadDim, kMod): dtype x head-dim class x

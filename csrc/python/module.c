@@ -144,17 +144,28 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
 }
 
 /* Backward: grads = (dout, dq, dk, dv) tensors, each the shape and strides of
- * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element. */
+ * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element.
+ * dq None asks for dk/dv only, dk and dv None for dq only (fad_bwd_part). */
 static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *const fwd_t[4],
                          PyObject *const *grads, const fwd_opts *o)
 {
     static const char *names[4] = {"dout", "dq", "dk", "dv"};
     fad_bwd_params bp;
-    DLTensor *g[4];
+    DLTensor *g[4] = {NULL, NULL, NULL, NULL};
     char msg[512] = "";
     const DLTensor *q = fwd_t[1];
+    const int no_dq = grads[1] == Py_None, no_dk = grads[2] == Py_None,
+              no_dv = grads[3] == Py_None;
+    if (no_dk != no_dv || (no_dq && no_dk)) {
+        PyErr_SetString(PyExc_ValueError, "dq, dk, dv: None is allowed for dq (dk and dv only) "
+                                          "or for both dk and dv (dq only)");
+        return NULL;
+    }
+    bp.part = no_dq ? FAD_BWD_DKDV : no_dk ? FAD_BWD_DQ : FAD_BWD_ALL;
     for (int t = 0; t < 4; t++) {
         const DLTensor *like = fwd_t[t];
+        if (grads[t] == Py_None && t > 0)
+            continue;
         if (get_tensor(ta, grads[t], names[t], &g[t]) ||
             check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape))
             return NULL;
@@ -168,8 +179,8 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
     if (finish_opts(p, q, o))
         return NULL;
     bp.fwd = *p;
-    bp.dout = tensor_data(g[0]), bp.dq = tensor_data(g[1]);
-    bp.dk = tensor_data(g[2]), bp.dv = tensor_data(g[3]);
+    bp.dout = tensor_data(g[0]), bp.dq = g[1] ? tensor_data(g[1]) : NULL;
+    bp.dk = g[2] ? tensor_data(g[2]) : NULL, bp.dv = g[3] ? tensor_data(g[3]) : NULL;
     fad_status st;
     if (q->device.device_type == kDLCPU) {
         Py_BEGIN_ALLOW_THREADS
@@ -313,7 +324,8 @@ PyDoc_STRVAR(bwd_doc,
 "--\n\n"
 "Gradients of the forward fwd computed (out and softmax_lse are its results).\n"
 "dout, dq, dk, dv: capsules shaped and strided like out, q, k, v; dq is written in\n"
-"full, dk/dv on the rows some query sees (pass zeros). CUDA tensors need a uint8\n"
+"full, dk/dv on the rows some query sees (pass zeros). dq None computes dk/dv only,\n"
+"dk and dv None dq only (the same bits, half the work). CUDA tensors need a uint8\n"
 "workspace of 4 bytes per softmax_lse element.");
 
 static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)

@@ -22,8 +22,10 @@ aligned to row 0 (so calls for dK/dV pass rows from a multiple of _ROW_ALIGN; ro
 first one that sees the key only add exact zeros, which the full call skips or adds alike).
 The CPU backward sums one row at a time in row order, which any row start keeps.
 
-Cost: each backward call also computes the half it does not keep (dK/dV of the dQ call, dQ of
-the dK/dV call): a backward entry computing only one half would halve the backward's work.
+Cost: the dQ call and the dK/dV call each ask the backward for their part only (_backward's
+part: the dQ and dK/dV passes share only the row sums, so a part has the bits of the whole),
+so a rank's backward does about 1/world of one device's work, plus the row sums of the rows
+its dK/dV call reads.
 """
 import torch
 
@@ -162,22 +164,23 @@ def local_backward(plan, full, opts):
 
     dq, dk, dv = local(q), local(k), local(v)
 
-    def grads(piece, qs, qe, ks, ke):
-        """_backward on rows [qs, qe) and keys [ks, ke) of piece's sequence."""
+    def grads(piece, qs, qe, ks, ke, part):
+        """_backward's part ("dq" or "dkdv") on rows [qs, qe) and keys [ks, ke) of piece's
+        sequence."""
         rows = lambda x: _rows(x, piece, qs, qe, packed, sd)
         keys = lambda x: _rows(x, piece, ks, ke, packed, sd)
         return _I._backward(rows(dout), rows(q), keys(k), keys(v), rows(out),
                             _rows(lse, piece, qs, qe, packed, ld).contiguous(), scale, False,
                             _call_window(qs, qe, ks, ke, left, right), softcap,
-                            _slopes(alibi, piece, packed))
+                            _slopes(alibi, piece, packed), part=part)
 
     for piece in plan.pieces:
         _, b, _, s, e = piece
         L = plan.seq_len(b)
         qe, ke = _row_call(s, e, L, left, right, alibi is not None)
-        _scatter(dq, piece, e - s, grads(piece, s, qe, 0, ke)[0], packed, sd)
+        _scatter(dq, piece, e - s, grads(piece, s, qe, 0, ke, "dq")[0], packed, sd)
         qs, qe, ke = _key_call(s, e, L, left, right, alibi is not None)
-        _, gk, gv = grads(piece, qs, qe, s, ke)
+        _, gk, gv = grads(piece, qs, qe, s, ke, "dkdv")
         _scatter(dk, piece, e - s, gk, packed, sd)
         _scatter(dv, piece, e - s, gv, packed, sd)
     return dq, dk, dv
