@@ -291,23 +291,26 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 /* ------------------------------------------------------------------------ */
 
 /* Element (query row i, key j) of head h is kept with probability 1 - p. Its
- * random bits are Philox4x32-10 (Salmon et al., Random123) of
- *   key     = the call's key (fad_make_dropout: Philox of the generator's
- *             (seed, offset), so each call of a training step draws anew)
- *   counter = (32-key group of j and j's pair in its 8, (uint32) the row's
+ * random bits are Philox4x32-7 (Salmon et al., Random123; 7 rounds, as
+ * flash_attn's dropout: Crush-resistant, and 30% less than the default 10) of
+ *   key     = the call's key (fad_make_dropout: Philox4x32-10 of the
+ *             generator's (seed, offset), so each call of a step draws anew)
+ *   counter = (64-key group of j and j's pair in its 8, (uint32) the row's
  *             key-space position i + len_k - len_q, h, seq_id)
- * output word (j / 8) % 4, its low 16 bits for even j and high 16 bits for
- * odd j; kept iff those 16 bits < keep16 = round((1 - p) * 65536). Nothing
- * else enters: not the batch index, the batch size, the tile or the split,
- * so a sequence is dropped the same way alone and in any batch. seq_id is 0
- * unless the caller names its sequences. The counter layout puts a thread's
- * 8 elements of one m16n8k16 row (keys 8 nb + 2 (lane % 4) + {0, 1}, nb = 0..3)
- * in one Philox call: the kernels draw each call once. Kept elements are
- * scaled by rp = 1 / (1 - p) at the output's normalisation. */
+ * byte 2 ((j / 8) % 2) + j % 2 of output word (j / 16) % 4; kept iff that
+ * byte < keep8 = round((1 - p) * 256) (so p acts in steps of 1/256, as in
+ * flash_attn). Nothing else enters: not the batch index, the batch size, the
+ * tile or the split, so a sequence is dropped the same way alone and in any
+ * batch. seq_id is 0 unless the caller names its sequences. The counter
+ * layout puts a thread's 16 elements of one m16n8k16 row (keys
+ * 8 nb + 2 (lane % 4) + {0, 1}, nb = 0..7) in one Philox call: the kernels
+ * draw each call once per 64-key tile. Kept elements are scaled by
+ * rp = 1 / (1 - p) at the output's normalisation. */
 #define FAD_PHILOX_M0 0xD2511F53u
 #define FAD_PHILOX_M1 0xCD9E8D57u
 #define FAD_PHILOX_W0 0x9E3779B9u
 #define FAD_PHILOX_W1 0xBB67AE85u
+#define FAD_DROPOUT_ROUNDS 7
 #if defined(__CUDA_ARCH__)
 #define FAD_MULHI(a, b) __umulhi((a), (b))
 #else
@@ -318,13 +321,14 @@ typedef struct fad_u32x4 {
     uint32_t x[4];
 } fad_u32x4;
 
-/* Philox4x32 with 10 rounds (integer math: the same bits on every path). */
-FAD_HD fad_u32x4 fad_philox(fad_u32x4 c, uint32_t k0, uint32_t k1)
+/* Philox4x32 with `rounds` rounds (integer math: the same bits on every path;
+ * a constant `rounds` unrolls on the GPU). */
+FAD_HD fad_u32x4 fad_philox_rounds(fad_u32x4 c, uint32_t k0, uint32_t k1, int rounds)
 {
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-    for (int round = 0; round < 10; round++) {
+    for (int round = 0; round < rounds; round++) {
         const uint32_t hi0 = FAD_MULHI(FAD_PHILOX_M0, c.x[0]), lo0 = FAD_PHILOX_M0 * c.x[0];
         const uint32_t hi1 = FAD_MULHI(FAD_PHILOX_M1, c.x[2]), lo1 = FAD_PHILOX_M1 * c.x[2];
         fad_u32x4 n;
@@ -335,9 +339,15 @@ FAD_HD fad_u32x4 fad_philox(fad_u32x4 c, uint32_t k0, uint32_t k1)
     return c;
 }
 
+/* Philox4x32-10 (Random123's known answers hold for it). */
+FAD_HD fad_u32x4 fad_philox(fad_u32x4 c, uint32_t k0, uint32_t k1)
+{
+    return fad_philox_rounds(c, k0, k1, 10);
+}
+
 typedef struct fad_dropout {
     uint32_t k0, k1; /* the call's Philox key */
-    uint32_t keep16; /* keep iff 16 random bits < keep16; 65536: dropout off */
+    uint32_t keep8;  /* keep iff 8 random bits < keep8; 256: dropout off */
     float rp;        /* 1 / (1 - p): the kept elements' scale; 1 when off */
     int on;
 } fad_dropout;
@@ -355,26 +365,35 @@ FAD_HD fad_dropout fad_make_dropout(float p, uint64_t seed, uint64_t offset)
     d.k0 = k.x[0], d.k1 = k.x[1];
     d.on = p > 0.f;
     const float keep = FAD_ADD(1.f, -p);
-    d.keep16 = d.on ? (uint32_t)FAD_FMA(keep, 65536.f, 0.5f) : 65536u;
+    d.keep8 = d.on ? (uint32_t)FAD_FMA(keep, 256.f, 0.5f) : 256u;
     d.rp = fad_dropout_rp(p);
     return d;
 }
 
 /* The Philox draw that holds element (row position i_pos, key j) of head h:
- * it holds keys 32 (j / 32) + 8 w + 2 ((j / 2) % 4) + {0, 1}, w = 0..3. */
+ * it holds keys 64 (j / 64) + 8 w + 2 ((j / 2) % 4) + {0, 1}, w = 0..7. */
 FAD_HD fad_u32x4 fad_dropout_draw(const fad_dropout *d, uint32_t seq_id, int h, int i_pos, int j)
 {
     fad_u32x4 c;
-    c.x[0] = ((uint32_t)j >> 5 << 2) | (((uint32_t)j >> 1) & 3u);
+    c.x[0] = ((uint32_t)j >> 6 << 2) | (((uint32_t)j >> 1) & 3u);
     c.x[1] = (uint32_t)i_pos, c.x[2] = (uint32_t)h, c.x[3] = seq_id;
-    return fad_philox(c, d->k0, d->k1);
+    return fad_philox_rounds(c, d->k0, d->k1, FAD_DROPOUT_ROUNDS);
 }
 
-/* Whether key j is kept, from the draw that holds it. */
+/* Whether byte `byte` (0..3) of a draw's word is below keep8. */
+FAD_HD int fad_dropout_kept_byte(const fad_dropout *d, uint32_t word, int byte)
+{
+    return ((word >> (8 * byte)) & 0xffu) < d->keep8;
+}
+
+/* Whether key j is kept, from the draw that holds it (the word chosen by
+ * selects, not by indexing: a runtime index would put the draw in local memory
+ * on the GPU). */
 FAD_HD int fad_dropout_kept(const fad_dropout *d, fad_u32x4 r, int j)
 {
-    const uint32_t w = r.x[((uint32_t)j >> 3) & 3u];
-    return ((j & 1) ? w >> 16 : w & 0xffffu) < d->keep16;
+    const uint32_t w = (uint32_t)j >> 4 & 3u;
+    const uint32_t word = w == 0 ? r.x[0] : w == 1 ? r.x[1] : w == 2 ? r.x[2] : r.x[3];
+    return fad_dropout_kept_byte(d, word, (int)(((uint32_t)j >> 3 & 1u) * 2 + ((uint32_t)j & 1u)));
 }
 
 /* One element, for paths that draw per element (the CPU's). */

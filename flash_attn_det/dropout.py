@@ -4,8 +4,9 @@ The kernels and the CPU path draw the mask in C (csrc/fad_math.h: fad_make_dropo
 fad_dropout_draw, fad_dropout_kept); this module is the same rule written again in
 integer torch ops, on any device: for S_dmask (return_attn_probs=True) and as the tests'
 independent reference. The rule, in short: element (query row i, key j) of head h is kept
-with probability 1 - p, by Philox4x32-10 keyed by the call's (seed, offset) and counted by
-(j's 32-key group and pair, the row's key-space position i + len_k - len_q, h, seq_id).
+with probability 1 - p (in steps of 1/256), by a byte of Philox4x32-7 keyed by the call's
+(seed, offset) and counted by (j's 64-key group and pair, the row's key-space position
+i + len_k - len_q, h, seq_id).
 No batch index enters, so a sequence is dropped the same way alone and in any batch.
 seq_id is 0 (sequences are not told apart).
 
@@ -29,10 +30,13 @@ def _f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def _philox_int(c, k0, k1):
-    """Philox4x32-10 on Python ints: c a list of 4 uint32."""
+DRAW_ROUNDS = 7  # FAD_DROPOUT_ROUNDS: the mask's draws (the call key uses 10)
+
+
+def _philox_int(c, k0, k1, rounds=10):
+    """Philox4x32 (10 rounds: Random123's default) on Python ints: c a list of 4 uint32."""
     c = list(c)
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = _M0 * c[0], _M1 * c[2]
         c = [(p1 >> 32) ^ c[1] ^ k0, p1 & _U32, (p0 >> 32) ^ c[3] ^ k1, p0 & _U32]
         k0, k1 = (k0 + _W0) & _U32, (k1 + _W1) & _U32
@@ -50,9 +54,9 @@ def _mulhilo(a, m):
     return hi, lo_full & _U32
 
 
-def _philox(c0, c1, c2, c3, k0, k1):
-    """Philox4x32-10 elementwise over int64 tensors holding uint32 counters."""
-    for _ in range(10):
+def _philox(c0, c1, c2, c3, k0, k1, rounds=10):
+    """Philox4x32 elementwise over int64 tensors holding uint32 counters."""
+    for _ in range(rounds):
         hi0, lo0 = _mulhilo(c0, _M0)
         hi1, lo1 = _mulhilo(c2, _M1)
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
@@ -67,27 +71,27 @@ def call_key(seed, offset):
 
 
 def keep_threshold(dropout_p):
-    """keep16 of fad_make_dropout, in the same fp32 steps: round((1 - p) * 65536)."""
+    """keep8 of fad_make_dropout, in the same fp32 steps: round((1 - p) * 256)."""
     keep = _f32(1.0 - _f32(dropout_p))
-    return int(_f32(keep * 65536.0 + 0.5))
+    return int(_f32(keep * 256.0 + 0.5))
 
 
 def keep_mask(dropout_p, seed, offset, heads, rows, keys, seq_id=0):
     """Bool (len(heads), len(rows), len(keys)): True where the element is kept. heads, rows
     (key-space positions i + len_k - len_q) and keys: 1-D integer tensors on one device."""
     k0, k1 = call_key(seed, offset)
-    keep16 = keep_threshold(dropout_p)
+    keep8 = keep_threshold(dropout_p)
     j = keys.to(torch.int64).view(1, 1, -1)
-    c0 = ((j >> 5) << 2) | ((j >> 1) & 3)
+    c0 = ((j >> 6) << 2) | ((j >> 1) & 3)
     c1 = rows.to(torch.int64).view(1, -1, 1) & _U32
     c2 = heads.to(torch.int64).view(-1, 1, 1) & _U32
     shape = (heads.numel(), rows.numel(), keys.numel())
     c0, c1, c2 = (t.expand(shape) for t in (c0, c1, c2))
     c3 = torch.full(shape, seq_id & _U32, dtype=torch.int64, device=keys.device)
-    words = torch.stack(_philox(c0, c1, c2, c3, k0, k1), dim=-1)
-    w = words.gather(-1, ((j >> 3) & 3).expand(shape).unsqueeze(-1)).squeeze(-1)
-    bits = torch.where((j & 1).bool().expand(shape), w >> 16, w & 0xFFFF)
-    return bits < keep16
+    words = torch.stack(_philox(c0, c1, c2, c3, k0, k1, DRAW_ROUNDS), dim=-1)
+    w = words.gather(-1, ((j >> 4) & 3).expand(shape).unsqueeze(-1)).squeeze(-1)
+    byte = 2 * ((j >> 3) & 1) + (j & 1)
+    return ((w >> (8 * byte)) & 0xFF) < keep8
 
 
 def draw(q, dropout_p):

@@ -135,20 +135,25 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
                 pt[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[i_loc]);
             }
 
-        /* Dropout: bit nb * 4 + e of kept is element (nb, e). Its keys key_row and
-         * key_row + 8 share a row's Philox draw (same 32-key group and pair). */
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e). Its keys j = n0 + key_row
+         * and j + 8 share a row's Philox draw (same 64-key group and pair) and its word
+         * ((j / 16) % 4, one 16-key block): bytes j % 2 and 2 + j % 2 (fad_math.h). */
         uint32_t kept = ~0u;
         if constexpr (kDrop) {
             kept = 0;
+            const int j = n0 + key_row;
+            const uint32_t wsel = (uint32_t)j >> 4 & 3u, shift = 8u * ((uint32_t)j & 1u);
 #pragma unroll
             for (int nb = 0; nb < kMB; nb++)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = m0 + nb * 8 + (lane % 4) * 2 + e2, j = n0 + key_row;
+                    const int i = m0 + nb * 8 + (lane % 4) * 2 + e2;
                     const fad_u32x4 bits = fad_dropout_draw(&drop, 0, h, i + len_k - len_q, j);
+                    const uint32_t word = (wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1]
+                                           : wsel == 2 ? bits.x[2] : bits.x[3]) >> shift;
 #pragma unroll
                     for (int e1 = 0; e1 < 2; e1++)
-                        kept |= (uint32_t)fad_dropout_kept(&drop, bits, j + 8 * e1) << (nb * 4 + 2 * e1 + e2);
+                        kept |= (uint32_t)fad_dropout_kept_byte(&drop, word, 2 * e1) << (nb * 4 + 2 * e1 + e2);
                 }
         }
 
