@@ -137,24 +137,29 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 
         /* Dropout: bit nb * 4 + e of kept is element (nb, e). Its keys j = n0 + key_row
          * and j + 8 share a row's Philox draw (same 64-key group and pair) and its word
-         * ((j / 16) % 4, one 16-key block): bytes j % 2 and 2 + j % 2 (fad_math.h). */
+         * ((j / 16) % 4, one 16-key block): bytes j % 2 and 2 + j % 2 (fad_math.h). Lanes
+         * L and L ^ 4 hold the same rows and keys of one pair, so they need the same
+         * draws: each makes the draws of its own e2 = (lane / 4) % 2 and passes the word
+         * to the other (half the Philox work, one shuffle per draw). */
         uint32_t kept = ~0u;
         if constexpr (kDrop) {
             kept = 0;
-            const int j = n0 + key_row;
+            const int j = n0 + key_row, mine = (lane >> 2) & 1;
             const uint32_t wsel = (uint32_t)j >> 4 & 3u, shift = 8u * ((uint32_t)j & 1u);
 #pragma unroll
-            for (int nb = 0; nb < kMB; nb++)
+            for (int nb = 0; nb < kMB; nb++) {
+                const int i = m0 + nb * 8 + (lane % 4) * 2 + mine;
+                const fad_u32x4 bits = fad_dropout_draw(&drop, 0, h, i + len_k - len_q, j);
+                const uint32_t own = wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1]
+                                     : wsel == 2 ? bits.x[2] : bits.x[3];
+                const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 4);
+                const uint32_t words[2] = {(mine ? other : own) >> shift, (mine ? own : other) >> shift};
 #pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = m0 + nb * 8 + (lane % 4) * 2 + e2;
-                    const fad_u32x4 bits = fad_dropout_draw(&drop, 0, h, i + len_k - len_q, j);
-                    const uint32_t word = (wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1]
-                                           : wsel == 2 ? bits.x[2] : bits.x[3]) >> shift;
+                for (int e2 = 0; e2 < 2; e2++)
 #pragma unroll
                     for (int e1 = 0; e1 < 2; e1++)
-                        kept |= (uint32_t)fad_dropout_kept_byte(&drop, word, 2 * e1) << (nb * 4 + 2 * e1 + e2);
-                }
+                        kept |= (uint32_t)fad_dropout_kept_byte(&drop, words[e2], 2 * e1) << (nb * 4 + 2 * e1 + e2);
+            }
         }
 
         /* dV += P^T dO (with dropout: rp P^T where kept, 0 where dropped): P^T from
