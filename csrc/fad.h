@@ -137,6 +137,10 @@ typedef struct fad_fwd_params {
     float dropout_p;         /* in [0, 1); 0: off */
     uint64_t dropout_seed;   /* the generator's seed ... */
     uint64_t dropout_offset; /* ... and offset, one per call */
+    /* NULL (every sequence's identity 0), or (batch) int32 on q's device: sequence b's
+     * identity in the mask's Philox counter (its bits as uint32), so that sequences at the
+     * same positions get different masks where the caller tells them apart */
+    const int32_t *dropout_seq_ids;
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),

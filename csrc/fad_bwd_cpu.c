@@ -79,7 +79,7 @@ static void row_backward(const bwd_ctx *c, int b, int h, int i)
             const float pij = fad_exp2(s2 - lse2);
             float dp = dot(dout, vj, D), pv = pij; /* pv: what dv_j sees of p_ij */
             if (c->drop->on) {
-                const int kept = fad_dropout_keep(c->drop, 0, h, i + seq->len_k - seq->len_q, j);
+                const int kept = fad_dropout_keep(c->drop, h, i + seq->len_k - seq->len_q, j);
                 dp = kept ? FAD_MUL(dp, c->drop->rp) : 0.f;
                 pv = kept ? FAD_MUL(pij, c->drop->rp) : 0.f;
             }
@@ -125,7 +125,7 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     const fad_fwd_params *p = &rp.fwd;
 
     const fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    const fad_dropout drop = fad_dropout_of(p);
+    fad_dropout drop = {0}; /* sequence b's, set per sequence below (its seq_id) */
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
     float *acc = malloc(sizeof(float) * 2 * (size_t)(p->seqlen_k > 0 ? p->seqlen_k : 1) * D);
     float *kv = fad_kv_buffer(p);
@@ -137,6 +137,7 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
                  .load = p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float};
     for (int b = 0; b < p->batch; b++) {
         c.seq = fad_get_seq(p, b);
+        drop = fad_dropout_of(p, b);
         for (c.hk = 0; c.hk < p->num_heads_k; c.hk++) {
             c.dk = acc, c.dv = acc + (size_t)c.seq.len_k * D;
             c.kf = kv, c.vf = kv + (size_t)c.seq.len_k * D;

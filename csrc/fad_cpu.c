@@ -139,7 +139,7 @@ static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, co
                 psum += pj; /* (l sums every p: dropout only thins what reaches o) */
                 if (pj == 0.f)
                     continue;
-                if (c->drop->on && !fad_dropout_keep(c->drop, 0, h, i + c->len_k - c->len_q, j))
+                if (c->drop->on && !fad_dropout_keep(c->drop, h, i + c->len_k - c->len_q, j))
                     continue;
                 const float *vr = vf + (int64_t)j * D;
                 for (int d = 0; d < D; d++)
@@ -263,7 +263,7 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
     fad_make_plan(p, 0, &plan);
 
     fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    const fad_dropout drop = fad_dropout_of(p);
+    fad_dropout drop = {0}; /* sequence b's, set per sequence below (its seq_id) */
     row_ctx c = {p, &mod, &drop, p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float,
                  plan.split_size, 0, 0};
     const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
@@ -277,6 +277,7 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
 
     for (int b = 0; b < p->batch; b++) {
         const fad_seq seq = fad_get_seq(p, b);
+        drop = fad_dropout_of(p, b);
         c.len_q = seq.len_q, c.len_k = seq.len_k;
         for (int hk = 0; hk < p->num_heads_k; hk++) {
             float *kf = kv, *vf = kv + (size_t)seq.len_k * D;

@@ -301,7 +301,8 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
  * byte < keep8 = round((1 - p) * 256) (so p acts in steps of 1/256, as in
  * flash_attn). Nothing else enters: not the batch index, the batch size, the
  * tile or the split, so a sequence is dropped the same way alone and in any
- * batch. seq_id is 0 unless the caller names its sequences. The counter
+ * batch. seq_id is 0 unless the caller names its sequences (fad_fwd_params.
+ * dropout_seq_ids; the identity then travels with the sequence). The counter
  * layout puts a thread's 16 elements of one m16n8k16 row (keys
  * 8 nb + 2 (lane % 4) + {0, 1}, nb = 0..7) in one Philox call: the kernels
  * draw each call once per 64-key tile. Kept elements are scaled by
@@ -350,6 +351,7 @@ typedef struct fad_dropout {
     uint32_t keep8;  /* keep iff 8 random bits < keep8; 256: dropout off */
     float rp;        /* 1 / (1 - p): the kept elements' scale; 1 when off */
     int on;
+    uint32_t seq_id; /* the sequence's identity in the counter (fad_dropout_of) */
 } fad_dropout;
 
 /* 1 / (1 - p), or 1 without dropout: the kept elements' scale. */
@@ -367,16 +369,17 @@ FAD_HD fad_dropout fad_make_dropout(float p, uint64_t seed, uint64_t offset)
     const float keep = FAD_ADD(1.f, -p);
     d.keep8 = d.on ? (uint32_t)FAD_FMA(keep, 256.f, 0.5f) : 256u;
     d.rp = fad_dropout_rp(p);
+    d.seq_id = 0;
     return d;
 }
 
 /* The Philox draw that holds element (row position i_pos, key j) of head h:
  * it holds keys 64 (j / 64) + 8 w + 2 ((j / 2) % 4) + {0, 1}, w = 0..7. */
-FAD_HD fad_u32x4 fad_dropout_draw(const fad_dropout *d, uint32_t seq_id, int h, int i_pos, int j)
+FAD_HD fad_u32x4 fad_dropout_draw(const fad_dropout *d, int h, int i_pos, int j)
 {
     fad_u32x4 c;
     c.x[0] = ((uint32_t)j >> 6 << 2) | (((uint32_t)j >> 1) & 3u);
-    c.x[1] = (uint32_t)i_pos, c.x[2] = (uint32_t)h, c.x[3] = seq_id;
+    c.x[1] = (uint32_t)i_pos, c.x[2] = (uint32_t)h, c.x[3] = d->seq_id;
     return fad_philox_rounds(c, d->k0, d->k1, FAD_DROPOUT_ROUNDS);
 }
 
@@ -397,9 +400,9 @@ FAD_HD int fad_dropout_kept(const fad_dropout *d, fad_u32x4 r, int j)
 }
 
 /* One element, for paths that draw per element (the CPU's). */
-FAD_HD int fad_dropout_keep(const fad_dropout *d, uint32_t seq_id, int h, int i_pos, int j)
+FAD_HD int fad_dropout_keep(const fad_dropout *d, int h, int i_pos, int j)
 {
-    return fad_dropout_kept(d, fad_dropout_draw(d, seq_id, h, i_pos, j), j);
+    return fad_dropout_kept(d, fad_dropout_draw(d, h, i_pos, j), j);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -55,10 +55,12 @@ FAD_HD float fad_alibi_slope_log2(const fad_fwd_params *p, int b, int h)
     return p->alibi_slopes ? FAD_MUL(p->alibi_slopes[b * p->alibi_batch_stride + h], FAD_LOG2E) : 0.f;
 }
 
-/* The call's dropout (fad_math.h): every path derives it here from the params. */
-FAD_HD fad_dropout fad_dropout_of(const fad_fwd_params *p)
+/* Sequence b's dropout (fad_math.h): every path derives it here from the params. */
+FAD_HD fad_dropout fad_dropout_of(const fad_fwd_params *p, int b)
 {
-    return fad_make_dropout(p->dropout_p, p->dropout_seed, p->dropout_offset);
+    fad_dropout d = fad_make_dropout(p->dropout_p, p->dropout_seed, p->dropout_offset);
+    d.seq_id = p->dropout_seq_ids ? (uint32_t)p->dropout_seq_ids[b] : 0u;
+    return d;
 }
 
 /* Rows per head in the flat row space, and rows in all. */

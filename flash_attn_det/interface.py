@@ -314,16 +314,47 @@ def _no_commit():
     pass
 
 
-def _dropout_begin(dropout_p, q):
-    """(dropout, commit): dropout None or (p, seed, offset) for the call; commit() advances
-    the random generator once the call has run (a call that raises does not)."""
+def _dropout_seq_ids(ids, batch, q):
+    """dropout_seq_ids as _C takes them: None, or int32 (batch,) on q's device holding each
+    sequence's identity (uint32 bits). ids: None, one int for every sequence, or one int per
+    sequence (a sequence of ints or an integer tensor), each in [0, 2**32)."""
+    if ids is None:
+        return None
+    if isinstance(ids, bool) or not isinstance(ids, (int, list, tuple, torch.Tensor)):
+        raise TypeError(f"dropout_seq_ids: expected None, an int or one int per sequence, "
+                        f"got {type(ids).__name__}")
+    t = torch.as_tensor(ids)
+    if t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"dropout_seq_ids: expected integers, got {t.dtype}")
+    if t.dim() == 0:
+        t = t.expand(batch)
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise ValueError(f"dropout_seq_ids: expected one id per sequence ({batch}), got shape "
+                         f"{tuple(t.shape)}")
+    t = t.to(torch.int64)
+    if t.numel() and not (0 <= int(t.min()) and int(t.max()) < 2 ** 32):
+        raise ValueError("dropout_seq_ids: ids must be in [0, 2**32)")
+    return torch.where(t >= 2 ** 31, t - 2 ** 32, t).to(torch.int32).to(q.device).contiguous()
+
+
+def _dropout_begin(dropout_p, q, seq_ids=None, batch=0):
+    """(dropout, commit): dropout None or (p, seed, offset, seq_ids) for the call (seq_ids:
+    _dropout_seq_ids' tensor or None); commit() advances the random generator once the
+    call has run (a call that raises does not)."""
     p = _number(dropout_p, "dropout_p")  # (its range: fad_fwd_check, before anything runs)
+    ids = _dropout_seq_ids(seq_ids, batch, q)  # (checked with or without dropout)
     if p == 0.0:
         return None, _no_commit
     if torch.compiler.is_compiling():
         raise NotImplementedError("dropout_p: dropout under torch.compile is not supported yet")
     seed, offset, commit = _dropout.draw(q, p)
-    return (p, seed, offset), commit
+    return (p, seed, offset, ids), commit
+
+
+def _batch_of(x, dim=0, minus=0):
+    """x.shape[dim] - minus for a tensor (the batch the seq ids must match), else 0 (the
+    call's own checks then raise their errors)."""
+    return x.shape[dim] - minus if isinstance(x, torch.Tensor) and x.dim() > dim else 0
 
 
 _MAX_HEAD_DIM = 256
@@ -353,7 +384,7 @@ def _pad_last(t, pad):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, dropout_seq_ids=None):
     """Attention with flash_attn's semantics; bit-reproducible in deterministic mode.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
@@ -367,12 +398,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic: accepted for flash_attn compatibility (it concerns the
     backward pass there); the forward's determinism is set_deterministic_mode's.
 
+    dropout_p > 0: dropout with a keep mask keyed by positions (README "Dropout"), so a
+    sequence is dropped alike in any batch; dropout_seq_ids (flash_attn_det's own keyword:
+    None, one int, or one int in [0, 2**32) per batch entry) tells sequences at the same
+    positions apart: a sequence's mask depends on its id, not on its batch index.
+
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse, None)
-    with softmax_lse (batch, nheads, seqlen_q) fp32 when return_attn_probs.
+    with softmax_lse (batch, nheads, seqlen_q) fp32 when return_attn_probs (with dropout,
+    S_dmask in flash_attn's convention in place of None).
     Rows that see no key get out 0 and lse -inf.
     """
     if (_infer is not None and not (dropout_p or softcap) and alibi_slopes is None
-            and window_size == (-1, -1) and not torch.compiler.is_compiling()):
+            and window_size == (-1, -1) and dropout_seq_ids is None
+            and not torch.compiler.is_compiling()):
         res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
@@ -381,9 +419,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         D = q.shape[-1]
         res = flash_attn_func(_pad_last(q, pad), _pad_last(k, pad), _pad_last(v, pad), dropout_p,
                               D ** -0.5 if softmax_scale is None else softmax_scale, causal,
-                              window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+                              window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                              dropout_seq_ids=dropout_seq_ids)
         return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
-    dropout, commit = _dropout_begin(dropout_p, q)
+    dropout, commit = _dropout_begin(dropout_p, q, dropout_seq_ids, _batch_of(q))
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -405,7 +444,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, seqused_k=None):
+                           return_attn_probs=False, block_table=None, seqused_k=None, *,
+                           dropout_seq_ids=None):
     """flash_attn_func over a batch of sequences packed along the first axis.
 
     q: (total_q, nheads, headdim), k/v: (total_k, nheads_k, headdim); sequence b is rows
@@ -418,10 +458,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table (int32 (batch, max_blocks), inference only): k/v are pages (num_pages,
     page_size, nheads_k, headdim), page_size a multiple of 16; sequence b's key j is row
     j % page_size of page block_table[b][j // page_size], cu_seqlens_k (and seqused_k) give
-    the lengths; the same bits as the keys laid out contiguously.
+    the lengths; the same bits as the keys laid out contiguously. dropout_seq_ids: one
+    id per sequence (as flash_attn_func's).
     """
     if (_infer_varlen is not None and not (dropout_p or softcap) and alibi_slopes is None
-            and window_size == (-1, -1) and not torch.compiler.is_compiling()):
+            and window_size == (-1, -1) and dropout_seq_ids is None
+            and not torch.compiler.is_compiling()):
         res = _infer_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
@@ -433,11 +475,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             _pad_last(q, pad), _pad_last(k, pad), _pad_last(v, pad), cu_seqlens_q, cu_seqlens_k,
             max_seqlen_q, max_seqlen_k, dropout_p, D ** -0.5 if softmax_scale is None
             else softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            return_attn_probs, block_table, seqused_k)
+            return_attn_probs, block_table, seqused_k, dropout_seq_ids=dropout_seq_ids)
         return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
-    dropout, commit = _dropout_begin(dropout_p, q)
+    dropout, commit = _dropout_begin(dropout_p, q, dropout_seq_ids,
+                                     _batch_of(cu_seqlens_q, 0, 1))
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -474,7 +517,9 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
     mask from dropout.keep_mask): a debugging aid, O(seqlen_q * seqlen_k) memory."""
     if dropout is None:
         return None
-    p, seed, offset = dropout
+    p, seed, offset, ids = dropout
+    ids = [0] * (q.shape[0] if varlen is None else len(varlen[0]) - 1) if ids is None else \
+        [x & 0xFFFFFFFF for x in ids.tolist()]
     H, D = q.shape[-2], q.shape[-1]
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
     left, right = _window(window_size, causal)
@@ -510,7 +555,7 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
                                    i, j, left, right)  # (H, Lq, Lk)
         m = s.amax(-1, keepdim=True)
         a = torch.exp(s - torch.where(m == -math.inf, 0.0, m))
-        keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1))
+        keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1), ids[b])
         S[b, :, :Lq, :Lk] = torch.where(keep, a, -a).to(q.dtype)
     return S
 
@@ -805,40 +850,46 @@ def _unbind_packed(x, n, dim, name):
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *,
+                              dropout_seq_ids=None):
     """flash_attn_func with qkv: (batch, seqlen, 3, nheads, headdim), read in place."""
     q, k, v = _unbind_packed(qkv, 3, 2, "qkv")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs,
+                           dropout_seq_ids=dropout_seq_ids)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *,
+                             dropout_seq_ids=None):
     """flash_attn_func with kv: (batch, seqlen_k, 2, nheads_k, headdim), read in place."""
     k, v = _unbind_packed(kv, 2, 2, "kv")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs,
+                           dropout_seq_ids=dropout_seq_ids)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, dropout_seq_ids=None):
     """flash_attn_varlen_func with qkv: (total, 3, nheads, headdim)."""
     q, k, v = _unbind_packed(qkv, 3, 1, "qkv")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
-                                  alibi_slopes, deterministic, return_attn_probs)
+                                  alibi_slopes, deterministic, return_attn_probs,
+                                  dropout_seq_ids=dropout_seq_ids)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, dropout_seq_ids=None):
     """flash_attn_varlen_func with kv: (total_k, 2, nheads_k, headdim)."""
     k, v = _unbind_packed(kv, 2, 1, "kv")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  dropout_seq_ids=dropout_seq_ids)

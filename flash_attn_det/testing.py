@@ -103,15 +103,17 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     return out.transpose(1, 2).contiguous(), lse
 
 
-def dropout_mask_of(dropout, H, Sq, Sk, device="cpu"):
-    """flash_attn_det's keep mask (bool (1, H, Sq, Sk)) of a padded call with dropout =
-    (dropout_p, seed, offset): the same for every sequence of the batch. Take (seed, offset)
-    from flash_attn_det.dropout.draw(q, dropout_p) just before the call: it reads them
-    without advancing the generator."""
-    p, seed, offset = dropout
+def dropout_mask_of(dropout, H, Sq, Sk, device="cpu", seq_ids=None):
+    """flash_attn_det's keep mask of a padded call with dropout = (dropout_p, seed, offset):
+    bool (1, H, Sq, Sk), the same for every sequence of the batch, or with seq_ids (the
+    call's dropout_seq_ids, one int per sequence) (B, H, Sq, Sk), sequence b's by its id.
+    Take (seed, offset) from flash_attn_det.dropout.draw(q, dropout_p) just before the
+    call: it reads them without advancing the generator."""
+    p, seed, offset = dropout[:3]
     rows = torch.arange(Sq, device=device) + (Sk - Sq)
-    return _dropout.keep_mask(p, seed, offset, torch.arange(H, device=device), rows,
-                              torch.arange(Sk, device=device))[None]
+    heads, keys = torch.arange(H, device=device), torch.arange(Sk, device=device)
+    return torch.stack([_dropout.keep_mask(p, seed, offset, heads, rows, keys, int(i))
+                        for i in ([0] if seq_ids is None else seq_ids)])
 
 
 @contextlib.contextmanager

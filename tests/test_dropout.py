@@ -135,6 +135,78 @@ def test_batch_invariant_and_seeded(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_seq_ids_travel_with_the_sequence(device):
+    """dropout_seq_ids: a sequence's mask depends on its id, not on its batch index. Equal
+    sequences with equal ids get equal bits, with different ids different masks; a sequence
+    alone with its id, or packed in a varlen batch with it, has its bits in the batch; the
+    forward and the gradients match float64 under the mask of each id."""
+    gen = make_gen(12)
+    L, H, Dh, p = 140, 2, 64, 0.3
+    one = [randn(gen, (1, L, H, Dh), torch.bfloat16, device) for _ in range(4)]
+    q, k, v, dout = (t.expand(3, -1, -1, -1).contiguous() for t in one)  # three equal sequences
+    ids = [7, 7, 2 ** 32 - 3]
+    kw = dict(causal=True, dropout_seq_ids=ids)
+    torch.manual_seed(4)
+    out, dq, dk, dv, drop = _call(q, k, v, p, kw, dout)
+    for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.equal(t[0], t[1]), f"{what}: same sequence, same id, different bits"
+        assert not torch.equal(t[0], t[2]), f"{what}: another id gave the same bits"
+    mask = dropout_mask_of(drop, H, L, L, device, ids)
+    assert not torch.equal(mask[0], mask[2])
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    ref, _ = attention_ref(qd, kd, vd, dropout_p=p, dropout_mask=mask, causal=True)
+    ref.backward(dout.double())
+    for what, got, want in (("out", out, ref.detach()), ("dq", dq, qd.grad), ("dk", dk, kd.grad),
+                            ("dv", dv, vd.grad)):
+        assert _rel(got, want) < REL_TOL[torch.bfloat16], what
+    for b in (2, 0):
+        torch.manual_seed(4)
+        alone = _call(q[b:b + 1], k[b:b + 1], v[b:b + 1], p,
+                      dict(causal=True, dropout_seq_ids=[ids[b]]), dout[b:b + 1])
+        for what, a, f in zip(("out", "dq", "dk", "dv"), alone[:4], (out, dq, dk, dv)):
+            assert torch.equal(a[0], f[b]), f"sequence {b} alone: {what}"
+    # varlen: the id-2**32-3 sequence second in a pack, after a shorter one with id 7
+    cu = torch.tensor([0, 90, 90 + L], dtype=torch.int32, device=device)
+    qv, kv, vv = (torch.cat([t[0, :90], t[2]]).requires_grad_(True) for t in (q, k, v))
+    torch.manual_seed(4)
+    outv = fad.flash_attn_varlen_func(qv, kv, vv, cu, cu, L, L, dropout_p=p, causal=True,
+                                      dropout_seq_ids=torch.tensor([7, 2 ** 32 - 3]))
+    outv.backward(torch.cat([dout[0, :90], dout[2]]))
+    for what, a, f in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv),
+                          (outv.detach(), qv.grad, kv.grad, vv.grad)):
+        assert torch.equal(a[2], f[90:]), f"varlen: {what}"
+    # S_dmask decodes each sequence's own mask
+    torch.manual_seed(4)
+    _, _, S = fad.flash_attn_func(q, k, v, p, causal=True, return_attn_probs=True,
+                                  dropout_seq_ids=ids)
+    seen = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    assert torch.equal((S[:, :, :L, :L] >= 0)[:, :, seen], mask[:, :, seen])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_seq_ids_raise_before_anything(device):
+    q, k, v = (torch.randn(2, 8, 2, 16, dtype=torch.float16, device=device) for _ in range(3))
+    state = (torch.cuda.get_rng_state(q.device) if q.is_cuda else torch.get_rng_state())
+    for ids, exc in (([1, 2, 3], ValueError), ([-1, 0], ValueError), ([0, 2 ** 32], ValueError),
+                     (torch.zeros(2, 1, dtype=torch.int64), ValueError), ([0.5, 1.0], TypeError),
+                     ("ab", TypeError), (True, TypeError)):
+        with pytest.raises(exc, match="^dropout_seq_ids:"):
+            fad.flash_attn_func(q, k, v, dropout_p=0.2, dropout_seq_ids=ids)
+        with pytest.raises(exc, match="^dropout_seq_ids:"):  # checked without dropout too
+            fad.flash_attn_func(q, k, v, dropout_seq_ids=ids)
+    after = (torch.cuda.get_rng_state(q.device) if q.is_cuda else torch.get_rng_state())
+    assert torch.equal(state, after), "a call that raised advanced the generator"
+    # one int: every sequence's id; without dropout ids change nothing
+    torch.manual_seed(1)
+    a = fad.flash_attn_func(q, k, v, dropout_p=0.2, dropout_seq_ids=5)
+    torch.manual_seed(1)
+    b = fad.flash_attn_func(q, k, v, dropout_p=0.2, dropout_seq_ids=[5, 5])
+    assert torch.equal(a, b)
+    assert torch.equal(fad.flash_attn_func(q, k, v, dropout_seq_ids=[3, 4]),
+                       fad.flash_attn_func(q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_s_dmask_decodes_to_the_mask_and_the_probabilities(device):
     gen = make_gen(8)
     B, L, H, Dh, p = 2, 70, 2, 32, 0.3

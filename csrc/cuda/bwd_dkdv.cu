@@ -77,7 +77,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
-        drop = fad_dropout_of(&p);
+        drop = fad_dropout_of(&p, b);
     /* This thread's keys: n0 + key_row + 8r, r = e / 2. */
     const int key_row = warp * 16 + lane / 4;
     float dk[kDB][4] = {}, dv[kDB][4] = {};
@@ -149,7 +149,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
             for (int nb = 0; nb < kMB; nb++) {
                 const int i = m0 + nb * 8 + (lane % 4) * 2 + mine;
-                const fad_u32x4 bits = fad_dropout_draw(&drop, 0, h, i + len_k - len_q, j);
+                const fad_u32x4 bits = fad_dropout_draw(&drop, h, i + len_k - len_q, j);
                 const uint32_t own = wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1]
                                      : wsel == 2 ? bits.x[2] : bits.x[3];
                 const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 4);

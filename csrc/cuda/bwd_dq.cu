@@ -49,7 +49,7 @@ dq_kernel(const __grid_constant__ bwd_args a)
     const float slope_log2 = fad_alibi_slope_log2(&p, b, h);
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
-        drop = fad_dropout_of(&p);
+        drop = fad_dropout_of(&p, b);
 
     const lds_base<kHeadDim> q_a(sQ, warp * 16 + lane % 16, lane / 16);
     const lds_base<kHeadDim> do_a(sdO, warp * 16 + lane % 16, lane / 16);

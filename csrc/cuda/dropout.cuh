@@ -30,7 +30,7 @@ __device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, con
 #pragma unroll
         for (int g = 0; g < kNB / kPer; g++) {
             const int j0 = t0 + 8 * kPer * g + 2 * (lane % 4);
-            const fad_u32x4 bits = fad_dropout_draw(&d, 0, head, i_pos[r], j0);
+            const fad_u32x4 bits = fad_dropout_draw(&d, head, i_pos[r], j0);
 #pragma unroll
             for (int w = 0; w < kPer; w++) {
                 const uint32_t word = upper ? bits.x[2 + (w >> 1)] : bits.x[w >> 1];

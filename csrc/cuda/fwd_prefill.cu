@@ -97,7 +97,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
     fad_dropout drop = {}; /* (all zero, rp included, unless kDrop: read only under kDrop) */
     if constexpr (kDrop)
-        drop = fad_dropout_of(&p);
+        drop = fad_dropout_of(&p, b);
 
     /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];

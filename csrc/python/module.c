@@ -50,14 +50,18 @@ static int parse_opts(tensor_args *ta, PyObject *const *a, fad_fwd_params *p, fw
 }
 
 /* The optional last argument of fwd, fwd_varlen, bwd and bwd_varlen: None, or dropout as
- * (dropout_p, seed, offset) -- p a float in [0, 1) (checked with the rest, fad_fwd_check),
- * seed and offset integers in [0, 2^64). */
-static int parse_dropout(PyObject *arg, fad_fwd_params *p)
+ * (dropout_p, seed, offset[, seq_ids]) -- p a float in [0, 1) (checked with the rest,
+ * fad_fwd_check), seed and offset integers in [0, 2^64), seq_ids None or an int32 (batch)
+ * tensor on q's device (fad_fwd_params.dropout_seq_ids). After fill_fwd / fill_fwd_varlen:
+ * p->batch is known. */
+static int parse_dropout(tensor_args *ta, PyObject *arg, fad_fwd_params *p, const DLTensor *q)
 {
     if (arg == Py_None)
         return 0;
-    if (!PyTuple_Check(arg) || PyTuple_Size(arg) != 3) {
-        PyErr_SetString(PyExc_TypeError, "dropout: expected None or (dropout_p, seed, offset)");
+    const Py_ssize_t n = PyTuple_Check(arg) ? PyTuple_Size(arg) : 0;
+    if (n != 3 && n != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dropout: expected None or (dropout_p, seed, offset[, seq_ids])");
         return -1;
     }
     if (as_float(PyTuple_GetItem(arg, 0), "dropout_p", &p->dropout_p))
@@ -73,6 +77,16 @@ static int parse_dropout(PyObject *arg, fad_fwd_params *p)
             return -1;
         }
         *dst[i] = v;
+    }
+    PyObject *ids = n == 4 ? PyTuple_GetItem(arg, 3) : Py_None;
+    if (ids != Py_None) {
+        DLTensor *t;
+        const int64_t shape[1] = {p->batch};
+        if (get_tensor(ta, ids, "dropout_seq_ids", &t) ||
+            check_tensor(t, q, "dropout_seq_ids", kDLInt, 32, 1, shape) ||
+            check_contiguous(t, "dropout_seq_ids"))
+            return -1;
+        p->dropout_seq_ids = (const int32_t *)tensor_data(t);
     }
     return 0;
 }
@@ -240,7 +254,7 @@ static PyObject *fad_py_fwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     fwd_opts o;
     DLTensor *t[4];
     if (check_nargs("fwd", nargs, 5 + FWD_NOPTS) || fill_fwd(ta, args, &p, &o, t) ||
-        (nargs > 5 + FWD_NOPTS && parse_dropout(args[5 + FWD_NOPTS], &p)))
+        (nargs > 5 + FWD_NOPTS && parse_dropout(ta, args[5 + FWD_NOPTS], &p, t[1])))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -336,7 +350,7 @@ static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t 
     fwd_opts o;
     DLTensor *t[4];
     if (check_nargs("bwd", nargs, 4 + 5 + FWD_NOPTS) || fill_fwd(ta, args + 4, &p, &o, t) ||
-        (nargs > 4 + 5 + FWD_NOPTS && parse_dropout(args[4 + 5 + FWD_NOPTS], &p)))
+        (nargs > 4 + 5 + FWD_NOPTS && parse_dropout(ta, args[4 + 5 + FWD_NOPTS], &p, t[1])))
         return NULL;
     return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }
@@ -386,7 +400,7 @@ static PyObject *fad_py_fwd_varlen(PyObject *module, PyObject *const *args, Py_s
     fwd_opts o;
     DLTensor *t[4];
     if (check_nargs("fwd_varlen", nargs, 11 + FWD_NOPTS) || fill_fwd_varlen(ta, args, &p, &o, t) ||
-        (nargs > 11 + FWD_NOPTS && parse_dropout(args[11 + FWD_NOPTS], &p)))
+        (nargs > 11 + FWD_NOPTS && parse_dropout(ta, args[11 + FWD_NOPTS], &p, t[1])))
         return NULL;
     return run_fwd(&p, t[1], &o);
 }
@@ -405,7 +419,7 @@ static PyObject *fad_py_bwd_varlen(PyObject *module, PyObject *const *args, Py_s
     DLTensor *t[4];
     if (check_nargs("bwd_varlen", nargs, 4 + 11 + FWD_NOPTS) ||
         fill_fwd_varlen(ta, args + 4, &p, &o, t) ||
-        (nargs > 4 + 11 + FWD_NOPTS && parse_dropout(args[4 + 11 + FWD_NOPTS], &p)))
+        (nargs > 4 + 11 + FWD_NOPTS && parse_dropout(ta, args[4 + 11 + FWD_NOPTS], &p, t[1])))
         return NULL;
     return run_bwd(ta, &p, (const DLTensor *const *)t, args, &o);
 }
