@@ -59,3 +59,14 @@ def test_no_dropout_and_per_function_counts(tmp_path):
     assert "test_small: 2 passed, 0 failed, 0 skipped" in res.stdout
     res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0")
     assert "test_big: 119 passed, 1 failed, 0 skipped" in res.stdout
+
+
+def test_log_names_each_outcome_as_it_finishes(tmp_path):
+    log = tmp_path / "fa.log"
+    res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0", FA_LOG=str(log))
+    assert res.returncode == 1, res.stdout
+    lines = log.read_text().splitlines()
+    assert len(lines) == 122
+    failed = [ln for ln in lines if ln.startswith("failed ")]
+    assert len(failed) == 1 and "test_big[" in failed[0] and "AssertionError" in failed[0]
+    assert sum(ln.startswith("passed ") for ln in lines) == 121

@@ -9,7 +9,10 @@ as one list: only the sampled items are ever built. FA_NO_DROPOUT=1 restricts dr
 FA_DEVICE=cpu runs the file on the CPU without touching a line of it: CUDA device arguments of
 torch calls become the CPU through a TorchFunctionMode around each test, the file's capability
 queries answer sm_90, and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head
-dims <= FA_CPU_MAX_D (128). At the end it prints each function's passed/failed/skipped."""
+dims <= FA_CPU_MAX_D (128). At the end it prints each function's passed/failed/skipped;
+FA_LOG=path also appends each finished test's outcome and node id (and a failure's last
+line) to that file as it finishes, so a run stopped by a time limit still names its
+failures."""
 import collections
 import math
 import os
@@ -140,6 +143,14 @@ def pytest_runtest_logreport(report):
         counts[report.outcome] += 1
     elif report.outcome != "passed":  # a skip or an error in setup/teardown
         counts["skipped" if report.skipped else "error"] += 1
+    if os.environ.get("FA_LOG") and (report.when == "call" or report.outcome != "passed"):
+        what = report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"
+        line = f"{what} {report.nodeid}"
+        if report.failed:  # the exception's last line: OOM, a numeric mismatch, ...
+            text = str(report.longrepr).strip().splitlines()
+            line += f" :: {text[-1][:300] if text else ''}"
+        with open(os.environ["FA_LOG"], "a") as f:  # (the controller's process, under xdist)
+            f.write(line + "\n")
 
 
 def pytest_terminal_summary(terminalreporter, config):
