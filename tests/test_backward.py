@@ -314,3 +314,30 @@ def test_backward_parts_equal_the_whole(device, case):
         assert torch.equal(got, ref), f"{name}: the part differs from the whole backward"
     with pytest.raises(ValueError, match="part"):
         I._backward(dout, q, k, v, out, lse, *opts, part="dk")
+
+
+def test_backward_part_arguments_are_checked():
+    """_C.bwd: None is allowed for dq, or for dk and dv together, nothing else; a dropout
+    tuple's seq_ids are checked against the batch (both before anything is written)."""
+    from torch.utils.dlpack import to_dlpack
+    from flash_attn_det import _C
+    from flash_attn_det import interface as I
+    gen = make_gen(78)
+    q, k, v, dout = (randn(gen, (2, 40, 2, 32), torch.float16) for _ in range(4))
+    out, lse = I._fwd(q, k, v, None, True, (-1, -1), 0.0, None)
+    dq, dk, dv = (torch.full_like(t, 7.0) for t in (q, k, v))
+    opts = (None, 32 ** -0.5, 0.0, -1, 0, 1, 1, 512, _C.SCHEDULE_AUTO, 0)
+    fwd = [to_dlpack(t) for t in (q, k, v, out, lse)]
+    for grads in ((None, None, dv), (dq, None, dv), (None, dk, None), (None, None, None)):
+        g = [None if t is None else to_dlpack(t) for t in grads]
+        with pytest.raises(ValueError, match="^dq, dk, dv: None"):
+            _C.bwd(to_dlpack(dout), *g, *fwd, None, *opts)
+    g = [to_dlpack(t) for t in (dq, dk, dv)]
+    with pytest.raises(ValueError, match="^dropout_seq_ids"):
+        _C.bwd(to_dlpack(dout), *g, *fwd, None, *opts,
+               (0.1, 1, 2, to_dlpack(torch.zeros(3, dtype=torch.int32))))
+    with pytest.raises(TypeError, match="^dropout_seq_ids: expected dtype int32"):
+        _C.bwd(to_dlpack(dout), *g, *fwd, None, *opts,
+               (0.1, 1, 2, to_dlpack(torch.zeros(2, dtype=torch.int64))))
+    for t in (dq, dk, dv):
+        assert (t == 7.0).all(), "a refused call wrote a gradient"
