@@ -4,7 +4,12 @@
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
 #   dev/device_all.sh [stage ...]   stages: build probe quick test ncu decode fwd bwd train verify
-#                                       overhead (default: build test decode fwd bwd train verify overhead)
+#                                       overhead dropout fa_kvcache fa_rest
+#                                       (default: build test decode fwd bwd train verify overhead)
+# dropout: dev/bench_dropout.py with the wgmma kernels and again with FLASH_ATTN_DET_WGMMA=0.
+# fa_kvcache / fa_rest: flash_attn's file (tests/fa_compat, carry tests/fa_compat/.cache), 50 per
+# function, its kvcache test (-n 4: the file's references at seqlen_k 131072 are large) or the
+# rest (-n 8), FA_SEED as set or fresh, every outcome in fa_*.outcomes as it finishes.
 # FLASH_ATTN_DET_COMMIT names the commit in the results when the copy has no .git of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +50,12 @@ has decode && { python3 benchmarks/bench_decode.py --quick --out "$run" 2>>"$run
 has train && { python3 examples/train_check.py --steps 300 --json "$run/train.json" 2>&1 \
     | grep -E '"(losses_equal|weights_equal|result|tokens_per_s)"'; }
 has overhead && python3 benchmarks/bench_overhead.py 2>&1 | tee "$run/overhead.txt"
+has dropout && { python3 dev/bench_dropout.py --out "$run/bench_dropout.md" 2>>"$run/stderr.log" | tail -13;
+    FLASH_ATTN_DET_WGMMA=0 python3 dev/bench_dropout.py --out "$run/bench_dropout_mma_sync.md" \
+    2>>"$run/stderr.log" > /dev/null; }
+export FA_SEED=${FA_SEED:-$(python3 -c 'import random; print(random.SystemRandom().randrange(1 << 31))')}
+has fa_kvcache && { FA_LOG="$(cd "$run" && pwd)/fa_kvcache.outcomes" bash tests/fa_compat/run.sh -q ${FA_XDIST_KV--n 4} \
+    -p no:randomly -rf -W ignore -k kvcache > "$run/fa_kvcache.log" 2>&1; tail -25 "$run/fa_kvcache.log"; }
+has fa_rest && { FA_LOG="$(cd "$run" && pwd)/fa_rest.outcomes" bash tests/fa_compat/run.sh -q ${FA_XDIST--n 8} \
+    -p no:randomly -rf -W ignore -k "not kvcache" > "$run/fa_rest.log" 2>&1; tail -30 "$run/fa_rest.log"; }
 exit 0
