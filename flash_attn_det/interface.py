@@ -332,8 +332,10 @@ def _dropout_seq_ids(ids, batch, q):
         raise ValueError(f"dropout_seq_ids: expected one id per sequence ({batch}), got shape "
                          f"{tuple(t.shape)}")
     t = t.to(torch.int64)
-    if t.numel() and not (0 <= int(t.min()) and int(t.max()) < 2 ** 32):
-        raise ValueError("dropout_seq_ids: ids must be in [0, 2**32)")
+    if t.numel():  # (both bounds in one read: ids on the GPU cost one host sync, not two)
+        lo, hi = torch.stack(torch.aminmax(t)).tolist()
+        if lo < 0 or hi >= 2 ** 32:
+            raise ValueError("dropout_seq_ids: ids must be in [0, 2**32)")
     return torch.where(t >= 2 ** 31, t - 2 ** 32, t).to(torch.int32).to(q.device).contiguous()
 
 
