@@ -133,7 +133,8 @@ typedef struct fad_fwd_params {
 
     /* --- dropout (training): element (row, key) kept with probability 1 - dropout_p by a
      *     mask keyed on positions only (fad_math.h, fad_make_dropout), kept ones scaled by
-     *     1 / (1 - dropout_p); the backward must get the forward's three values --- */
+     *     1 / (1 - dropout_p); the backward must get the forward's values (its seed and
+     *     offset, or the same dropout_seed_offset pair) --- */
     float dropout_p;         /* in [0, 1); 0: off */
     uint64_t dropout_seed;   /* the generator's seed ... */
     uint64_t dropout_offset; /* ... and offset, one per call */
@@ -141,6 +142,12 @@ typedef struct fad_fwd_params {
      * identity in the mask's Philox counter (its bits as uint32), so that sequences at the
      * same positions get different masks where the caller tells them apart */
     const int32_t *dropout_seq_ids;
+    /* NULL: the call's seed and offset are dropout_seed and dropout_offset. Else two int64
+     * (seed, offset) on q's device (host memory on the CPU path), read in their place when
+     * the kernels run: a CUDA graph keeps the pointer, not the values, so a device RNG op
+     * captured before the call draws a new pair, and so a new mask, on every replay (host
+     * values would be frozen into the graph). Read in one place: fad_dropout_of (fad_seq.h). */
+    const int64_t *dropout_seed_offset;
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),

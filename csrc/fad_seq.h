@@ -55,10 +55,15 @@ FAD_HD float fad_alibi_slope_log2(const fad_fwd_params *p, int b, int h)
     return p->alibi_slopes ? FAD_MUL(p->alibi_slopes[b * p->alibi_batch_stride + h], FAD_LOG2E) : 0.f;
 }
 
-/* Sequence b's dropout (fad_math.h): every path derives it here from the params. */
+/* Sequence b's dropout (fad_math.h): every path derives it here from the params, so this
+ * is the only reader of dropout_seed_offset (the pair a captured CUDA graph redraws on each
+ * replay, fad.h) and no path can take the host seed where the pair was given. */
 FAD_HD fad_dropout fad_dropout_of(const fad_fwd_params *p, int b)
 {
-    fad_dropout d = fad_make_dropout(p->dropout_p, p->dropout_seed, p->dropout_offset);
+    const int64_t *so = p->dropout_seed_offset;
+    const uint64_t seed = so ? (uint64_t)so[0] : p->dropout_seed;
+    const uint64_t offset = so ? (uint64_t)so[1] : p->dropout_offset;
+    fad_dropout d = fad_make_dropout(p->dropout_p, seed, offset);
     d.seq_id = p->dropout_seq_ids ? (uint32_t)p->dropout_seq_ids[b] : 0u;
     return d;
 }

@@ -14,6 +14,12 @@ Seed and offset: on CUDA, torch's CUDA generator of q's device gives its seed an
 offset, which each call then advances by OFFSET_STEP (a constant: a call's successor gets
 the same offset whatever the batch); torch.manual_seed therefore reproduces a run. On the
 CPU, two 63-bit integers are drawn from torch's default CPU generator.
+Under CUDA graph capture host values would be frozen into the graph, every replay dropping
+the same elements: there the pair is drawn on the device instead, by a captured torch RNG op
+(draw_captured) whose int64 (2,) result the kernels read when they run
+(fad_fwd_params.dropout_seed_offset), so each replay draws a new mask. torch's CUDA RNG ops
+are graph-safe: torch.manual_seed before capture or replay governs the replays' draws.
+Outside capture nothing changes: torch.manual_seed reproduces a run as before.
 """
 import struct
 
@@ -94,15 +100,21 @@ def keep_mask(dropout_p, seed, offset, heads, rows, keys, seq_id=0):
     return ((w >> (8 * byte)) & 0xFF) < keep8
 
 
+def capturing(q):
+    """True when a call on q runs under CUDA graph capture (its seed and offset must then
+    come from draw_captured)."""
+    return isinstance(q, torch.Tensor) and q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def draw(q, dropout_p):
     """(seed, offset, commit) for a call with dropout on q's device: commit() advances the
     generator, to be called once the call has passed its checks (a call that raises leaves
-    the generator as it was)."""
+    the generator as it was). Not under CUDA graph capture (draw_captured)."""
     if isinstance(q, torch.Tensor) and q.is_cuda:
         if torch.cuda.is_current_stream_capturing():
-            raise NotImplementedError(
-                "dropout_p: dropout under CUDA graph capture is not supported yet (the seed "
-                "and offset are read on the host); capture with dropout_p=0.0")
+            raise RuntimeError("dropout_p: under CUDA graph capture a call's seed and offset "
+                               "are drawn on the device (dropout.draw_captured), not read on "
+                               "the host")
         gen = torch.cuda.default_generators[q.get_device()]
         seed, offset = gen.initial_seed(), gen.get_offset()
         return seed, offset, lambda: gen.set_offset(offset + OFFSET_STEP)
@@ -112,3 +124,21 @@ def draw(q, dropout_p):
     after = gen.get_state()
     gen.set_state(state)
     return seed, offset, lambda: gen.set_state(after)
+
+
+def draw_captured(q):
+    """(seed, offset) of a call under CUDA graph capture: an int64 (2,) tensor on q's device,
+    drawn by a captured torch RNG op and read by the kernels when they run. Each replay of
+    the graph draws a new pair (torch's graph-safe generator state), so a new mask; the host
+    generator is left to torch (there is nothing to commit)."""
+    return torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=q.device)
+
+
+def seed_offset(dropout):
+    """(seed, offset) ints of a dropout tuple as _C takes it, (dropout_p, seed, offset[,
+    seq_ids[, seed_offset]]): the pair tensor's values when one is given (read back from the
+    device: not under capture), else the host ints."""
+    if len(dropout) > 4 and dropout[4] is not None:
+        seed, offset = dropout[4].tolist()
+        return seed, offset
+    return dropout[1], dropout[2]

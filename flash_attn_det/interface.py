@@ -154,7 +154,7 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, wan
          dropout=None):
     """Runs the forward kernel on a padded batch; returns (out, softmax_lse), softmax_lse
     None unless want_lse (then it is neither allocated nor written). dropout: None or
-    (dropout_p, seed, offset)."""
+    (dropout_p, seed, offset[, seq_ids[, seed_offset]]) (_dropout_begin's)."""
     q, k, v = _operand(q, "q"), _operand(k, "k"), _operand(v, "v")
     if q.dim() != 4:
         raise ValueError(f"q: expected 4 dims (batch, seqlen, nheads, headdim), got {q.dim()}")
@@ -167,7 +167,7 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, wan
     _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (0, shape, k.shape, det, split_size, schedule, q.get_device()),
-            () if dropout is None else (dropout,))
+            _c_dropout(dropout))
     return out, lse
 
 
@@ -203,7 +203,7 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
              int(max_seqlen_k), opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (1, q.shape, k.shape, B, int(max_seqlen_q), int(max_seqlen_k),
              None if block_table is None else block_table.shape, det, split_size, schedule,
-             q.get_device()), () if dropout is None else (dropout,))
+             q.get_device()), _c_dropout(dropout))
     return out, lse
 
 
@@ -231,7 +231,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
         ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
         stream = _current_stream(q)
     mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
-    extra = () if dropout is None else (dropout,)
+    extra = _c_dropout(dropout)
     if varlen is None:
         _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
     else:
@@ -320,6 +320,9 @@ def _dropout_seq_ids(ids, batch, q):
     sequence (a sequence of ints or an integer tensor), each in [0, 2**32)."""
     if ids is None:
         return None
+    if _dropout.capturing(q):  # (before torch raises a CUDA error that ends the capture)
+        raise NotImplementedError("dropout_seq_ids: not under CUDA graph capture (the ids are "
+                                  "checked and copied on the host); pass None there")
     if isinstance(ids, bool) or not isinstance(ids, (int, list, tuple, torch.Tensor)):
         raise TypeError(f"dropout_seq_ids: expected None, an int or one int per sequence, "
                         f"got {type(ids).__name__}")
@@ -339,18 +342,37 @@ def _dropout_seq_ids(ids, batch, q):
     return torch.where(t >= 2 ** 31, t - 2 ** 32, t).to(torch.int32).to(q.device).contiguous()
 
 
-def _dropout_begin(dropout_p, q, seq_ids=None, batch=0):
+def _dropout_begin(dropout_p, q, seq_ids=None, batch=0, s_dmask=False):
     """(dropout, commit): dropout None or (p, seed, offset, seq_ids) for the call (seq_ids:
     _dropout_seq_ids' tensor or None); commit() advances the random generator once the
-    call has run (a call that raises does not)."""
+    call has run (a call that raises does not). Under CUDA graph capture dropout is
+    (p, 0, 0, seq_ids, pair), pair dropout.draw_captured's device tensor that the kernels
+    read (each replay draws anew), and commit does nothing. s_dmask: the caller returns
+    S_dmask, which is built on the host from (seed, offset): refused under capture."""
     p = _number(dropout_p, "dropout_p")  # (its range: fad_fwd_check, before anything runs)
     ids = _dropout_seq_ids(seq_ids, batch, q)  # (checked with or without dropout)
     if p == 0.0:
         return None, _no_commit
     if torch.compiler.is_compiling():
         raise NotImplementedError("dropout_p: dropout under torch.compile is not supported yet")
+    if _dropout.capturing(q):
+        if s_dmask:
+            raise NotImplementedError(
+                "return_attn_probs: no S_dmask with dropout under CUDA graph capture (it is "
+                "built on the host from the seed and offset, which a replay draws on the "
+                "device); pass return_attn_probs=False, or call outside capture")
+        return (p, 0, 0, ids, _dropout.draw_captured(q)), _no_commit
     seed, offset, commit = _dropout.draw(q, p)
     return (p, seed, offset, ids), commit
+
+
+def _c_dropout(dropout):
+    """A _C entry's trailing dropout argument: () without dropout, else (the tuple,) with its
+    tensors (seq_ids, the captured pair) as _C takes them (capsules on a torch without the
+    DLPack exchange API, whose tensor objects _C cannot unpack)."""
+    if dropout is None:
+        return ()
+    return (tuple(_opt(x) if isinstance(x, torch.Tensor) else x for x in dropout),)
 
 
 def _batch_of(x, dim=0, minus=0):
@@ -424,7 +446,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                               dropout_seq_ids=dropout_seq_ids)
         return (res[0][..., :D], *res[1:]) if return_attn_probs else res[..., :D]
-    dropout, commit = _dropout_begin(dropout_p, q, dropout_seq_ids, _batch_of(q))
+    dropout, commit = _dropout_begin(dropout_p, q, dropout_seq_ids, _batch_of(q),
+                                     return_attn_probs)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -482,7 +505,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_size, softcap, alibi_slopes, seqused_k)
     dropout, commit = _dropout_begin(dropout_p, q, dropout_seq_ids,
-                                     _batch_of(cu_seqlens_q, 0, 1))
+                                     _batch_of(cu_seqlens_q, 0, 1), return_attn_probs)
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -519,7 +542,8 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
     mask from dropout.keep_mask): a debugging aid, O(seqlen_q * seqlen_k) memory."""
     if dropout is None:
         return None
-    p, seed, offset, ids = dropout
+    p, ids = dropout[0], dropout[3]
+    seed, offset = _dropout.seed_offset(dropout)
     ids = [0] * (q.shape[0] if varlen is None else len(varlen[0]) - 1) if ids is None else \
         [x & 0xFFFFFFFF for x in ids.tolist()]
     H, D = q.shape[-2], q.shape[-1]

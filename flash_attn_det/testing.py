@@ -104,12 +104,15 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
 
 
 def dropout_mask_of(dropout, H, Sq, Sk, device="cpu", seq_ids=None):
-    """flash_attn_det's keep mask of a padded call with dropout = (dropout_p, seed, offset):
+    """flash_attn_det's keep mask of a padded call with dropout = (dropout_p, seed, offset)
+    or the tuple _C takes, (dropout_p, seed, offset, seq_ids, seed_offset), whose int64 (2,)
+    seed_offset tensor (a captured call's pair, dropout.draw_captured) then gives them:
     bool (1, H, Sq, Sk), the same for every sequence of the batch, or with seq_ids (the
     call's dropout_seq_ids, one int per sequence) (B, H, Sq, Sk), sequence b's by its id.
     Take (seed, offset) from flash_attn_det.dropout.draw(q, dropout_p) just before the
     call: it reads them without advancing the generator."""
-    p, seed, offset = dropout[:3]
+    p = dropout[0]
+    seed, offset = _dropout.seed_offset(dropout)
     rows = torch.arange(Sq, device=device) + (Sk - Sq)
     heads, keys = torch.arange(H, device=device), torch.arange(Sk, device=device)
     return torch.stack([_dropout.keep_mask(p, seed, offset, heads, rows, keys, int(i))

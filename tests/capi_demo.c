@@ -299,7 +299,8 @@ static void check_validation(const problem *pr)
     check("init_defaults",
           p.window_left == -1 && p.window_right == -1 && p.deterministic == 1 &&
               p.split_size == 512 && p.schedule == FAD_SCHEDULE_AUTO && p.causal == 0 &&
-              p.softcap == 0.f && p.alibi_slopes == NULL,
+              p.softcap == 0.f && p.alibi_slopes == NULL && p.dropout_p == 0.f &&
+              p.dropout_seq_ids == NULL && p.dropout_seed_offset == NULL,
           "");
     /* fad.h: "scale 0 means 1/sqrt(head_dim)": a default-scale call must be accepted */
     p = good;
@@ -384,6 +385,35 @@ static void check_cpu(problem *pr, int idx)
     }
     free(out1), free(lse1);
     run_cpu(pr, FAD_SCHEDULE_AUTO); /* leave the good result for the dump */
+}
+
+/* fad_fwd_params.dropout_seed_offset: (seed, offset) read from memory give the bits of the same
+ * two given as values (the CUDA path reads device memory the same way, through the same
+ * fad_dropout_of), and the pointer wins over the values; seed 2^64 - 5 is -5 as an int64. */
+static void check_cpu_dropout_pair(const problem *pr)
+{
+    const int64_t pair[2] = {-5, 1234};
+    uint16_t *outs[3];
+    fad_status st[3];
+    char msg[256] = "";
+    for (int r = 0; r < 3; r++) {
+        fad_fwd_params p;
+        outs[r] = malloc(pr->nq * 2);
+        fill_params(&p, pr, pr->q, pr->k, pr->v, outs[r], NULL, pr->alibi);
+        p.dropout_p = 0.25f;
+        if (r == 0) /* the values */
+            p.dropout_seed = UINT64_MAX - 4, p.dropout_offset = 1234;
+        else if (r == 1) /* the pointer, with values that would give other bits */
+            p.dropout_seed_offset = pair, p.dropout_seed = 1, p.dropout_offset = 2;
+        else /* another offset: other bits, so the two above are not equal by accident */
+            p.dropout_seed = UINT64_MAX - 4, p.dropout_offset = 1235;
+        st[r] = fad_fwd_cpu(&p, msg, sizeof msg);
+    }
+    check("cpu_dropout_seed_offset_pointer",
+          st[0] == FAD_OK && st[1] == FAD_OK && st[2] == FAD_OK &&
+              !memcmp(outs[0], outs[1], pr->nq * 2) && memcmp(outs[0], outs[2], pr->nq * 2),
+          msg);
+    for (int r = 0; r < 3; r++) free(outs[r]);
 }
 
 static void dump(const problem *pr, const char *dir)
@@ -525,6 +555,7 @@ int main(int argc, char **argv)
         check_cuda(&pr, idx);
 #else
         check_cpu(&pr, idx);
+        if (idx == 0) check_cpu_dropout_pair(&pr);
 #endif
         if (idx == 0 && dump_dir) dump(&pr, dump_dir);
         problem_free(&pr);

@@ -34,7 +34,8 @@ COMMON_CHECKS = ["has_cuda", "check_good_params"] + [
 CPU_CHECKS = COMMON_CHECKS + ["nocuda_entries"] + [
     f"cpu_{what}_{i}" for i in range(NCONFIGS)
     for what in ("reference", "run_to_run", "refused_writes_nothing")
-] + [f"cpu_batch_invariance_{i}" for i in (0, 1)]  # config 2 has batch 1
+] + [f"cpu_batch_invariance_{i}" for i in (0, 1)] + [  # config 2 has batch 1
+    "cpu_dropout_seed_offset_pointer"]
 CUDA_CHECKS = COMMON_CHECKS + [
     f"cuda_{what}_{i}" for i in range(NCONFIGS)
     for what in ("reference", "schedules_equal", "auto_equal")

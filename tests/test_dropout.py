@@ -254,15 +254,162 @@ def test_gpu_schedules_give_the_same_bits_with_dropout():
     assert torch.equal(outs[0], outs[1])
 
 
+def _wrong_pairs(device):
+    """(pair, exception) for every kind of dropout_seed_offset _C must refuse."""
+    other = "cpu" if device == "cuda" else "cuda" if HAS_CUDA else "meta"
+    z = dict(dtype=torch.int64, device=device)
+    return [(torch.zeros(2, dtype=torch.int32, device=device), TypeError),
+            (torch.zeros(3, **z), ValueError), (torch.zeros(1, 2, **z), ValueError),
+            (torch.zeros(4, **z)[::2], ValueError), (torch.zeros(1, **z).expand(2), ValueError),
+            (torch.zeros(2, dtype=torch.int64, device=other), ValueError),
+            ([1, 2], TypeError)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seed_offset_read_from_a_tensor(device):
+    """fad_fwd_params.dropout_seed_offset, what a captured CUDA graph relies on: _C.fwd and
+    _C.bwd given (seed, offset) as an int64 (2,) tensor on q's device, with host seed and
+    offset 0, give the bits of the call given them as ints (with and without seq_ids; a seed
+    past 2**63 is negative as an int64); a pair of the wrong dtype, shape, layout or device,
+    or not a tensor, is refused naming dropout_seed_offset before anything is written."""
+    from flash_attn_det import _C, interface as I
+    gen = make_gen(21)
+    B, L, H, Dh, p = 2, 150, 2, 64, 0.2
+    q, k, v, dout = (randn(gen, (B, L, H, Dh), torch.bfloat16, device) for _ in range(4))
+    opts = (None, True, (-1, -1), 0.0, None)  # softmax_scale, causal, window, softcap, alibi
+    seed, offset = 2 ** 64 - 5, 2 ** 40 + 7
+    pair = torch.tensor([seed - 2 ** 64, offset], dtype=torch.int64, device=device)
+    ids = torch.tensor([7, -3], dtype=torch.int32, device=device)
+    for seq_ids in (None, ids):
+        runs = {}
+        for name, drop in (("ints", (p, seed, offset, seq_ids)),
+                           ("pair", (p, 0, 0, seq_ids, pair)),
+                           ("zeros", (p, 0, 0, seq_ids))):  # what ignoring the pair would give
+            out, lse = I._fwd(q, k, v, *opts, dropout=drop)
+            runs[name] = (out, *I._backward(dout, q, k, v, out, lse, *opts, dropout=drop))
+        for what, a, b, z in zip(("out", "dq", "dk", "dv"), runs["ints"], runs["pair"],
+                                 runs["zeros"]):
+            assert torch.equal(a, b), f"{what}: the pair gave other bits than the ints"
+            assert not torch.equal(b, z), f"{what}: the pair was not read"
+    # refusals, on the raw entries: out, lse and the gradients poisoned, and left as they were
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, L), float("nan"), device=device)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    stream = I._current_stream(q) if q.is_cuda else 0
+    fwd_args = [I._dl(t) for t in (q, k, v, out, lse)] + [
+        None, None, Dh ** -0.5, 0.0, -1, 0, 1, 1, 512, _C.SCHEDULE_AUTO, stream]
+    bwd_args = [I._dl(t) for t in (dout, *grads)] + fwd_args
+    for bad, exc in _wrong_pairs(device):
+        bad = I._dl(bad) if isinstance(bad, torch.Tensor) else bad
+        for entry, args in ((_C.fwd, fwd_args), (_C.bwd, bwd_args)):
+            with pytest.raises(exc, match="^dropout_seed_offset:"):
+                entry(*args, (p, 0, 0, None, bad))
+    with pytest.raises(TypeError, match="^dropout: expected None or"):
+        _C.fwd(*fwd_args, (p, 0, 0, None, pair, None))
+    for name, t in (("out", out), ("softmax_lse", lse), ("dq", grads[0]), ("dk", grads[1]),
+                    ("dv", grads[2])):
+        assert torch.isnan(t).all(), f"{name}: a refused call wrote it"
+
+
+def test_captured_path_on_the_cpu(monkeypatch):
+    """The interface's capture path, run on the CPU with dropout.capturing forced on (the
+    real capture: the GPU test below): the call draws its pair with dropout.draw_captured and
+    passes it to the forward and, kept by autograd, to the backward, which therefore give the
+    bits of an eager call given that pair's values; the host generator's draw and commit are
+    not used; return_attn_probs with dropout, and dropout_seq_ids (checked on the
+    host), are refused before anything is drawn."""
+    gen = make_gen(22)
+    B, L, H, Dh, p = 2, 90, 2, 32, 0.3
+    q, k, v, dout = (randn(gen, (B, L, H, Dh), torch.float16) for _ in range(4))
+    pairs = []
+    monkeypatch.setattr(D, "capturing", lambda x: True)
+    monkeypatch.setattr(D, "draw_captured", lambda x: pairs.append(
+        torch.randint(0, 2 ** 62, (2,), dtype=torch.int64)) or pairs[-1])
+    state = torch.get_rng_state()
+    with pytest.raises(NotImplementedError, match="^return_attn_probs:"):
+        fad.flash_attn_func(q, k, v, dropout_p=p, causal=True, return_attn_probs=True)
+    with pytest.raises(NotImplementedError, match="^return_attn_probs:"):
+        cu = torch.tensor([0, L, 2 * L], dtype=torch.int32)
+        fad.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, L,
+                                   L, dropout_p=p, return_attn_probs=True)
+    for drop in (p, 0.0):  # (ids are checked on the host, with or without dropout)
+        with pytest.raises(NotImplementedError, match="^dropout_seq_ids:"):
+            fad.flash_attn_func(q, k, v, dropout_p=drop, dropout_seq_ids=[1, 2])
+    assert not pairs and torch.equal(state, torch.get_rng_state()), "a refused call drew"
+    monkeypatch.setattr(D, "draw", lambda *a: pytest.fail("the host generator was drawn"))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = fad.flash_attn_func(qg, kg, vg, dropout_p=p, causal=True)
+    out.backward(dout)
+    got = (out.detach(), qg.grad, kg.grad, vg.grad)
+    assert len(pairs) == 1
+    seed, offset = pairs[0].tolist()
+    monkeypatch.undo()
+    monkeypatch.setattr(D, "draw", lambda x, p_: (seed, offset, lambda: None))
+    want = _call(q, k, v, p, dict(causal=True), dout)
+    for what, a, b in zip(("out", "dq", "dk", "dv"), got[:4], want[:4]):
+        assert torch.equal(a, b), f"{what}: the captured path's bits differ from eager's"
+    # the testing helper reads a captured call's pair
+    assert torch.equal(dropout_mask_of((p, 0, 0, None, pairs[0]), H, L, L),
+                       dropout_mask_of((p, seed, offset), H, L, L))
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
-def test_gpu_graph_capture_with_dropout_is_refused():
-    q = torch.randn(1, 8, 2, 64, dtype=torch.float16, device="cuda")
+def test_gpu_graph_capture_with_dropout_draws_on_replay(monkeypatch):
+    """Under CUDA graph capture the seed and offset are drawn on the device by a captured
+    torch RNG op (dropout.draw_captured) that the kernels read: two replays of a captured
+    forward + backward draw different pairs and drop differently, and each replay's output
+    and gradients are the bits of an eager call given the pair that replay drew. S_dmask
+    (built on the host) is refused under capture, before anything is drawn."""
+    gen = make_gen(13)
+    B, L, H, Dh, p = 2, 130, 2, 64, 0.1
+    q, k, v = (randn(gen, (B, L, H, Dh), torch.bfloat16, "cuda").requires_grad_(True)
+               for _ in range(3))
+    dout = randn(gen, (B, L, H, Dh), torch.bfloat16, "cuda")
+    pairs, draw_captured = [], D.draw_captured
+    monkeypatch.setattr(D, "draw_captured", lambda x: pairs.append(draw_captured(x)) or pairs[-1])
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None  # (the captured backward allocates its grads in the graph's pool)
+        out = fad.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+        out.backward(dout)
+        return out
+
+    torch.manual_seed(5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch's rule)
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    assert not pairs, "an eager call drew on the device"
     g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        with pytest.raises(NotImplementedError, match="^dropout_p:"):
-            with torch.cuda.graph(g):
-                fad.flash_attn_func(q, q, q, dropout_p=0.1)
+    with torch.cuda.graph(g):
+        static_out = step()
+    assert len(pairs) == 1, "the captured call did not draw its pair on the device"
+    replays = []
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        seed, offset = pairs[0].tolist()
+        replays.append(((seed, offset), static_out.detach().clone(),
+                        *(t.grad.clone() for t in (q, k, v))))
+    assert replays[0][0] != replays[1][0], "two replays drew the same seed and offset"
+    assert not torch.equal(replays[0][1], replays[1][1]), "two replays dropped alike"
+    for (seed, offset), *got in replays:
+        monkeypatch.setattr(D, "draw", lambda x, p_, s=seed, o=offset: (s, o, lambda: None))
+        qe, ke, ve = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        ref = fad.flash_attn_func(qe, ke, ve, dropout_p=p, causal=True)
+        ref.backward(dout)
+        for what, a, b in zip(("out", "dq", "dk", "dv"), got,
+                              (ref.detach(), qe.grad, ke.grad, ve.grad)):
+            assert torch.equal(a, b), f"replay with pair {(seed, offset)}: {what} != eager's"
+    g2 = torch.cuda.CUDAGraph()
+    with pytest.raises(NotImplementedError, match="^return_attn_probs:"):
+        with torch.cuda.graph(g2):
+            fad.flash_attn_func(q.detach(), k.detach(), v.detach(), dropout_p=p,
+                                return_attn_probs=True)
+    assert len(pairs) == 1, "the refused call drew a pair"
 
 
 def test_paged_kv_with_dropout_is_refused():

@@ -34,8 +34,8 @@ typedef struct fad_module_state {
 
 /* The DLTensors of one call: borrowed from capsules, or filled into slot by
  * the exchange API (lives on the entry function's stack for the call). */
-/* (bwd_varlen takes 16: dout, dq, dk, dv, q, k, v, out, lse, cu_seqlens_q/k, seqused_k,
- * block_table, alibi_slopes, workspace, dropout_seq_ids) */
+/* (bwd_varlen takes 17: dout, dq, dk, dv, q, k, v, out, lse, cu_seqlens_q/k, seqused_k,
+ * block_table, alibi_slopes, workspace, dropout_seq_ids, dropout_seed_offset) */
 enum { MAX_TENSOR_ARGS = 20 };
 typedef struct tensor_args {
     const fad_module_state *st;

@@ -49,19 +49,38 @@ static int parse_opts(tensor_args *ta, PyObject *const *a, fad_fwd_params *p, fw
     return 0;
 }
 
+/* One of a dropout tuple's optional tensors: None (*data stays NULL), or a contiguous int (n,)
+ * tensor of `bits` bits on q's device, whose data pointer goes to *data. */
+static int dropout_tensor(tensor_args *ta, PyObject *obj, const char *name, int bits, int64_t n,
+                          const DLTensor *q, const void **data)
+{
+    DLTensor *t;
+    const int64_t shape[1] = {n};
+    if (obj == Py_None)
+        return 0;
+    if (get_tensor(ta, obj, name, &t) || check_tensor(t, q, name, kDLInt, bits, 1, shape) ||
+        check_contiguous(t, name))
+        return -1;
+    *data = tensor_data(t);
+    return 0;
+}
+
 /* The optional last argument of fwd, fwd_varlen, bwd and bwd_varlen: None, or dropout as
- * (dropout_p, seed, offset[, seq_ids]) -- p a float in [0, 1) (checked with the rest,
- * fad_fwd_check), seed and offset integers in [0, 2^64), seq_ids None or an int32 (batch)
- * tensor on q's device (fad_fwd_params.dropout_seq_ids). After fill_fwd / fill_fwd_varlen:
- * p->batch is known. */
+ * (dropout_p, seed, offset[, seq_ids[, seed_offset]]) -- p a float in [0, 1) (checked with
+ * the rest, fad_fwd_check), seed and offset integers in [0, 2^64), seq_ids None or an int32
+ * (batch) tensor on q's device (fad_fwd_params.dropout_seq_ids), seed_offset None or an int64
+ * (2,) contiguous tensor on q's device holding (seed, offset), which the kernels then read in
+ * place of seed and offset (fad_fwd_params.dropout_seed_offset: under CUDA graph capture a
+ * captured RNG op fills it anew on each replay). After fill_fwd / fill_fwd_varlen: p->batch
+ * is known. Only p is written, and nothing runs before the caller's checks pass. */
 static int parse_dropout(tensor_args *ta, PyObject *arg, fad_fwd_params *p, const DLTensor *q)
 {
     if (arg == Py_None)
         return 0;
     const Py_ssize_t n = PyTuple_Check(arg) ? PyTuple_Size(arg) : 0;
-    if (n != 3 && n != 4) {
-        PyErr_SetString(PyExc_TypeError,
-                        "dropout: expected None or (dropout_p, seed, offset[, seq_ids])");
+    if (n < 3 || n > 5) {
+        PyErr_SetString(PyExc_TypeError, "dropout: expected None or (dropout_p, seed, offset"
+                                         "[, seq_ids[, seed_offset]])");
         return -1;
     }
     if (as_float(PyTuple_GetItem(arg, 0), "dropout_p", &p->dropout_p))
@@ -78,16 +97,14 @@ static int parse_dropout(tensor_args *ta, PyObject *arg, fad_fwd_params *p, cons
         }
         *dst[i] = v;
     }
-    PyObject *ids = n == 4 ? PyTuple_GetItem(arg, 3) : Py_None;
-    if (ids != Py_None) {
-        DLTensor *t;
-        const int64_t shape[1] = {p->batch};
-        if (get_tensor(ta, ids, "dropout_seq_ids", &t) ||
-            check_tensor(t, q, "dropout_seq_ids", kDLInt, 32, 1, shape) ||
-            check_contiguous(t, "dropout_seq_ids"))
-            return -1;
-        p->dropout_seq_ids = (const int32_t *)tensor_data(t);
-    }
+    const void *ids = NULL, *pair = NULL;
+    if (dropout_tensor(ta, n >= 4 ? PyTuple_GetItem(arg, 3) : Py_None, "dropout_seq_ids", 32,
+                       p->batch, q, &ids) ||
+        dropout_tensor(ta, n == 5 ? PyTuple_GetItem(arg, 4) : Py_None, "dropout_seed_offset", 64,
+                       2, q, &pair))
+        return -1;
+    p->dropout_seq_ids = (const int32_t *)ids;
+    p->dropout_seed_offset = (const int64_t *)pair;
     return 0;
 }
 
@@ -226,7 +243,11 @@ PyDoc_STRVAR(fwd_doc,
 "None when the caller does not need it: not computed); alibi_slopes (float32 (Hq,)\n"
 "or (B, Hq)) and workspace (uint8, fwd_workspace_size bytes) are such tensors or None.\n"
 "stream is a cudaStream_t as an int (ignored on CPU). dropout: None or\n"
-"(dropout_p, seed, offset), the keep mask of fad_make_dropout (fad_math.h).\n"
+"(dropout_p, seed, offset[, seq_ids[, seed_offset]]), the keep mask of\n"
+"fad_make_dropout (fad_math.h); seq_ids None or int32 (B,) (each sequence's id in the\n"
+"mask); seed_offset None or an int64 (2,) contiguous tensor on q's device holding\n"
+"(seed, offset), read by the kernels when they run in place of seed and offset (pass\n"
+"0, 0): a CUDA graph that captured the call then redraws the mask on each replay.\n"
 "Everything is checked before anything is written. Returns None, or, when the\n"
 "workspace is missing or too small (nothing written), the bytes it needs.");
 
