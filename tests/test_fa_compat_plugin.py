@@ -21,6 +21,11 @@ def test_big(a, b, dropout_p):
 @pytest.mark.parametrize("c", [1, 2])
 def test_small(c):
     pass
+
+@pytest.mark.parametrize("e", [1, 2, 3])
+def test_skips(e):
+    if e == 2:
+        pytest.skip("two is skipped")
 '''
 
 
@@ -57,6 +62,7 @@ def test_no_dropout_and_per_function_counts(tmp_path):
     assert res.returncode == 0, res.stdout
     assert "test_big: 60 passed, 0 failed, 0 skipped" in res.stdout
     assert "test_small: 2 passed, 0 failed, 0 skipped" in res.stdout
+    assert "test_skips: 2 passed, 0 failed, 1 skipped" in res.stdout
     res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0")
     assert "test_big: 119 passed, 1 failed, 0 skipped" in res.stdout
 
@@ -66,7 +72,28 @@ def test_log_names_each_outcome_as_it_finishes(tmp_path):
     res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="0", FA_LOG=str(log))
     assert res.returncode == 1, res.stdout
     lines = log.read_text().splitlines()
-    assert len(lines) == 122
+    assert len(lines) == 125  # each outcome once
     failed = [ln for ln in lines if ln.startswith("failed ")]
     assert len(failed) == 1 and "test_big[" in failed[0] and "AssertionError" in failed[0]
-    assert sum(ln.startswith("passed ") for ln in lines) == 121
+    assert sum(ln.startswith("passed ") for ln in lines) == 123
+    skipped = [ln for ln in lines if ln.startswith("skipped ")]
+    assert len(skipped) == 1 and "test_skips[2]" in skipped[0] and "two is skipped" in skipped[0]
+
+
+def test_per_function_counts_and_resume(tmp_path):
+    log = tmp_path / "first.log"
+    res = _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="4", FA_COUNTS="test_big=9", FA_LOG=str(log))
+    assert "test_big: " in res.stdout
+    first = log.read_text().splitlines()
+    assert sum("test_big[" in ln for ln in first) == 9
+    assert sum("test_small[" in ln for ln in first) == 2
+    # a run cut off after its first lines goes on from there: only the rest run
+    cut = tmp_path / "cut.log"
+    cut.write_text("\n".join(first[:5]) + "\n")
+    log2 = tmp_path / "second.log"
+    _run(tmp_path, "-q", FA_SEED="5", FA_PER_FUNCTION="4", FA_COUNTS="test_big=9", FA_RESUME=str(cut),
+         FA_LOG=str(log2))
+    second = log2.read_text().splitlines()
+    passed_before = {ln.split()[1] for ln in first[:5] if ln.startswith("passed ")}
+    assert passed_before and not passed_before & {ln.split()[1] for ln in second}
+    assert sorted(first) == sorted([ln for ln in first[:5] if ln.split()[1] in passed_before] + second)

@@ -11,8 +11,12 @@ torch calls become the CPU through a TorchFunctionMode around each test, the fil
 queries answer sm_90, and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head
 dims <= FA_CPU_MAX_D (128). At the end it prints each function's passed/failed/skipped;
 FA_LOG=path also appends each finished test's outcome and node id (and a failure's last
-line) to that file as it finishes, so a run stopped by a time limit still names its
-failures."""
+line, a skip's reason) to that file as it finishes, so a run stopped by a time limit still
+names its failures. FA_COUNTS="name=N,..." gives named functions their own sample size (the
+file skips some combinations itself, e.g. about half of test_flash_attn_kvcache's: a larger
+sample there still runs 50). FA_RESUME=path (an FA_LOG of an earlier run, same FA_SEED and
+counts) leaves out the tests it logged as passed, so a run cut off by a time limit goes on
+where it stopped; the two logs together are the sample."""
 import collections
 import math
 import os
@@ -67,6 +71,30 @@ def pytest_configure(config):
               file=sys.stderr)
 
 
+def _counts():
+    """FA_COUNTS="name=N,...": per-function sample sizes over FA_PER_FUNCTION."""
+    spec = os.environ.get("FA_COUNTS", "").strip()
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))} if spec else {}
+
+
+def _resumed():
+    """Node ids FA_RESUME's log records as passed (empty without FA_RESUME)."""
+    path = os.environ.get("FA_RESUME")
+    if not path:
+        return set()
+    with open(path) as f:
+        return {ln.split()[1] for ln in f if ln.startswith("passed ")}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    done = _resumed()
+    if not done:
+        return
+    keep = [it for it in items if it.nodeid not in done]
+    config.hook.pytest_deselected(items=[it for it in items if it.nodeid in done])
+    items[:] = keep
+
+
 def _names(mark):
     names = mark.args[0] if mark.args else mark.kwargs["argnames"]
     return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
@@ -102,7 +130,7 @@ def pytest_generate_tests(metafunc):
         axes.append((names, [v for v in _values(m, names) if _fits(names, v)]))
     name = metafunc.function.__name__
     total = math.prod(len(vals) for _, vals in axes)
-    n = int(os.environ.get("FA_PER_FUNCTION", "50"))
+    n = _counts().get(name, int(os.environ.get("FA_PER_FUNCTION", "50")))
     if total == 0 or (CPU and name in CPU_SKIP):
         picks = []
     else:
@@ -143,13 +171,17 @@ def pytest_runtest_logreport(report):
         counts[report.outcome] += 1
     elif report.outcome != "passed":  # a skip or an error in setup/teardown
         counts["skipped" if report.skipped else "error"] += 1
-    if os.environ.get("FA_LOG") and (report.when == "call" or report.outcome != "passed"):
+    # (under xdist every report reaches the controller too: the log is written there only)
+    if os.environ.get("FA_LOG") and not hasattr(_CONFIG, "workerinput") and (
+            report.when == "call" or report.outcome != "passed"):
         what = report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"
         line = f"{what} {report.nodeid}"
         if report.failed:  # the exception's last line: OOM, a numeric mismatch, ...
             text = str(report.longrepr).strip().splitlines()
             line += f" :: {text[-1][:300] if text else ''}"
-        with open(os.environ["FA_LOG"], "a") as f:  # (the controller's process, under xdist)
+        elif report.skipped and isinstance(report.longrepr, tuple):  # (path, line, reason)
+            line += f" :: {report.longrepr[2][:200]} (line {report.longrepr[1]})"
+        with open(os.environ["FA_LOG"], "a") as f:
             f.write(line + "\n")
 
 
