@@ -182,7 +182,7 @@ static int use_packed_kernel(const fad_fwd_params *p)
     const long long rows = (long long)p->seqlen_q * (p->num_heads / p->num_heads_k);
     if (rows > (1LL << 30)) /* the packed kernel indexes rows with int */
         return 0;
-    if (p->dropout_p > 0.f) /* dropout runs on the prefill kernel's score-mod variant only */
+    if (p->dropout_p > 0.f) /* dropout runs on the prefill kernels only */
         return 0;
     const char *force = getenv("FLASH_ATTN_DET_FWD_KERNEL");
     if (force && !strcmp(force, "packed"))

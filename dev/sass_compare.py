@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Compare the SASS of every kernel in two sets of CUDA objects, per (arch, kernel).
 
-    python3 dev/sass_compare.py OBJDIR_A OBJDIR_B
+    python3 dev/sass_compare.py OBJDIR_A OBJDIR_B [OLD=NEW ...]
 
 Each directory holds .o files built by nvcc (any split into files: kernels are
 matched by their mangled name and arch, not by file). Prints the kernels that
 exist in one set only and those whose SASS differs; exit status 1 if any.
-Used to show that moving code between files changed no instruction.
+Used to show that moving code between files changed no instruction. OLD=NEW
+renames kernel OLD of set A to NEW before matching (a kernel that gained a
+template parameter, e.g. a new variant beside it, is compared with its old self).
 """
 import glob
 import os
@@ -45,6 +47,9 @@ def kernels(objdir):
 
 def main():
     a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
+    for spec in sys.argv[3:]:
+        old, new = spec.split("=")
+        a = {(arch, new if name == old else name): body for (arch, name), body in a.items()}
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
     differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
     for k in only_a:

@@ -241,6 +241,11 @@ _VARIANT_CASES = [
     # max by more than the rescale slack: the path of a two-tile unit whose second tile rescales acc
     dict(D=128, Sq=700, Sk=3000, causal=False, dtype="bfloat16", ramp=20.0),
     dict(D=128, Sq=1000, Sk=1000, causal=True, dtype="float16", ramp=20.0),
+    # dropout: its own variants of each kernel (the wgmma ones drop on P once packed, the
+    # mma.sync one on P in fp32), the same keep rule and the same bits
+    dict(D=64, Sq=700, Sk=3000, causal=False, dtype="bfloat16", dropout_p=0.1),
+    dict(D=128, Sq=900, Sk=2500, causal=True, dtype="float16", dropout_p=0.17, window_size=(300, 40)),
+    dict(D=96, Sq=513, Sk=2100, causal=False, dtype="bfloat16", dropout_p=0.3),
 ]
 
 
@@ -256,24 +261,29 @@ def _variant_outputs():
         if ramp:
             k = k * torch.linspace(1.0, ramp, Sk, device="cuda")[None, :, None, None].to(dtype)
         for sched in ("one_cta", "cta_per_split"):
+            torch.manual_seed(1000 + i)  # dropout's seed and offset: the same in every process
             with force_schedule(sched):
                 out, lse = both(q, k, v, **case)
             outs.append((out.cpu(), lse.cpu()))
     return outs
 
 
-@requires_cuda
-def test_wgmma_and_mma_sync_variants_bit_equal(tmp_path):
+def _variant_outputs_in(tmp_path, **env):
+    """_variant_outputs in a fresh process with env set (the switches are read once)."""
     import os
     import subprocess
     import sys
-    path = tmp_path / "mma_sync.pt"
+    path = tmp_path / "variant.pt"
     code = ("import sys, torch; sys.path.insert(0, %r); import test_contract; "
             "torch.save(test_contract._variant_outputs(), %r)" % (os.path.dirname(__file__),
                                                                   str(path)))
-    env = dict(os.environ, FLASH_ATTN_DET_WGMMA="0")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    theirs = torch.load(path)
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), check=True)
+    return torch.load(path)
+
+
+@requires_cuda
+def test_wgmma_and_mma_sync_variants_bit_equal(tmp_path):
+    theirs = _variant_outputs_in(tmp_path, FLASH_ATTN_DET_WGMMA="0")
     mine = _variant_outputs()
     assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES)
     for i, ((o, l), (o2, l2)) in enumerate(zip(mine, theirs)):

@@ -63,6 +63,10 @@ CASES = [
     dict(B=2, Sq=40, Sk=90, H=2, Hk=1, Dh=32, window_size=(20, 5)),
     dict(B=1, Sq=33, Sk=700, H=2, Hk=2, Dh=64, softcap=5.0),               # several splits
     dict(B=2, Sq=25, Sk=60, H=2, Hk=2, Dh=256, alibi=True),
+    # several splits and tiles: on Hopper the warp-specialized kernel (both consumers, split
+    # folds) and the D64 wgmma kernel, which drop on P once packed (dropout_pf)
+    dict(B=2, Sq=200, Sk=1100, H=2, Hk=1, Dh=128),
+    dict(B=1, Sq=150, Sk=700, H=2, Hk=2, Dh=64, causal=True),
 ]
 
 

@@ -2,7 +2,9 @@
  * dropout.cuh — dropout's keep rule (fad_math.h) laid over the m16n8k16
  * accumulator layout: which Philox draw holds which of a thread's elements.
  * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernel; the dK/dV
- * kernel's transposed tiles draw through fad_dropout_draw directly.
+ * kernel's transposed tiles draw through fad_dropout_draw directly. The wgmma
+ * forward kernels drop on P already packed to A fragments (dropout_pf), so the
+ * draws can run while the next tile's S = Q K^T is in flight.
  */
 #ifndef FAD_DROPOUT_CUH
 #define FAD_DROPOUT_CUH
@@ -39,6 +41,46 @@ __device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, con
                     f(r, kPer * g + w, e, fad_dropout_kept_byte(&d, word, 2 * (w & 1) + e));
             }
         }
+}
+
+/* The keep test on packed bytes: kept iff byte < keep8, for the four bytes of
+ * a word at once (__vcmpltu4: 0xff per kept byte). keep8 = 256 (p < 1/512)
+ * keeps every byte, which no byte threshold can say: all_kept covers it. */
+struct dropout_bytes {
+    uint32_t thr4, all_kept;
+    __device__ __forceinline__ explicit dropout_bytes(const fad_dropout &d)
+        : thr4(min(d.keep8, 255u) * 0x01010101u), all_kept(d.keep8 > 255u ? ~0u : 0u)
+    {
+    }
+    __device__ __forceinline__ uint32_t kept(uint32_t word) const
+    {
+        return __vcmpltu4(word, thr4) | all_kept;
+    }
+};
+
+/* Dropout on P packed to m16n8k16 A fragments (p_fragment's layout) of one
+ * 64-key tile from t0, for a thread's 2 rows at key-space positions i_pos:
+ * pf[kk][2 (nb % 2) + r] holds (row r, keys t0 + 8 nb + 2 (lane % 4) + {0, 1})
+ * with nb = 2 kk + nb % 2, the first key in its low half. Each dropped half is
+ * zeroed by an AND: +0, the bits the float path (dropout_walk, x = 0.f, then
+ * packed) gives, and kept halves are untouched, so both paths give P the same
+ * bits. Same draws as dropout_walk: one per row; word nb / 2, bytes
+ * 2 (nb % 2) + {0, 1}. */
+__device__ __forceinline__ void dropout_pf(uint32_t (&pf)[4][4], const fad_dropout &d,
+                                           const dropout_bytes &keep, int head,
+                                           const int (&i_pos)[2], int t0)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const fad_u32x4 bits = fad_dropout_draw(&d, head, i_pos[r], t0 + 2 * (lane % 4));
+#pragma unroll
+        for (int w = 0; w < 4; w++) { /* word w: n8 blocks 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3) */
+            const uint32_t m = keep.kept(bits.x[w]);
+            pf[w][r] &= __byte_perm(m, 0, 0x1100);     /* byte 0 -> low half, byte 1 -> high */
+            pf[w][2 + r] &= __byte_perm(m, 0, 0x3322); /* bytes 2, 3 */
+        }
+    }
 }
 
 #endif /* FAD_DROPOUT_CUH */

@@ -91,13 +91,19 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const int row0 = warp * 16 * kMT + lane / 4;
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
-    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
-     * softcap nor ALiBi, so the mod must say so) */
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
+    /* (kMod's code makes log2 logits of every score: the mod must say so even
+     * if the call came here with neither softcap nor ALiBi) */
+    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kMod);
     const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
     fad_dropout drop = {}; /* (all zero, rp included, unless kDrop: read only under kDrop) */
-    if constexpr (kDrop)
+    int i_pos[kRows] = {}; /* (wgmma, kDrop) this thread's rows' key-space positions */
+    if constexpr (kDrop) {
         drop = fad_dropout_of(&p, b);
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            i_pos[r] = rows.qrow(r) + len_k - len_q;
+    }
+    const dropout_bytes keep(drop);
 
     /* Merged result R: (m, l) in registers, o in sR (or oR) once a second split starts. */
     float mR[kRows], lR[kRows];
@@ -195,9 +201,14 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_addr, k_addr,
                 k_addr + kBlockN * kHeadDim * 2, need_mask, mod, rows, t0, len_q, len_k,
-                p.window_left, p.window_right, acc_live, [&]() {
+                p.window_left, p.window_right, acc_live,
+                [&]() {
                     if constexpr (FAD_WG_LOADS_DURING_S)
                         load_next();
+                },
+                [&](uint32_t (&pf)[kBlockN / 16][4]) {
+                    if constexpr (kDrop)
+                        dropout_pf(pf, drop, keep, h, i_pos, t0);
                 });
             acc_live = true;
         } else {
@@ -244,10 +255,10 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     void (*kernel)(fwd_args) = fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma>;
     int *set = smem_set;
-    /* dropout: the score-mod variant with dropout compiled in (no pages: refused before) */
-    if constexpr (kMod && !kPaged && !kWgmma)
+    /* dropout: its own variant with dropout compiled in (no pages: refused before) */
+    if constexpr (!kPaged)
         if (a.p.dropout_p > 0.f)
-            kernel = fwd_kernel<T, kHeadDim, true, false, false, true>, set = smem_set_drop;
+            kernel = fwd_kernel<T, kHeadDim, kMod, false, kWgmma, true>, set = smem_set_drop;
     fad_status st = allow_smem(kernel, set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;

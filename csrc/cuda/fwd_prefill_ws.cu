@@ -26,6 +26,12 @@
  *     rescale for tile t runs under the first), and tile t+1's row max
  *     runs while O += P V does. The operations on acc are the same, in the
  *     same order, so the bits are.
+ * kDrop: dropout (fwd_kernel's kDrop, the same keep rule and the same bits),
+ * applied to P once packed (dropout_pf), before the next tile's S = Q K^T is
+ * issued, while s's registers are free. (Applied after that issue instead, so
+ * that the draws run under it, ptxas spilled 200 B against 86 B, and the
+ * forward at p = 0.1 measured 1.48-1.62x the time of p = 0 against
+ * 1.24-1.32x: docs/log/2026-11-26_notebook.md.)
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
@@ -53,7 +59,7 @@ template <int kHeadDim> struct fwd_ws_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kDrop>
 __global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim>::kThreads, 1)
 fwd_ws_kernel(const __grid_constant__ fwd_args a)
 {
@@ -167,6 +173,15 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
     const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, false);
     const rows_prefill rows = {m0 + row0, 0.f};
+    fad_dropout drop = {}; /* (read only under kDrop) */
+    int i_pos[2] = {0, 0}; /* this thread's rows' key-space positions, dropout's counter */
+    if constexpr (kDrop) {
+        drop = fad_dropout_of(&p, b);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            i_pos[r] = rows.qrow(r) + len_k - len_q;
+    }
+    const dropout_bytes keep(drop);
 
     float mR[2], lR[2], m_s[2], l_s[2];
     float oR[1][kHeadDim / 8][4] = {}; /* R's o: the empty state's */
@@ -265,6 +280,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
          * wgmma_wait retires. */
         for (;;) {
             p_fragments<T, kBlockN>(s, pf);
+            if constexpr (kDrop)
+                dropout_pf(pf, drop, keep, h, i_pos, t0);
             const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
             const ring_pos pos_done = pos;
             auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
@@ -317,15 +334,18 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
-    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false);
+    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false,
+                         kDrop ? drop.rp : 1.f);
 }
 
 template <typename T, int kHeadDim>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = fwd_ws_cfg<kHeadDim>;
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(fwd_ws_kernel<T, kHeadDim>, smem_set, C::kSmemBytes, msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    const bool drop = a.p.dropout_p > 0.f;
+    void (*kernel)(fwd_args) = drop ? fwd_ws_kernel<T, kHeadDim, true> : fwd_ws_kernel<T, kHeadDim, false>;
+    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
@@ -333,7 +353,7 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
                         C::kBlockM, fad_block_m(a.p.head_dim));
     dim3 grid((unsigned)((int64_t)(a.plan.m_blocks + 1) / 2 * a.p.batch * a.p.num_heads), 1,
               a.plan.cta_per_split ? a.plan.num_splits : 1);
-    fwd_ws_kernel<T, kHeadDim><<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
 }
 

@@ -54,7 +54,6 @@ __device__ __forceinline__ void p_fragments(const float (&s)[1][kBlockN / 8][4],
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
 }
-/* (pf already packed: issue_pv_wgmma's second half) */
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void issue_pv_wgmma_pf(float (&acc)[1][kHeadDim / 8][4],
                                                   uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
@@ -69,28 +68,19 @@ __device__ __forceinline__ void issue_pv_wgmma_pf(float (&acc)[1][kHeadDim / 8][
                          kk > 0 || acc_live);
     wgmma_commit();
 }
-template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void issue_pv_wgmma(float (&acc)[1][kHeadDim / 8][4],
-                                               const float (&s)[1][kBlockN / 8][4],
-                                               uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
-                                               bool acc_live)
-{
-    p_fragments<T, kBlockN>(s, pf);
-    issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-}
-
 /* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V; while_s()
- * runs while S is computed (the caller issues its next K/V copies there).
+ * runs while S is computed (the caller issues its next K/V copies there), and
+ * on_p(pf) on P once packed, before O += P V reads it (dropout, where on).
  * (Issuing tile t's S before waiting for tile t-1's O += P V, with three
  * stages, was measured slower: docs/design.md, "wgmma-limits".) */
 template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs, bool kMod, class Rows,
-          class WhileS>
+          class WhileS, class OnP>
 __device__ __forceinline__ void
 attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s)[2],
                   const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4], uint32_t q_addr,
                   uint32_t k_addr, uint32_t v_addr, bool need_mask, const fad_score_mod &mod,
                   const Rows &rows, int t0, int len_q, int len_k, int window_left, int window_right,
-                  bool acc_live, const WhileS &while_s)
+                  bool acc_live, const WhileS &while_s, const OnP &on_p)
 {
     float s[1][kBlockN / 8][4] = {};
     issue_qk_wgmma<T, kHeadDim, kBlockN, kQRows, kQInRegs>(s, qf, q_addr, k_addr);
@@ -100,7 +90,9 @@ attend_tile_wgmma(float (&acc)[1][kHeadDim / 8][4], float (&m_s)[2], float (&l_s
     softmax_tile<kMod>(s, acc, m_s, l_s, need_mask, mod, rows, t0, len_q, len_k, window_left,
                        window_right);
     uint32_t pf[kBlockN / 16][4];
-    issue_pv_wgmma<T, kHeadDim, kBlockN>(acc, s, pf, v_addr, acc_live);
+    p_fragments<T, kBlockN>(s, pf);
+    on_p(pf);
+    issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
     wgmma_wait<0>();
     wgmma_fence_operand(acc[0]);
     wgmma_fence_operand(pf);
