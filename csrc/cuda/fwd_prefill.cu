@@ -91,9 +91,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const int row0 = warp * 16 * kMT + lane / 4;
     /* A tile needs no mask when it lies inside every row's range. */
     const int unmasked_lo = last_row.lo, unmasked_hi = first_row.hi;
-    /* (kMod's code makes log2 logits of every score: the mod must say so even
-     * if the call came here with neither softcap nor ALiBi) */
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kMod);
+    /* (kMod's code makes log2 logits of every score, so its mod must say so:
+     * true at run time, since dispatch_mod sends only softcap or ALiBi to kMod,
+     * and a compile-time true in kMod's dropout variant, whose code that keeps
+     * as it was -- 8 B of spills at D128 where a run-time flag gave 24 B) */
+    const fad_score_mod mod =
+        fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || (kMod && kDrop));
     const rows_prefill rows = {m0 + row0, fad_alibi_slope_log2(&p, b, h)};
     fad_dropout drop = {}; /* (all zero, rp included, unless kDrop: read only under kDrop) */
     int i_pos[kRows] = {}; /* (wgmma, kDrop) this thread's rows' key-space positions */
