@@ -323,6 +323,9 @@ def _dropout_seq_ids(ids, batch, q):
     if _dropout.capturing(q):  # (before torch raises a CUDA error that ends the capture)
         raise NotImplementedError("dropout_seq_ids: not under CUDA graph capture (the ids are "
                                   "checked and copied on the host); pass None there")
+    if torch.compiler.is_compiling():  # (the same host checks would break the graph)
+        raise NotImplementedError("dropout_seq_ids: not under torch.compile (the ids are "
+                                  "checked on the host); pass None there")
     if isinstance(ids, bool) or not isinstance(ids, (int, list, tuple, torch.Tensor)):
         raise TypeError(f"dropout_seq_ids: expected None, an int or one int per sequence, "
                         f"got {type(ids).__name__}")
@@ -347,23 +350,31 @@ def _dropout_begin(dropout_p, q, seq_ids=None, batch=0, s_dmask=False):
     _dropout_seq_ids' tensor or None); commit() advances the random generator once the
     call has run (a call that raises does not). Under CUDA graph capture dropout is
     (p, 0, 0, seq_ids, pair), pair dropout.draw_captured's device tensor that the kernels
-    read (each replay draws anew), and commit does nothing. s_dmask: the caller returns
-    S_dmask, which is built on the host from (seed, offset): refused under capture."""
+    read (each replay draws anew), and commit does nothing; the same under torch.compile,
+    where host values would be baked into the graph as constants (the captured torch RNG op
+    is traced instead, so every call of the compiled code draws anew). s_dmask: the caller
+    returns S_dmask, which is built on the host from (seed, offset): refused under either."""
     p = _number(dropout_p, "dropout_p")  # (its range: fad_fwd_check, before anything runs)
     ids = _dropout_seq_ids(seq_ids, batch, q)  # (checked with or without dropout)
     if p == 0.0:
         return None, _no_commit
-    if torch.compiler.is_compiling():
-        raise NotImplementedError("dropout_p: dropout under torch.compile is not supported yet")
-    if _dropout.capturing(q):
+    compiling = torch.compiler.is_compiling()
+    if compiling or _dropout.capturing(q):
         if s_dmask:
+            where = "torch.compile" if compiling else "CUDA graph capture"
             raise NotImplementedError(
-                "return_attn_probs: no S_dmask with dropout under CUDA graph capture (it is "
-                "built on the host from the seed and offset, which a replay draws on the "
-                "device); pass return_attn_probs=False, or call outside capture")
+                f"return_attn_probs: no S_dmask with dropout under {where} (it is built on "
+                f"the host from the seed and offset, which are drawn on the device there); "
+                f"pass return_attn_probs=False")
         return (p, 0, 0, ids, _dropout.draw_captured(q)), _no_commit
     seed, offset, commit = _dropout.draw(q, p)
     return (p, seed, offset, ids), commit
+
+
+def _op_dropout(dropout):
+    """(dropout_p, seed_offset) as the custom ops (ops.py) take a call's dropout: (0.0, None),
+    or p and the device-drawn pair (_dropout_begin's, under torch.compile)."""
+    return (0.0, None) if dropout is None else (float(dropout[0]), dropout[4])
 
 
 def _c_dropout(dropout):
@@ -452,7 +463,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         out, lse = torch.ops.flash_attn_det.fwd(q, k, v, scale, bool(causal), left, right,
-                                                float(softcap), alibi_slopes)
+                                                float(softcap), alibi_slopes, *_op_dropout(dropout))
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
                                         alibi_slopes, dropout)
@@ -511,7 +522,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         out, lse = torch.ops.flash_attn_det.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
-            bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table)
+            bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table,
+            *_op_dropout(dropout))
     elif _needs_grad(q, k, v) and block_table is not None:
         out, lse = _FlashAttnPagedFunc.apply(q, k, v, block_table, return_attn_probs, dropout,
                                              *args[3:])

@@ -110,3 +110,92 @@ def test_compile_fullgraph_kvcache_decode(device):
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
     written = (caches[0][0] != k_before).any(dim=(2, 3))  # (B, rows): the appended row only
     assert written.nonzero().tolist() == [[0, 5], [1, 40]] and y_c.abs().max() > 0
+
+
+# ---------------------------------------------------------------------------------------
+# Dropout under torch.compile: the (seed, offset) pair is drawn by a traced torch RNG op
+# (dropout.draw_captured) and reaches the kernels as a tensor, so every call of the compiled
+# code draws anew, and torch.manual_seed reproduces it.
+# ---------------------------------------------------------------------------------------
+
+_COMPILE_DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def _dropout_inputs(device):
+    gen = make_gen(37)
+    return [randn(gen, (2, 70, h, 32), torch.bfloat16, device) for h in (4, 2, 2)]
+
+
+@pytest.mark.parametrize("device", _COMPILE_DEVICES)
+def test_compile_dropout_equals_eager_with_the_same_pair(device, monkeypatch):
+    """With the pair fixed, compiled fwd + bwd (fixed-length and varlen) give the bits of the
+    eager call drawn with the same seed and offset on the host."""
+    from flash_attn_det import dropout as D
+    seed, offset = 987654321987, 4242
+    monkeypatch.setattr(D, "draw_captured", lambda q: torch.tensor([seed, offset], device=q.device))
+    monkeypatch.setattr(D, "draw", lambda q, p: (seed, offset, lambda: None))
+    q, k, v = _dropout_inputs(device)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=device)
+
+    def block(q, k, v):
+        return fad.flash_attn_func(q, k, v, dropout_p=0.25, causal=True).float().square().sum()
+
+    def block_varlen(q, k, v):
+        out = fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 40, 40, dropout_p=0.25)
+        return out.float().square().sum()
+
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    for fn in (block, block_varlen):
+        torch._dynamo.reset()
+        y_c, g_c = _grads(torch.compile(fn, fullgraph=True, backend=backend), q, k, v)
+        y_e, g_e = _grads(fn, q, k, v)
+        if device == "cpu":
+            assert torch.equal(y_c, y_e)
+        else:  # (inductor may sum the loss in another order: the gradients are compared)
+            torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=0)
+        assert all(torch.equal(a, b) for a, b in zip(g_c, g_e)), fn.__name__
+    # (and dropout acted: without it the loss differs)
+    assert not torch.equal(y_e, fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 40, 40)
+                           .float().square().sum())
+
+
+def test_compile_dropout_draws_anew_and_follows_manual_seed_cpu():
+    q, k, v = _dropout_inputs("cpu")
+
+    def block(q, k, v):
+        return fad.flash_attn_func(q, k, v, dropout_p=0.2).float().square().sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    runs = []
+    for s in (5, 5, 6):
+        torch.manual_seed(s)
+        runs.append(_grads(compiled, q, k, v))
+    (y5, g5), (y5b, g5b), (y6, _) = runs
+    assert torch.equal(y5, y5b) and all(torch.equal(a, b) for a, b in zip(g5, g5b))
+    assert not torch.equal(y5, y6)
+    torch.manual_seed(5)
+    assert not torch.equal(compiled(q, k, v), compiled(q, k, v))  # each call draws anew
+
+
+@pytest.mark.parametrize("kw", [dict(return_attn_probs=True), dict(dropout_seq_ids=3)],
+                         ids=["s_dmask", "seq_ids"])
+def test_compile_dropout_refusals_cpu(kw):
+    """What is worked out on the host -- S_dmask, the sequence ids' checks -- is refused under
+    torch.compile with the argument named."""
+    q, k, v = _dropout_inputs("cpu")
+
+    def block(q, k, v):
+        return fad.flash_attn_func(q, k, v, dropout_p=0.2, **kw)
+
+    name = next(iter(kw))
+    with pytest.raises(Exception, match=name):
+        torch.compile(block, fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+def test_custom_ops_with_dropout_pass_opcheck_cpu():
+    gen = make_gen(38)
+    q, k, v = (randn(gen, (1, 16, 2, 32), torch.bfloat16) for _ in range(3))
+    pair = torch.tensor([11, 22])
+    torch.library.opcheck(torch.ops.flash_attn_det.fwd.default,
+                          (q, k, v, 0.17, True, -1, 0, 0.0, None, 0.3, pair),
+                          test_utils=("test_schema", "test_faketensor"))
