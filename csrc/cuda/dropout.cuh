@@ -3,8 +3,8 @@
  * accumulator layout: which Philox draw holds which of a thread's elements.
  * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernel; the dK/dV
  * kernel's transposed tiles draw through fad_dropout_draw directly. The wgmma
- * forward kernels drop on P already packed to A fragments (dropout_pf), so the
- * draws can run while the next tile's S = Q K^T is in flight.
+ * forward kernels drop on P already packed to A fragments (dropout_pf): four
+ * keep tests per word at once, and one AND per pair of elements.
  */
 #ifndef FAD_DROPOUT_CUH
 #define FAD_DROPOUT_CUH

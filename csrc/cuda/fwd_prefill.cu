@@ -34,6 +34,10 @@
  * variant is the warp-specialized fwd_ws_kernel (fad_fwd_ws.cuh: a producer
  * warpgroup copies K/V for two consumer warpgroups, each running this file's
  * tile math on its 64 rows).
+ * kDrop: dropout, a variant of each of the above (softcap/ALiBi or not). The
+ * mma.sync kernel zeroes dropped elements of P in fp32 (dropout_tile), the
+ * wgmma ones the halves of P's packed fragments (dropout.cuh, dropout_pf):
+ * the same bits, as every variant's P.
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
