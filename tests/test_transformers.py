@@ -163,19 +163,26 @@ def test_gradients_match_eager_and_repeat_bitwise(device, family):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_dropout_in_training_is_seeded_and_batch_invariant(device):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_dropout_in_training_is_seeded_and_batch_invariant(device, compiled):
     """attention_dropout in training reaches flash_attn_det's dropout: torch.manual_seed
     reproduces the logits bit for bit, a new seed changes them, and a prompt gets the same
-    bits alone as in a right-padded batch (the keep mask is keyed by positions, not rows)."""
+    bits alone as in a right-padded batch (the keep mask is keyed by positions, not rows).
+    The same under torch.compile, where each call's (seed, offset) is drawn by a traced torch
+    RNG op (so its masks are not the eager model's, which takes the pair from the generator's
+    state on the host)."""
     model = _model("llama", device).train()
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.25
+    run = model
+    if compiled:
+        run = torch.compile(model, backend="aot_eager" if device == "cpu" else "inductor")
     ids, mask, pos = _batch(device, [12, 7], 12, "right")
 
     def logits(seed, ids, mask, pos):
         torch.manual_seed(seed)
         with torch.no_grad():
-            return model(ids, attention_mask=mask, position_ids=pos).logits
+            return run(ids, attention_mask=mask, position_ids=pos).logits
 
     a, b, c = logits(5, ids, mask, pos), logits(5, ids, mask, pos), logits(6, ids, mask, pos)
     assert torch.equal(a, b) and not torch.equal(a, c)
@@ -184,31 +191,6 @@ def test_dropout_in_training_is_seeded_and_batch_invariant(device):
         no_drop = model(ids, attention_mask=mask, position_ids=pos).logits
     model.train()
     assert not torch.equal(a, no_drop)
-    for i, n in enumerate([12, 7]):
-        alone = logits(5, ids[i:i + 1, :n], mask[i:i + 1, :n], pos[i:i + 1, :n])
-        assert torch.equal(alone[0], a[i, :n]), f"prompt {i}: alone != in the batch"
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_dropout_in_compiled_training_is_seeded_and_batch_invariant(device):
-    """The same under torch.compile: the compiled model draws each call's (seed, offset) with a
-    traced torch RNG op, so torch.manual_seed reproduces its logits, a new seed changes them, and
-    a prompt alone gets the bits it gets in the batch (each layer draws in the same order).
-    (Its masks are not the eager model's: eager calls take the pair from the generator's state
-    on the host.)"""
-    model = _model("llama", device).train()
-    for layer in model.model.layers:
-        layer.self_attn.attention_dropout = 0.25
-    compiled = torch.compile(model, backend="aot_eager" if device == "cpu" else "inductor")
-    ids, mask, pos = _batch(device, [12, 7], 12, "right")
-
-    def logits(seed, ids, mask, pos):
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            return compiled(ids, attention_mask=mask, position_ids=pos).logits
-
-    a, b, c = logits(5, ids, mask, pos), logits(5, ids, mask, pos), logits(6, ids, mask, pos)
-    assert torch.equal(a, b) and not torch.equal(a, c)
     for i, n in enumerate([12, 7]):
         alone = logits(5, ids[i:i + 1, :n], mask[i:i + 1, :n], pos[i:i + 1, :n])
         assert torch.equal(alone[0], a[i, :n]), f"prompt {i}: alone != in the batch"
