@@ -224,6 +224,10 @@ _BWD_VARIANT_CASES = [
     dict(B=2, Sq=500, Sk=200, H=3, Hk=1, D=40, dtype="float16", causal=True),  # rows with no key
     dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, dtype="bfloat16", softcap=5.0),  # both mma.sync
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True),  # >= 1 wave
+    # dropout: a kDrop variant of each kernel, with the same keep rule and element-wise math
+    dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, dropout_p=0.15),
+    dict(B=2, Sq=333, Sk=1000, H=4, Hk=1, D=64, dtype="float16", dropout_p=0.3),
+    dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, dropout_p=0.1),
 ]
 
 
@@ -235,6 +239,7 @@ def _bwd_variant_grads():
         dtype = getattr(torch, case.pop("dtype"))
         q, k, v, dout = _gpu_inputs(500 + i, [(B, Sq, H, D), (B, Sk, Hk, D), (B, Sk, Hk, D),
                                               (B, Sq, H, D)], dtype)
+        torch.manual_seed(2000 + i)  # dropout's seed and offset: the same in every process
         outs.append([t.cpu() for t in grads(fad.flash_attn_func, q, k, v, dout, **case)])
     lens = [300, 1, 77, 520]
     cu = torch.tensor([0, 300, 301, 378, 898], dtype=torch.int32, device="cuda")
@@ -282,7 +287,8 @@ _PART_CASES = on_devices(
     [dict(B=2, Sq=130, Sk=170, H=4, Hk=2, D=64, causal=True),
      dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True),
      dict(B=1, Sq=300, Sk=260, H=2, Hk=1, D=128, softcap=4.0, window_size=(90, 10)),
-     dict(B=2, Sq=200, Sk=200, H=2, Hk=2, D=64, dropout=0.2)])
+     dict(B=2, Sq=200, Sk=200, H=2, Hk=2, D=64, dropout=0.2),
+     dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True, dropout=0.1)])
 
 
 @pytest.mark.parametrize("device,case", _PART_CASES)

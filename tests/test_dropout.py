@@ -67,6 +67,8 @@ CASES = [
     # folds) and the D64 wgmma kernel, which drop on P once packed (dropout_pf)
     dict(B=2, Sq=200, Sk=1100, H=2, Hk=1, Dh=128),
     dict(B=1, Sq=150, Sk=700, H=2, Hk=2, Dh=64, causal=True),
+    # a grid of at least one dK/dV CTA per SM: on Hopper the backward's wgmma kernels
+    dict(B=4, Sq=300, Sk=1100, H=4, Hk=4, Dh=64),
 ]
 
 

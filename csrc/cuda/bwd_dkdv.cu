@@ -72,9 +72,11 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     const lds_base<kHeadDim> q_t0(sQ, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
     const lds_base<kHeadDim> do_t0(sQ + kM * kHeadDim, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
-    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
-     * softcap nor ALiBi, so the mod must say so) */
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
+    /* (kMod's code makes log2 logits of every score, so its mod must say so:
+     * true at run time, since only softcap or ALiBi is sent to kMod, and a
+     * compile-time true in kMod's dropout variant, whose code that keeps) */
+    const fad_score_mod mod =
+        fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || (kMod && kDrop));
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p, b);
@@ -135,32 +137,10 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
                 pt[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[i_loc]);
             }
 
-        /* Dropout: bit nb * 4 + e of kept is element (nb, e). Its keys j = n0 + key_row
-         * and j + 8 share a row's Philox draw (same 64-key group and pair) and its word
-         * ((j / 16) % 4, one 16-key block): bytes j % 2 and 2 + j % 2 (fad_math.h). Lanes
-         * L and L ^ 4 hold the same rows and keys of one pair, so they need the same
-         * draws: each makes the draws of its own e2 = (lane / 4) % 2 and passes the word
-         * to the other (half the Philox work, one shuffle per draw). */
-        uint32_t kept = ~0u;
-        if constexpr (kDrop) {
-            kept = 0;
-            const int j = n0 + key_row, mine = (lane >> 2) & 1;
-            const uint32_t wsel = (uint32_t)j >> 4 & 3u, shift = 8u * ((uint32_t)j & 1u);
-#pragma unroll
-            for (int nb = 0; nb < kMB; nb++) {
-                const int i = m0 + nb * 8 + (lane % 4) * 2 + mine;
-                const fad_u32x4 bits = fad_dropout_draw(&drop, h, i + len_k - len_q, j);
-                const uint32_t own = wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1]
-                                     : wsel == 2 ? bits.x[2] : bits.x[3];
-                const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 4);
-                const uint32_t words[2] = {(mine ? other : own) >> shift, (mine ? own : other) >> shift};
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++)
-#pragma unroll
-                    for (int e1 = 0; e1 < 2; e1++)
-                        kept |= (uint32_t)fad_dropout_kept_byte(&drop, words[e2], 2 * e1) << (nb * 4 + 2 * e1 + e2);
-            }
-        }
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh). */
+        dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
+        if constexpr (kDrop)
+            kept = dropout_kept_transposed<kMB>(drop, h, n0 + key_row, m0, len_k - len_q);
 
         /* dV += P^T dO (with dropout: rp P^T where kept, 0 where dropped): P^T from
          * the accumulators as A fragments. */
@@ -239,9 +219,8 @@ fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, cha
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     void (*kernel)(bwd_args) = dkdv_kernel<T, kHeadDim, kMod>;
     int *set = smem_set;
-    if constexpr (kMod) /* dropout: the score-mod variant with dropout compiled in */
-        if (a.p.dropout_p > 0.f)
-            kernel = dkdv_kernel<T, kHeadDim, true, true>, set = smem_set_drop;
+    if (a.p.dropout_p > 0.f) /* dropout: its own variant, with or without a score mod */
+        kernel = dkdv_kernel<T, kHeadDim, kMod, true>, set = smem_set_drop;
     fad_status st = allow_smem(kernel, set, bwd_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;

@@ -33,11 +33,13 @@
  *
  * Shapes: kHeadDim 64 or 128 (D <= kHeadDim, the columns beyond D zero-filled
  * in shared memory and never stored); no softcap or ALiBi (those stay on the
- * mma.sync kernels, as in the forward).
+ * mma.sync kernels, as in the forward). kDrop: dropout, as the mma.sync
+ * kernels apply it (the same keep rule through dropout.cuh, the same
+ * element-wise math), so the bits stay those of the mma.sync variant.
  */
 #include "bwd_tile_wgmma.cuh"
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kDrop>
 __global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDkdvThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
@@ -48,7 +50,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
         return;
     const fad_seq &seq = w.seq;
-    const int hk = w.hk, group = w.group, n0 = w.n0;
+    const int b = w.b, hk = w.hk, group = w.group, n0 = w.n0;
     const int mt_first = w.mt_first, mt_count = w.mt_count;
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
@@ -97,6 +99,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     const float scale = p.softmax_scale;
     const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
     const fad_band band = fad_make_band(len_q, len_k, wl, wr);
+    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
+    if constexpr (kDrop)
+        drop = fad_dropout_of(&p, b);
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
@@ -135,7 +140,15 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         else
             scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
 
-        /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed. */
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh), drawn
+         * while dP^T is computed. */
+        dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
+        if constexpr (kDrop)
+            kept = dropout_kept_transposed<kMB>(drop, hk * group + step / mt_count, n0 + key_row, m0,
+                                                len_k - len_q);
+
+        /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed
+         * (with dropout: dP of a kept element times rp, of a dropped one 0). */
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
 #pragma unroll
@@ -143,7 +156,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
-                ds[nb][e] = fad_ds(pt[nb][e], ds[nb][e], dsum[i_loc], scale);
+                float dp = ds[nb][e];
+                if constexpr (kDrop)
+                    dp = kept >> (nb * 4 + e) & 1u ? FAD_MUL(dp, drop.rp) : 0.f;
+                ds[nb][e] = fad_ds(pt[nb][e], dp, dsum[i_loc], scale);
             }
 
         /* dV += P^T dO and dK += dS^T Q, P^T and dS^T from the accumulators
@@ -151,7 +167,18 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
          * kept P^T's fragments live beside dS^T, and the D128 build spilled.) */
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++) {
-            p_fragment<T>(pt, kk, pf[kk]);
+            if constexpr (kDrop) { /* dV's P^T: rp P^T where kept, 0 where dropped (dkdv_kernel's) */
+                float pv[2][4];
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        pv[n][e] = kept >> ((2 * kk + n) * 4 + e) & 1u ? FAD_MUL(pt[2 * kk + n][e], drop.rp)
+                                                                      : 0.f;
+                p_fragment<T>(pv, 0, pf[kk]);
+            } else {
+                p_fragment<T>(pt, kk, pf[kk]);
+            }
             p_fragment<T>(ds, kk, sf[kk]);
         }
         issue_rs_mn<T, kHeadDim, kM>(dv, pf, do_addr);
@@ -177,11 +204,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 template <typename T, int kHeadDim>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(dkdv_wgmma_kernel<T, kHeadDim>, smem_set, bwd_wg_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    const bool drop = a.p.dropout_p > 0.f;
+    void (*kernel)(bwd_args) = drop ? dkdv_wgmma_kernel<T, kHeadDim, true> : dkdv_wgmma_kernel<T, kHeadDim, false>;
+    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, bwd_wg_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    dkdv_wgmma_kernel<T, kHeadDim><<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, bwd_wg_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, bwd_wg_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -43,9 +43,10 @@ dq_kernel(const __grid_constant__ bwd_args a)
     float lse2[2], dsum[2];
     fad_key_range rk[2];
     dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
-    /* (kDrop runs the score-mod code: its scores are log2 logits even with neither
-     * softcap nor ALiBi, so the mod must say so) */
-    const fad_score_mod mod = fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || kDrop);
+    /* (kMod's code makes log2 logits of every score: bwd_dkdv.cu says why the
+     * flag reads so) */
+    const fad_score_mod mod =
+        fad_make_score_mod(p.softmax_scale, p.softcap, p.alibi_slopes != NULL || (kMod && kDrop));
     const float slope_log2 = fad_alibi_slope_log2(&p, b, h);
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
@@ -134,9 +135,8 @@ fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char 
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     void (*kernel)(bwd_args) = dq_kernel<T, kHeadDim, kMod>;
     int *set = smem_set;
-    if constexpr (kMod) /* dropout: the score-mod variant with dropout compiled in */
-        if (a.p.dropout_p > 0.f)
-            kernel = dq_kernel<T, kHeadDim, true, true>, set = smem_set_drop;
+    if (a.p.dropout_p > 0.f) /* dropout: its own variant, with or without a score mod */
+        kernel = dq_kernel<T, kHeadDim, kMod, true>, set = smem_set_drop;
     fad_status st = allow_smem(kernel, set, bwd_cfg<kHeadDim>::kDqSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;

@@ -4,7 +4,7 @@
  */
 #include "bwd_tile_wgmma.cuh"
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kDrop>
 __global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDqThreads, 1)
 dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
@@ -15,7 +15,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     if (!dq_work_of_cta<kM, kN>(a, &w))
         return;
     const fad_seq &seq = w.seq;
-    const int h = w.h, hk = w.hk, m0 = w.m0, t_first = w.t_first, t_last = w.t_last;
+    const int b = w.b, h = w.h, hk = w.hk, m0 = w.m0, t_first = w.t_first, t_last = w.t_last;
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
 
@@ -50,6 +50,12 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     const fad_key_range wg_last = fad_row_keys(min(wg_m0 + 64, max(len_q, wg_m0 + 1)) - 1, len_q, len_k, wl, wr);
     const float scale = p.softmax_scale;
     const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
+    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
+    int i_pos[2] = {0, 0}; /* this thread's rows' key-space positions, dropout's counter */
+    if constexpr (kDrop) {
+        drop = fad_dropout_of(&p, b);
+        i_pos[0] = m0 + row0 + len_k - len_q, i_pos[1] = i_pos[0] + 8;
+    }
     const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
     float dq[kDB][4] = {};
     uint32_t sf[kN / 16][4]; /* dS as A fragments */
@@ -82,6 +88,11 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         /* dS = P (dP - D) scale, in place in ds. */
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
+        if constexpr (kDrop) /* dP of a kept element times rp, of a dropped one 0 (dq_kernel's) */
+            dropout_walk<2, kNB>(drop, h, i_pos, t0, [&](int r, int nb, int e, bool kept) {
+                float &x = ds[nb][2 * r + e];
+                x = kept ? FAD_MUL(x, drop.rp) : 0.f;
+            });
 #pragma unroll
         for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
@@ -111,11 +122,13 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 template <typename T, int kHeadDim>
 fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(dq_wgmma_kernel<T, kHeadDim>, smem_set, bwd_wg_cfg<kHeadDim>::kDqSmem, msg, msg_len);
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    const bool drop = a.p.dropout_p > 0.f;
+    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, true> : dq_wgmma_kernel<T, kHeadDim, false>;
+    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, bwd_wg_cfg<kHeadDim>::kDqSmem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    dq_wgmma_kernel<T, kHeadDim><<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDqThreads, bwd_wg_cfg<kHeadDim>::kDqSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDqThreads, bwd_wg_cfg<kHeadDim>::kDqSmem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

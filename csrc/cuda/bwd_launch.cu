@@ -92,8 +92,9 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum,
     a.part = bp->part; /* the dQ and dK/dV passes only share dsum: either may be left out */
     a.dsum = dsum;
     a.n_blocks = a.m_blocks = 0;
-    /* dropout rides on the score-mod variants (mma.sync: bwd_dq.cu, bwd_dkdv.cu) */
-    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes || a.p.dropout_p > 0.f;
+    /* (dropout: a kDrop variant of either, on mma.sync or wgmma: bwd_dq.cu, bwd_dkdv.cu and
+     * their sm_90a variants) */
+    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes;
     if (a.p.dtype == FAD_BFLOAT16)
         return mod ? bwd_dispatch_head_dim<__nv_bfloat16, true>(a, stream, msg, msg_len)
                    : bwd_dispatch_head_dim<__nv_bfloat16, false>(a, stream, msg, msg_len);

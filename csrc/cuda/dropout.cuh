@@ -2,12 +2,14 @@
  * dropout.cuh — dropout's keep rule (fad_math.h) laid over the m16n8k16
  * accumulator layout: which Philox draw holds which of a thread's elements.
  * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernel; the dK/dV
- * kernel's transposed tiles draw through fad_dropout_draw directly. The wgmma
+ * kernels' transposed tiles draw through dropout_kept_transposed. The wgmma
  * forward kernels drop on P already packed to A fragments (dropout_pf): four
  * keep tests per word at once, and one AND per pair of elements.
  */
 #ifndef FAD_DROPOUT_CUH
 #define FAD_DROPOUT_CUH
+
+#include <type_traits>
 
 #include "fad_math.h"
 
@@ -41,6 +43,44 @@ __device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, con
                     f(r, kPer * g + w, e, fad_dropout_kept_byte(&d, word, 2 * (w & 1) + e));
             }
         }
+}
+
+/* Dropout's keep rule over the dK/dV kernels' transposed tiles (S^T: a
+ * thread's keys j and j + 8 as rows, query rows m0 + 8 nb + 2 (lane % 4) +
+ * {0, 1} as columns, nb < kMB), as a bit mask: bit nb * 4 + e is element
+ * (nb, e) of the m16n8k16 accumulator layout (key j + 8 (e / 2), query row
+ * m0 + 8 nb + 2 (lane % 4) + e % 2). Keys j and j + 8 share a row's Philox
+ * draw (same 64-key group and pair) and its word ((j / 16) % 4): bytes j % 2
+ * and 2 + j % 2 (fad_math.h). Lanes L and L ^ 4 hold the same rows and the
+ * two keys of one pair, so they need the same draws: each makes the draws of
+ * its own e2 = (lane / 4) % 2 and passes the word to the other (half the
+ * Philox work, one shuffle per draw). i_off = len_k - len_q (a query row's
+ * key-space position is i + i_off). */
+template <int kMB> /* (64 bits for the wgmma kernel's 128-row steps at D64) */
+using dropout_kept_t = typename std::conditional<(kMB > 8), uint64_t, uint32_t>::type;
+template <int kMB>
+__device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_transposed(const fad_dropout &d, int head,
+                                                                       int j, int m0, int i_off)
+{
+    static_assert(kMB * 4 <= 64, "one bit per element of a thread's tile");
+    const int lane = threadIdx.x % 32, mine = (lane >> 2) & 1;
+    const uint32_t wsel = (uint32_t)j >> 4 & 3u, shift = 8u * ((uint32_t)j & 1u);
+    dropout_kept_t<kMB> kept = 0;
+#pragma unroll
+    for (int nb = 0; nb < kMB; nb++) {
+        const int i = m0 + nb * 8 + (lane % 4) * 2 + mine;
+        const fad_u32x4 bits = fad_dropout_draw(&d, head, i + i_off, j);
+        const uint32_t own = wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1] : wsel == 2 ? bits.x[2] : bits.x[3];
+        const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 4);
+        const uint32_t words[2] = {(mine ? other : own) >> shift, (mine ? own : other) >> shift};
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++)
+#pragma unroll
+            for (int e1 = 0; e1 < 2; e1++)
+                kept |= (dropout_kept_t<kMB>)fad_dropout_kept_byte(&d, words[e2], 2 * e1)
+                        << (nb * 4 + 2 * e1 + e2);
+    }
+    return kept;
 }
 
 /* The keep test on packed bytes: kept iff byte < keep8, for the four bytes of
