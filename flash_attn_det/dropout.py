@@ -20,8 +20,9 @@ the same elements: there the pair is drawn on the device instead, by a captured 
 (fad_fwd_params.dropout_seed_offset), so each replay draws a new mask. torch's CUDA RNG ops
 are graph-safe: torch.manual_seed before capture or replay governs the replays' draws.
 Outside capture nothing changes: torch.manual_seed reproduces a run as before. Under
-torch.compile, where host values would become constants of the compiled graph, the pair is
-drawn the same way: the RNG op is traced, and each call of the compiled code draws anew.
+torch.compile, where host values would become constants of the compiled graph, the forward
+custom op draws when it runs, as an eager call does (ops.py), so compiled and eager code
+share masks.
 """
 import struct
 
@@ -132,11 +133,11 @@ def draw(q, dropout_p):
 
 
 def draw_captured(q):
-    """(seed, offset) of a call under CUDA graph capture or torch.compile: an int64 (2,)
-    tensor on q's device, drawn by a torch RNG op that is captured (traced) with the call and
-    read by the kernels when they run. Each replay of the graph, or call of the compiled
-    code, draws a new pair (torch's graph-safe generator state), so a new mask; the host
-    generator is left to torch (there is nothing to commit)."""
+    """(seed, offset) of a call under CUDA graph capture: an int64 (2,) tensor on q's device,
+    drawn by a torch RNG op that is captured with the call and read by the kernels when they
+    run. Each replay of the graph draws a new pair (torch's graph-safe generator state), so a
+    new mask; the host generator is left to torch (there is nothing to commit). (Compiled
+    code that torch captures, mode="reduce-overhead", gets here through the ops' own draw.)"""
     return torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=q.device)
 
 

@@ -350,10 +350,11 @@ def _dropout_begin(dropout_p, q, seq_ids=None, batch=0, s_dmask=False):
     _dropout_seq_ids' tensor or None); commit() advances the random generator once the
     call has run (a call that raises does not). Under CUDA graph capture dropout is
     (p, 0, 0, seq_ids, pair), pair dropout.draw_captured's device tensor that the kernels
-    read (each replay draws anew), and commit does nothing; the same under torch.compile,
-    where host values would be baked into the graph as constants (the captured torch RNG op
-    is traced instead, so every call of the compiled code draws anew). s_dmask: the caller
-    returns S_dmask, which is built on the host from (seed, offset): refused under either."""
+    read (each replay draws anew), and commit does nothing. While torch.compile traces, it
+    is (p, 0, 0, None) and nothing is drawn: host values would be baked into the graph as
+    constants, so the forward op draws when it runs, through this same function (ops.py).
+    s_dmask: the caller returns S_dmask, which is built on the host from (seed, offset):
+    refused under either."""
     p = _number(dropout_p, "dropout_p")  # (its range: fad_fwd_check, before anything runs)
     ids = _dropout_seq_ids(seq_ids, batch, q)  # (checked with or without dropout)
     if p == 0.0:
@@ -366,15 +367,20 @@ def _dropout_begin(dropout_p, q, seq_ids=None, batch=0, s_dmask=False):
                 f"return_attn_probs: no S_dmask with dropout under {where} (it is built on "
                 f"the host from the seed and offset, which are drawn on the device there); "
                 f"pass return_attn_probs=False")
+        if compiling:  # (ids: None, _dropout_seq_ids refuses them while compiling)
+            return (p, 0, 0, ids), _no_commit
         return (p, 0, 0, ids, _dropout.draw_captured(q)), _no_commit
     seed, offset, commit = _dropout.draw(q, p)
     return (p, seed, offset, ids), commit
 
 
-def _op_dropout(dropout):
-    """(dropout_p, seed_offset) as the custom ops (ops.py) take a call's dropout: (0.0, None),
-    or p and the device-drawn pair (_dropout_begin's, under torch.compile)."""
-    return (0.0, None) if dropout is None else (float(dropout[0]), dropout[4])
+def _op_dropout(dropout, q):
+    """(dropout_p, dropout_nonce) as the forward custom ops (ops.py) take a call's dropout:
+    they draw the seed and offset themselves when they run; the nonce, an empty tensor of
+    the call's own, keeps the compiler from folding two calls into one draw."""
+    if dropout is None:
+        return 0.0, None
+    return float(dropout[0]), torch.empty((0,), dtype=torch.int64, device=q.device)
 
 
 def _c_dropout(dropout):
@@ -462,8 +468,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        out, lse = torch.ops.flash_attn_det.fwd(q, k, v, scale, bool(causal), left, right,
-                                                float(softcap), alibi_slopes, *_op_dropout(dropout))
+        out, lse, _ = torch.ops.flash_attn_det.fwd(q, k, v, scale, bool(causal), left, right,
+                                                   float(softcap), alibi_slopes,
+                                                   *_op_dropout(dropout, q))
     elif _needs_grad(q, k, v):
         out, lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window_size, softcap,
                                         alibi_slopes, dropout)
@@ -520,10 +527,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if torch.compiler.is_compiling():
         left, right = _window(window_size, causal)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        out, lse = torch.ops.flash_attn_det.fwd_varlen(
+        out, lse, _ = torch.ops.flash_attn_det.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
             bool(causal), left, right, float(softcap), alibi_slopes, seqused_k, block_table,
-            *_op_dropout(dropout))
+            *_op_dropout(dropout, q))
     elif _needs_grad(q, k, v) and block_table is not None:
         out, lse = _FlashAttnPagedFunc.apply(q, k, v, block_table, return_attn_probs, dropout,
                                              *args[3:])

@@ -113,9 +113,10 @@ def test_compile_fullgraph_kvcache_decode(device):
 
 
 # ---------------------------------------------------------------------------------------
-# Dropout under torch.compile: the (seed, offset) pair is drawn by a traced torch RNG op
-# (dropout.draw_captured) and reaches the kernels as a tensor, so every call of the compiled
-# code draws anew, and torch.manual_seed reproduces it.
+# Dropout under torch.compile: the forward op draws its (seed, offset) when it runs, as an
+# eager call draws (torch's generator on the host), and hands the pair to its backward op; so
+# every call of the compiled code draws anew, torch.manual_seed reproduces it, and compiled
+# and eager code (frames a graph break or the recompile limit leaves eager) share masks.
 # ---------------------------------------------------------------------------------------
 
 _COMPILE_DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -126,37 +127,92 @@ def _dropout_inputs(device):
     return [randn(gen, (2, 70, h, 32), torch.bfloat16, device) for h in (4, 2, 2)]
 
 
+def _seeded_grads(fn, seed, q, k, v):
+    torch.manual_seed(seed)
+    return _grads(fn, q, k, v)
+
+
 @pytest.mark.parametrize("device", _COMPILE_DEVICES)
-def test_compile_dropout_equals_eager_with_the_same_pair(device, monkeypatch):
-    """With the pair fixed, compiled fwd + bwd (fixed-length and varlen) give the bits of the
-    eager call drawn with the same seed and offset on the host."""
-    from flash_attn_det import dropout as D
-    seed, offset = 987654321987, 4242
-    monkeypatch.setattr(D, "draw_captured", lambda q: torch.tensor([seed, offset], device=q.device))
-    monkeypatch.setattr(D, "draw", lambda q, p: (seed, offset, lambda: None))
+def test_compile_dropout_equals_eager_under_the_same_seed(device):
+    """Under the same torch.manual_seed, compiled fwd + bwd (fixed-length and varlen, two
+    calls per step, so the second draws after the first) give the eager bits, and leave the
+    generator where eager leaves it."""
     q, k, v = _dropout_inputs(device)
     cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=device)
 
     def block(q, k, v):
-        return fad.flash_attn_func(q, k, v, dropout_p=0.25, causal=True).float().square().sum()
+        y = fad.flash_attn_func(q, k, v, dropout_p=0.25, causal=True)
+        y = fad.flash_attn_func(y, k, v, dropout_p=0.25)
+        return y.float().square().sum()
 
     def block_varlen(q, k, v):
-        out = fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 40, 40, dropout_p=0.25)
-        return out.float().square().sum()
+        y = fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 40, 40, dropout_p=0.25)
+        y = fad.flash_attn_varlen_func(y, k[0], v[0], cu, cu, 40, 40, dropout_p=0.25,
+                                       causal=True)
+        return y.float().square().sum()
+
+    def next_draw():
+        return torch.randint(0, 2 ** 62, (1,), device=device).item()
 
     backend = "aot_eager" if device == "cpu" else "inductor"
     for fn in (block, block_varlen):
         torch._dynamo.reset()
-        y_c, g_c = _grads(torch.compile(fn, fullgraph=True, backend=backend), q, k, v)
-        y_e, g_e = _grads(fn, q, k, v)
+        y_c, g_c = _seeded_grads(torch.compile(fn, fullgraph=True, backend=backend), 7, q, k, v)
+        after_c = next_draw()
+        y_e, g_e = _seeded_grads(fn, 7, q, k, v)
+        after_e = next_draw()
         if device == "cpu":
             assert torch.equal(y_c, y_e)
         else:  # (inductor may sum the loss in another order: the gradients are compared)
             torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=0)
         assert all(torch.equal(a, b) for a, b in zip(g_c, g_e)), fn.__name__
-    # (and dropout acted: without it the loss differs)
-    assert not torch.equal(y_e, fad.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 40, 40)
-                           .float().square().sum())
+        assert after_c == after_e, fn.__name__
+        # (and dropout acted: another seed gives another loss)
+        assert not torch.equal(y_e, _seeded_grads(fn, 8, q, k, v)[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "aot_eager_decomp_partition"])
+def test_compile_two_dropout_calls_on_the_same_inputs_draw_twice_cpu(backend):
+    """Two calls with equal arguments (MC dropout) are two draws in compiled code as in eager:
+    AOTAutograd's CSE would fold them into one if each had no tensor of its own."""
+    q, k, v = _dropout_inputs("cpu")
+
+    def twice(q, k, v):
+        a = fad.flash_attn_func(q, k, v, dropout_p=0.3)
+        b = fad.flash_attn_func(q, k, v, dropout_p=0.3)
+        return torch.stack((a, b))
+
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    c = torch.compile(twice, backend=backend, fullgraph=True)(q, k, v)
+    torch.manual_seed(4)
+    e = twice(q, k, v)
+    assert not torch.equal(c[0], c[1]) and torch.equal(c, e)
+
+
+@pytest.mark.parametrize("device", _COMPILE_DEVICES)
+def test_compile_dropout_with_activation_checkpointing(device):
+    """torch.utils.checkpoint around a compiled dropout call: the recomputed forward (eager
+    under aot_eager, restored generator) and the compiled one give the eager gradients."""
+    from torch.utils.checkpoint import checkpoint
+    q, k, v = _dropout_inputs(device)
+
+    def layer(q, k, v):
+        return fad.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+
+    def block(q, k, v):
+        return checkpoint(layer, q, k, v, use_reentrant=False).float().square().sum()
+
+    def plain(q, k, v):
+        return layer(q, k, v).float().square().sum()
+
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    torch._dynamo.reset()
+    y_c, g_c = _seeded_grads(torch.compile(block, backend=backend), 3, q, k, v)
+    y_k, g_k = _seeded_grads(block, 3, q, k, v)
+    y_e, g_e = _seeded_grads(plain, 3, q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(g_k, g_e))
+    assert all(torch.equal(a, b) for a, b in zip(g_c, g_e))
 
 
 def test_compile_dropout_draws_anew_and_follows_manual_seed_cpu():
@@ -195,7 +251,12 @@ def test_compile_dropout_refusals_cpu(kw):
 def test_custom_ops_with_dropout_pass_opcheck_cpu():
     gen = make_gen(38)
     q, k, v = (randn(gen, (1, 16, 2, 32), torch.bfloat16) for _ in range(3))
-    pair = torch.tensor([11, 22])
     torch.library.opcheck(torch.ops.flash_attn_det.fwd.default,
-                          (q, k, v, 0.17, True, -1, 0, 0.0, None, 0.3, pair),
+                          (q, k, v, 0.17, True, -1, 0, 0.0, None, 0.3),
+                          test_utils=("test_schema", "test_faketensor"))
+    pair = torch.tensor([11, 22])
+    dout, out = (randn(gen, (1, 16, 2, 32), torch.bfloat16) for _ in range(2))
+    lse = torch.randn(1, 2, 16)
+    torch.library.opcheck(torch.ops.flash_attn_det.bwd.default,
+                          (dout, q, k, v, out, lse, 0.17, True, -1, 0, 0.0, None, 0.3, pair),
                           test_utils=("test_schema", "test_faketensor"))

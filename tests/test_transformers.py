@@ -168,9 +168,9 @@ def test_dropout_in_training_is_seeded_and_batch_invariant(device, compiled):
     """attention_dropout in training reaches flash_attn_det's dropout: torch.manual_seed
     reproduces the logits bit for bit, a new seed changes them, and a prompt gets the same
     bits alone as in a right-padded batch (the keep mask is keyed by positions, not rows).
-    The same under torch.compile, where each call's (seed, offset) is drawn by a traced torch
-    RNG op (so its masks are not the eager model's, which takes the pair from the generator's
-    state on the host)."""
+    The same under torch.compile, whose attention ops draw as eager calls do: on the CPU the
+    compiled logits are the eager ones, and frames that graph breaks or the recompile limit
+    leave eager draw the masks the compiled frames would."""
     model = _model("llama", device).train()
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.25
@@ -186,6 +186,10 @@ def test_dropout_in_training_is_seeded_and_batch_invariant(device, compiled):
 
     a, b, c = logits(5, ids, mask, pos), logits(5, ids, mask, pos), logits(6, ids, mask, pos)
     assert torch.equal(a, b) and not torch.equal(a, c)
+    if compiled and device == "cpu":  # (aot_eager keeps eager's math: the masks are shared)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            assert torch.equal(a, model(ids, attention_mask=mask, position_ids=pos).logits)
     model.eval()
     with torch.no_grad():
         no_drop = model(ids, attention_mask=mask, position_ids=pos).logits
