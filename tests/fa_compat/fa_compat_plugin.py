@@ -5,7 +5,8 @@ The file parametrizes ~509k tests; expanding them costs minutes. So before pytes
 test function's parametrize marks, this plugin takes them off and draws FA_PER_FUNCTION
 (default 50) combinations uniformly from their product (seed FA_SEED, default a fresh one,
 printed and handed to xdist workers through the environment), which pytest then parametrizes
-as one list: only the sampled items are ever built. FA_NO_DROPOUT=1 restricts dropout_p to 0.
+as one list: only the sampled items are ever built. FA_NO_DROPOUT=1 restricts dropout_p to 0;
+FA_DROPOUT_ONLY=1 restricts it to its nonzero values (a sample of the dropout tests alone).
 FA_DEVICE=cpu runs the file on the CPU without touching a line of it: CUDA device arguments of
 torch calls become the CPU through a TorchFunctionMode around each test, the file's capability
 queries answer sm_90, and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head
@@ -109,6 +110,8 @@ def _fits(names, value):
     """Whether one mark's value tuple is allowed (FA_NO_DROPOUT; the CPU's sizes)."""
     for n, v in zip(names, value):
         if n == "dropout_p" and v and os.environ.get("FA_NO_DROPOUT", "0") == "1":
+            return False
+        if n == "dropout_p" and not v and os.environ.get("FA_DROPOUT_ONLY", "0") == "1":
             return False
         if CPU and n in _SEQLEN_NAMES and v > int(os.environ.get("FA_CPU_MAX_SEQLEN", "256")):
             return False
