@@ -7,8 +7,9 @@ exactly as an eager call draws (interface._dropout_begin: torch's generator read
 or under CUDA graph capture a captured device draw), so compiled and eager code share masks,
 whichever frames a model's graph breaks or recompile limits leave eager; the ops return the
 pair (int64 (2,), on q's device) for the backward ops, which take it as an input. The forward
-ops carry torch.Tag.nondeterministic_seeded, so the partitioner does not rerun one in the
-backward (a rerun would draw another mask), and each call gets its own empty (0,) tensor,
+ops carry torch.Tag.nondeterministic_seeded, so torch's partitioner, where it recomputes one
+in the backward (activation checkpointing), gives it the forward's generator state (else the
+rerun would draw another mask), and each call gets its own empty (0,) tensor,
 dropout_nonce: AOTAutograd's CSE folds calls with equal arguments into one unless they are
 torch's own random ops, and aten.empty, which it never folds, keeps two calls with the same
 q, k, v (MC dropout, say) two draws.
