@@ -4,9 +4,10 @@
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
 #   dev/device_all.sh [stage ...]   stages: build probe quick test ncu decode fwd bwd train verify
-#                                       overhead dropout fa_kvcache fa_rest
+#                                       overhead dropout dropprof fa_kvcache fa_rest
 #                                       (default: build test decode fwd bwd train verify overhead)
 # dropout: dev/bench_dropout.py with the wgmma kernels and again with FLASH_ATTN_DET_WGMMA=0.
+# dropprof: dev/prof_dropout.py, each kernel's time at p = 0 and 0.1 (where dropout's cost goes).
 # fa_kvcache / fa_rest: flash_attn's file (tests/fa_compat, carry tests/fa_compat/.cache), 50 per
 # function, its kvcache test (-n 4: the file's references at seqlen_k 131072 are large) or the
 # rest (-n 8), FA_SEED as set or fresh, every outcome in fa_*.outcomes as it finishes.
@@ -53,6 +54,8 @@ has overhead && python3 benchmarks/bench_overhead.py 2>&1 | tee "$run/overhead.t
 has dropout && { python3 dev/bench_dropout.py --out "$run/bench_dropout.md" 2>>"$run/stderr.log" | tail -13;
     FLASH_ATTN_DET_WGMMA=0 python3 dev/bench_dropout.py --out "$run/bench_dropout_mma_sync.md" \
     2>>"$run/stderr.log" > /dev/null; }
+has dropprof && { python3 dev/prof_dropout.py --out "$run/prof_dropout.md" 2>>"$run/stderr.log" \
+    | grep -E '^## |kernel<|^\| all' | head -60; }
 export FA_SEED=${FA_SEED:-$(python3 -c 'import random; print(random.SystemRandom().randrange(1 << 31))')}
 has fa_kvcache && { FA_LOG="$(cd "$run" && pwd)/fa_kvcache.outcomes" bash tests/fa_compat/run.sh -q ${FA_XDIST_KV--n 4} \
     -p no:randomly -rf -W ignore -k kvcache > "$run/fa_kvcache.log" 2>&1; tail -25 "$run/fa_kvcache.log"; }
