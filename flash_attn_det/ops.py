@@ -35,13 +35,17 @@ def _pair(q, seed, offset):
     return t if q.device.type == "cpu" else t.pin_memory().to(q.device, non_blocking=True)
 
 
+def _empty_pair(q):
+    return q.new_empty((2,), dtype=torch.int64)
+
+
 def _drawn(q, dropout_p):
     """(dropout, commit, pair) for a forward op run with dropout_p: the draw of an eager call
     (interface._dropout_begin), its pair for the backward op (a (2,) placeholder that no one
     reads without dropout)."""
     dropout, commit = _I._dropout_begin(dropout_p, q)
     if dropout is None:
-        return None, commit, q.new_empty((2,), dtype=torch.int64)
+        return None, commit, _empty_pair(q)
     if len(dropout) > 4:  # (under CUDA graph capture: the captured device draw)
         return dropout, commit, dropout[4]
     return dropout, commit, _pair(q, dropout[1], dropout[2])
@@ -64,16 +68,12 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, win
     return out, lse, pair
 
 
-def _fake_pair(q):
-    return q.new_empty((2,), dtype=torch.int64)
-
-
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       dropout_p=0.0, dropout_nonce=None):
     B, Sq, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        q.new_empty((B, H, Sq), dtype=torch.float32), _fake_pair(q)
+        q.new_empty((B, H, Sq), dtype=torch.float32), _empty_pair(q)
 
 
 @torch.library.custom_op(f"{_LIB}::fwd_varlen", mutates_args=(), tags=_SEEDED)
@@ -97,7 +97,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
       dropout_p=0.0, dropout_nonce=None):
     Tq, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        q.new_empty((H, Tq), dtype=torch.float32), _fake_pair(q)
+        q.new_empty((H, Tq), dtype=torch.float32), _empty_pair(q)
 
 
 @torch.library.custom_op(f"{_LIB}::bwd", mutates_args=())
