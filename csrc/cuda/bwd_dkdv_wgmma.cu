@@ -39,6 +39,16 @@
  */
 #include "bwd_tile_wgmma.cuh"
 
+/* Shared memory of dkdv_wgmma_kernel: bwd_wg_cfg's, and with dropout each
+ * warpgroup's draws of a step after it (dropout.cuh, dropout_group_smem). */
+template <int kHeadDim, bool kDrop> struct dkdv_wgmma_smem {
+    using C = bwd_wg_cfg<kHeadDim>;
+    using Drop = dropout_group_smem<C::kStepM>;
+    static constexpr size_t kDropOffset = C::kDkdvSmem; /* (sL's floats end there: 4-byte aligned) */
+    static constexpr size_t kBytes = C::kDkdvSmem + (kDrop ? FAD_BWD_WG_DKDV_WGS * Drop::kBytes : 0);
+    static_assert(kBytes <= 227 * 1024, "shared memory");
+};
+
 template <typename T, int kHeadDim, bool kDrop>
 __global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDkdvThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
@@ -102,6 +112,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p, b);
+    /* this warpgroup's draws of a step (kDrop; its keys are one 64-key group) */
+    uint32_t *s_drop = reinterpret_cast<uint32_t *>(wg_smem + dkdv_wgmma_smem<kHeadDim, kDrop>::kDropOffset) +
+                       wg * dropout_group_smem<kM>::kWords;
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
@@ -141,11 +154,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
             scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
 
         /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh), drawn
-         * while dP^T is computed. */
+         * while dP^T is computed: each of the step's draws once per warpgroup,
+         * shared through shared memory (the step's barrier above ends the reads
+         * of the last step's). */
         dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
-        if constexpr (kDrop)
-            kept = dropout_kept_transposed<kMB>(drop, hk * group + step / mt_count, n0 + key_row, m0,
-                                                len_k - len_q);
+        if constexpr (kDrop) {
+            dropout_draw_group<kM>(s_drop, drop, hk * group + step / mt_count, wg_n0, m0, len_k - len_q,
+                                   tid % 128);
+            warpgroup_sync(1 + wg);
+            kept = dropout_kept_staged<kMB, kM>(s_drop, drop, key_row % 64);
+        }
 
         /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed
          * (with dropout: dP of a kept element times rp, of a dropped one 0). */
@@ -207,10 +225,11 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
     void (*kernel)(bwd_args) = drop ? dkdv_wgmma_kernel<T, kHeadDim, true> : dkdv_wgmma_kernel<T, kHeadDim, false>;
-    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, bwd_wg_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
+    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true>::kBytes : dkdv_wgmma_smem<kHeadDim, false>::kBytes;
+    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, bwd_wg_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, smem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -83,6 +83,71 @@ __device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_transposed(const fad
     return kept;
 }
 
+/* The transposed keep mask of a warpgroup that owns one 64-key group (the
+ * dK/dV wgmma kernel), through shared memory. dropout_kept_transposed makes
+ * every draw a thread reads, and the draw of (row i, key pair pr) holds the
+ * group's 16 keys 8 w + 2 pr + {0, 1}, of which one warp's 16 keys are 4: so
+ * the warpgroup's 4 warps make each draw 4 times (2 lanes share one through
+ * a shuffle there). Here the 128 threads make each of a step's kRows x 4 draws
+ * once (dropout_draw_group), the warpgroup syncs, and each thread reads one
+ * word per row (dropout_kept_staged): a quarter of the Philox work and the
+ * same bits (same draws, same bytes).
+ * Layout: word w of draw (row, pr) at [(4 w + pr) kPad + row]; kPad = kRows
+ * + 8 puts the 4 pairs 8 banks apart, so neither the writes (8 rows x 4
+ * pairs per warp) nor the reads (a warp's w is fixed; 4 pairs x 4 rows, the
+ * lanes of keys 2 pr and 2 pr + 1 reading one word) meet in a bank. */
+template <int kRows> struct dropout_group_smem {
+    static constexpr int kPad = kRows + 8;
+    static constexpr int kWords = 16 * kPad;
+    static constexpr size_t kBytes = (size_t)kWords * 4;
+    static_assert(kRows % 32 == 0, "whole sets of 128 draws");
+};
+
+/* Writes the step's draws: rows m0 .. m0 + kRows - 1 (key-space positions
+ * + i_off), the group of keys from g0 (a multiple of 64); t = thread in the
+ * warpgroup. The caller syncs the warpgroup before the reads, and no thread
+ * may still read the previous step's draws (the kernel's per-step barrier). */
+template <int kRows>
+__device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropout &d, int head, int g0,
+                                                   int m0, int i_off, int t)
+{
+    constexpr int kPad = dropout_group_smem<kRows>::kPad;
+#pragma unroll 1 /* (one draw's registers at a time: the caller holds S^T and dP^T in flight) */
+    for (int k = 0; k < kRows * 4 / 128; k++) {
+        const int c = t + 128 * k, row = c >> 2, pr = c & 3;
+        const fad_u32x4 bits = fad_dropout_draw(&d, head, m0 + row + i_off, g0 + 2 * pr);
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            s[(4 * w + pr) * kPad + row] = bits.x[w];
+    }
+}
+
+/* dropout_kept_transposed's mask (same bits, same element order) for the key
+ * jj (0..63) of the group, read from dropout_draw_group's words: rows
+ * 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes jj % 2 and
+ * 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4). */
+template <int kMB, int kRows>
+__device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_t *s, const fad_dropout &d,
+                                                                   int jj)
+{
+    static_assert(kMB * 8 == kRows, "one step's rows");
+    constexpr int kPad = dropout_group_smem<kRows>::kPad;
+    const int lane = threadIdx.x % 32;
+    const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, shift = 8u * ((uint32_t)jj & 1u);
+    const uint32_t *col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
+    dropout_kept_t<kMB> kept = 0;
+#pragma unroll
+    for (int nb = 0; nb < kMB; nb++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const uint32_t word = col[8 * nb + e2] >> shift;
+#pragma unroll
+            for (int e1 = 0; e1 < 2; e1++)
+                kept |= (dropout_kept_t<kMB>)fad_dropout_kept_byte(&d, word, 2 * e1) << (nb * 4 + 2 * e1 + e2);
+        }
+    return kept;
+}
+
 /* The keep test on packed bytes: kept iff byte < keep8, for the four bytes of
  * a word at once (__vcmpltu4: 0xff per kept byte). keep8 = 256 (p < 1/512)
  * keeps every byte, which no byte threshold can say: all_kept covers it. */
