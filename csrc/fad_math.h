@@ -311,7 +311,7 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 #define FAD_PHILOX_M1 0xCD9E8D57u
 #define FAD_PHILOX_W0 0x9E3779B9u
 #define FAD_PHILOX_W1 0xBB67AE85u
-#define FAD_DROPOUT_ROUNDS 7
+#define FAD_DROPOUT_ROUNDS 7 /* fad_philox7: change both together */
 #if defined(__CUDA_ARCH__)
 #define FAD_MULHI(a, b) __umulhi((a), (b))
 #else
@@ -322,21 +322,45 @@ typedef struct fad_u32x4 {
     uint32_t x[4];
 } fad_u32x4;
 
-/* Philox4x32 with `rounds` rounds (integer math: the same bits on every path;
- * a constant `rounds` unrolls on the GPU). */
+/* One Philox4x32 round under key (k0, k1). */
+FAD_HD fad_u32x4 fad_philox_round(fad_u32x4 c, uint32_t k0, uint32_t k1)
+{
+    const uint32_t hi0 = FAD_MULHI(FAD_PHILOX_M0, c.x[0]), lo0 = FAD_PHILOX_M0 * c.x[0];
+    const uint32_t hi1 = FAD_MULHI(FAD_PHILOX_M1, c.x[2]), lo1 = FAD_PHILOX_M1 * c.x[2];
+    fad_u32x4 n;
+    n.x[0] = hi1 ^ c.x[1] ^ k0, n.x[1] = lo1, n.x[2] = hi0 ^ c.x[3] ^ k1, n.x[3] = lo0;
+    return n;
+}
+
+/* Philox4x32 with `rounds` rounds (integer math: the same bits on every path).
+ * Round r uses the key bumped r times by the Weyl constants. */
 FAD_HD fad_u32x4 fad_philox_rounds(fad_u32x4 c, uint32_t k0, uint32_t k1, int rounds)
 {
-#ifdef __CUDA_ARCH__
-#pragma unroll
-#endif
     for (int round = 0; round < rounds; round++) {
-        const uint32_t hi0 = FAD_MULHI(FAD_PHILOX_M0, c.x[0]), lo0 = FAD_PHILOX_M0 * c.x[0];
-        const uint32_t hi1 = FAD_MULHI(FAD_PHILOX_M1, c.x[2]), lo1 = FAD_PHILOX_M1 * c.x[2];
-        fad_u32x4 n;
-        n.x[0] = hi1 ^ c.x[1] ^ k0, n.x[1] = lo1, n.x[2] = hi0 ^ c.x[3] ^ k1, n.x[3] = lo0;
-        c = n;
+        c = fad_philox_round(c, k0, k1);
         k0 += FAD_PHILOX_W0, k1 += FAD_PHILOX_W1;
     }
+    return c;
+}
+
+/* The mask's draw, Philox4x32-7, written out round by round: the same bits as
+ * fad_philox_rounds(c, k0, k1, 7). Written as that loop, nvcc kept three of the
+ * seven rounds as a rolled loop inside the kernels' tile loops (about 13
+ * instructions a round: moves, a counter, a branch, a split multiply) where a
+ * written-out round is 2 IMAD.WIDE + 2 LOP3 with the key in uniform
+ * registers. */
+FAD_HD fad_u32x4 fad_philox7(fad_u32x4 c, uint32_t k0, uint32_t k1)
+{
+#define FAD_PHILOX_ROUND_(r) \
+    c = fad_philox_round(c, k0 + (uint32_t)(r) * FAD_PHILOX_W0, k1 + (uint32_t)(r) * FAD_PHILOX_W1)
+    FAD_PHILOX_ROUND_(0);
+    FAD_PHILOX_ROUND_(1);
+    FAD_PHILOX_ROUND_(2);
+    FAD_PHILOX_ROUND_(3);
+    FAD_PHILOX_ROUND_(4);
+    FAD_PHILOX_ROUND_(5);
+    FAD_PHILOX_ROUND_(6);
+#undef FAD_PHILOX_ROUND_
     return c;
 }
 
@@ -380,7 +404,7 @@ FAD_HD fad_u32x4 fad_dropout_draw(const fad_dropout *d, int h, int i_pos, int j)
     fad_u32x4 c;
     c.x[0] = ((uint32_t)j >> 6 << 2) | (((uint32_t)j >> 1) & 3u);
     c.x[1] = (uint32_t)i_pos, c.x[2] = (uint32_t)h, c.x[3] = d->seq_id;
-    return fad_philox_rounds(c, d->k0, d->k1, FAD_DROPOUT_ROUNDS);
+    return fad_philox7(c, d->k0, d->k1); /* FAD_DROPOUT_ROUNDS rounds */
 }
 
 /* Whether byte `byte` (0..3) of a draw's word is below keep8. */

@@ -4,6 +4,17 @@
  */
 #include "bwd_block.cuh"
 
+/* Shared memory of dkdv_kernel: bwd_cfg's, and with dropout the step's draws
+ * after it (dropout.cuh, dropout_group_smem: the CTA's 4 warps own one 64-key
+ * group, as a warpgroup of dkdv_wgmma_kernel does). */
+template <int kHeadDim, bool kDrop> struct dkdv_smem {
+    using C = bwd_cfg<kHeadDim>;
+    static constexpr size_t kDropOffset = C::kDkdvSmem;
+    static constexpr size_t kBytes = C::kDkdvSmem + (kDrop ? dropout_group_smem<C::kStepM>::kBytes : 0);
+    static_assert(C::kThreads == 128 && C::kKeys == 64, "one 64-key group per CTA");
+    static_assert(kBytes * C::kMinBlocks <= 227 * 1024, "shared memory");
+};
+
 template <typename T, int kHeadDim, bool kMod, bool kDrop = false>
 __global__ void __launch_bounds__(bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kMinBlocks)
 dkdv_kernel(const __grid_constant__ bwd_args a)
@@ -80,6 +91,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p, b);
+    uint32_t *s_drop = reinterpret_cast<uint32_t *>(smem_raw + dkdv_smem<kHeadDim, kDrop>::kDropOffset);
     /* This thread's keys: n0 + key_row + 8r, r = e / 2. */
     const int key_row = warp * 16 + lane / 4;
     float dk[kDB][4] = {}, dv[kDB][4] = {};
@@ -137,10 +149,15 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
                 pt[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[i_loc]);
             }
 
-        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh). */
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh): each of
+         * the step's draws made once, shared through shared memory (the step's
+         * barrier above ends the reads of the last step's). */
         dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
-        if constexpr (kDrop)
-            kept = dropout_kept_transposed<kMB>(drop, h, n0 + key_row, m0, len_k - len_q);
+        if constexpr (kDrop) {
+            dropout_draw_group<kM>(s_drop, drop, h, n0, m0, len_k - len_q, tid);
+            __syncthreads();
+            kept = dropout_kept_staged<kMB, kM>(s_drop, drop, key_row);
+        }
 
         /* dV += P^T dO (with dropout: rp P^T where kept, 0 where dropped): P^T from
          * the accumulators as A fragments. */
@@ -221,10 +238,11 @@ fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, cha
     int *set = smem_set;
     if (a.p.dropout_p > 0.f) /* dropout: its own variant, with or without a score mod */
         kernel = dkdv_kernel<T, kHeadDim, kMod, true>, set = smem_set_drop;
-    fad_status st = allow_smem(kernel, set, bwd_cfg<kHeadDim>::kDkdvSmem, msg, msg_len);
+    const size_t smem = a.p.dropout_p > 0.f ? dkdv_smem<kHeadDim, true>::kBytes : dkdv_smem<kHeadDim, false>::kBytes;
+    fad_status st = allow_smem(kernel, set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, bwd_cfg<kHeadDim>::kDkdvSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, bwd_cfg<kHeadDim>::kThreads, smem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -2,7 +2,8 @@
  * dropout.cuh — dropout's keep rule (fad_math.h) laid over the m16n8k16
  * accumulator layout: which Philox draw holds which of a thread's elements.
  * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernel; the dK/dV
- * kernels' transposed tiles draw through dropout_kept_transposed. The wgmma
+ * kernels' transposed tiles draw once per warpgroup, through shared memory
+ * (dropout_draw_group, dropout_kept_staged). The wgmma
  * forward kernels drop on P already packed to A fragments (dropout_pf): four
  * keep tests per word at once, and one AND per pair of elements.
  */
@@ -51,51 +52,21 @@ __device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, con
  * (nb, e) of the m16n8k16 accumulator layout (key j + 8 (e / 2), query row
  * m0 + 8 nb + 2 (lane % 4) + e % 2). Keys j and j + 8 share a row's Philox
  * draw (same 64-key group and pair) and its word ((j / 16) % 4): bytes j % 2
- * and 2 + j % 2 (fad_math.h). Lanes L and L ^ 4 hold the same rows and the
- * two keys of one pair, so they need the same draws: each makes the draws of
- * its own e2 = (lane / 4) % 2 and passes the word to the other (half the
- * Philox work, one shuffle per draw). i_off = len_k - len_q (a query row's
- * key-space position is i + i_off). */
-template <int kMB> /* (64 bits for the wgmma kernel's 128-row steps at D64) */
-using dropout_kept_t = typename std::conditional<(kMB > 8), uint64_t, uint32_t>::type;
-template <int kMB>
-__device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_transposed(const fad_dropout &d, int head,
-                                                                       int j, int m0, int i_off)
-{
-    static_assert(kMB * 4 <= 64, "one bit per element of a thread's tile");
-    const int lane = threadIdx.x % 32, mine = (lane >> 2) & 1;
-    const uint32_t wsel = (uint32_t)j >> 4 & 3u, shift = 8u * ((uint32_t)j & 1u);
-    dropout_kept_t<kMB> kept = 0;
-#pragma unroll
-    for (int nb = 0; nb < kMB; nb++) {
-        const int i = m0 + nb * 8 + (lane % 4) * 2 + mine;
-        const fad_u32x4 bits = fad_dropout_draw(&d, head, i + i_off, j);
-        const uint32_t own = wsel == 0 ? bits.x[0] : wsel == 1 ? bits.x[1] : wsel == 2 ? bits.x[2] : bits.x[3];
-        const uint32_t other = __shfl_xor_sync(0xffffffffu, own, 4);
-        const uint32_t words[2] = {(mine ? other : own) >> shift, (mine ? own : other) >> shift};
-#pragma unroll
-        for (int e2 = 0; e2 < 2; e2++)
-#pragma unroll
-            for (int e1 = 0; e1 < 2; e1++)
-                kept |= (dropout_kept_t<kMB>)fad_dropout_kept_byte(&d, words[e2], 2 * e1)
-                        << (nb * 4 + 2 * e1 + e2);
-    }
-    return kept;
-}
-
-/* The transposed keep mask of a warpgroup that owns one 64-key group (the
- * dK/dV wgmma kernel), through shared memory. dropout_kept_transposed makes
- * every draw a thread reads, and the draw of (row i, key pair pr) holds the
- * group's 16 keys 8 w + 2 pr + {0, 1}, of which one warp's 16 keys are 4: so
- * the warpgroup's 4 warps make each draw 4 times (2 lanes share one through
- * a shuffle there). Here the 128 threads make each of a step's kRows x 4 draws
- * once (dropout_draw_group), the warpgroup syncs, and each thread reads one
- * word per row (dropout_kept_staged): a quarter of the Philox work and the
- * same bits (same draws, same bytes).
+ * and 2 + j % 2 (fad_math.h).
+ * The draw of (row i, key pair pr) holds the group's 16 keys 8 w + 2 pr +
+ * {0, 1}, of which one warp's 16 keys are 4: drawn by the warps that need
+ * them, each draw would be made 4 times (twice, with lanes L and L ^ 4
+ * sharing one through a shuffle, as these kernels did until 2026-11-26).
+ * Both dK/dV kernels give one warpgroup (128 threads) exactly one 64-key
+ * group, so its threads make each of a step's kRows x 4 draws once
+ * (dropout_draw_group), the warpgroup syncs, and each thread reads one word
+ * per row (dropout_kept_staged).
  * Layout: word w of draw (row, pr) at [(4 w + pr) kPad + row]; kPad = kRows
  * + 8 puts the 4 pairs 8 banks apart, so neither the writes (8 rows x 4
  * pairs per warp) nor the reads (a warp's w is fixed; 4 pairs x 4 rows, the
  * lanes of keys 2 pr and 2 pr + 1 reading one word) meet in a bank. */
+template <int kMB> /* (64 bits for the wgmma kernel's 128-row steps at D64) */
+using dropout_kept_t = typename std::conditional<(kMB > 8), uint64_t, uint32_t>::type;
 template <int kRows> struct dropout_group_smem {
     static constexpr int kPad = kRows + 8;
     static constexpr int kWords = 16 * kPad;
@@ -122,10 +93,9 @@ __device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropou
     }
 }
 
-/* dropout_kept_transposed's mask (same bits, same element order) for the key
- * jj (0..63) of the group, read from dropout_draw_group's words: rows
- * 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes jj % 2 and
- * 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4). */
+/* The transposed mask of the group's key jj (0..63), from dropout_draw_group's
+ * words: rows 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes
+ * jj % 2 and 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4). */
 template <int kMB, int kRows>
 __device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_t *s, const fad_dropout &d,
                                                                    int jj)
@@ -148,20 +118,39 @@ __device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_
     return kept;
 }
 
-/* The keep test on packed bytes: kept iff byte < keep8, for the four bytes of
- * a word at once (__vcmpltu4: 0xff per kept byte). keep8 = 256 (p < 1/512)
- * keeps every byte, which no byte threshold can say: all_kept covers it. */
+/* The keep test on packed bytes, four at once: kept iff byte x < t = keep8
+ * (0..256). The result's sign bit of each byte says *dropped* (an AND NOT
+ * applies the complement for free). Three integer instructions and no select,
+ * where __vcmpltu4 took four and t = 256 (no byte holds it) a fifth. Split
+ * x = 128 xh + xl and t into th = [t >= 128] and tl = t - 128 th (t = 256:
+ * th = 1, tl = 128). The bytes of s = xl + (128 - tl) cannot carry into each
+ * other (at most 127 + 128), and s's sign bit says xl >= tl. So x < t is
+ *   th = 1: not (xh and xl >= tl)      th = 0: not (xh or xl >= tl),
+ * and dropped is one LOP3 of (x, s, th's mask) on the sign bits. */
 struct dropout_bytes {
-    uint32_t thr4, all_kept;
+    uint32_t add4, th4;
     __device__ __forceinline__ explicit dropout_bytes(const fad_dropout &d)
-        : thr4(min(d.keep8, 255u) * 0x01010101u), all_kept(d.keep8 > 255u ? ~0u : 0u)
+        : add4((d.keep8 >= 128u ? 256u - d.keep8 : 128u - d.keep8) * 0x01010101u),
+          th4(d.keep8 >= 128u ? ~0u : 0u)
     {
     }
-    __device__ __forceinline__ uint32_t kept(uint32_t word) const
+    __device__ __forceinline__ uint32_t dropped_sign(uint32_t x) const
     {
-        return __vcmpltu4(word, thr4) | all_kept;
+        const uint32_t s = (x & 0x7f7f7f7fu) + add4;
+        return (x & s & th4) | ((x | s) & ~th4);
     }
 };
+
+/* The sign bits of bytes lo, hi of m spread over the low and high halves of a
+ * word (prmt's sign-replicating selectors, 8 + byte: 0xffff per dropped half). */
+template <int kLo, int kHi>
+__device__ __forceinline__ uint32_t dropout_halves(uint32_t m)
+{
+    constexpr uint32_t sel = (uint32_t)(8 + kLo) * 0x11u | (uint32_t)(8 + kHi) * 0x1100u;
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(m), "r"(0u), "n"(sel));
+    return r;
+}
 
 /* Dropout on P packed to m16n8k16 A fragments (p_fragment's layout) of one
  * 64-key tile from t0, for a thread's 2 rows at key-space positions i_pos:
@@ -181,9 +170,9 @@ __device__ __forceinline__ void dropout_pf(uint32_t (&pf)[4][4], const fad_dropo
         const fad_u32x4 bits = fad_dropout_draw(&d, head, i_pos[r], t0 + 2 * (lane % 4));
 #pragma unroll
         for (int w = 0; w < 4; w++) { /* word w: n8 blocks 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3) */
-            const uint32_t m = keep.kept(bits.x[w]);
-            pf[w][r] &= __byte_perm(m, 0, 0x1100);     /* byte 0 -> low half, byte 1 -> high */
-            pf[w][2 + r] &= __byte_perm(m, 0, 0x3322); /* bytes 2, 3 */
+            const uint32_t m = keep.dropped_sign(bits.x[w]);
+            pf[w][r] &= ~dropout_halves<0, 1>(m);     /* byte 0 -> low half, byte 1 -> high */
+            pf[w][2 + r] &= ~dropout_halves<2, 3>(m); /* bytes 2, 3 */
         }
     }
 }
