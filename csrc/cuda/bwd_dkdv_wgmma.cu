@@ -135,6 +135,12 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         if (step + 1 < steps)
             load_step(step + 1, st + 1 == C::kDkdvStages ? 0 : st + 1);
         cp_async_commit();
+        /* Dropout's draws while the tensor cores run S^T and dP^T (they need
+         * neither): each of the step's draws once per warpgroup, into shared
+         * memory (the step's barrier above ended the reads of the last step's). */
+        if constexpr (kDrop)
+            dropout_draw_group<kM>(s_drop, drop, hk * group + step / mt_count, wg_n0, m0, len_k - len_q,
+                                   tid % 128);
         wgmma_wait<1>(); /* S^T landed (and, deferred, the last step's dV, dK) */
         wgmma_fence_operand(pt);
         if constexpr (C::kDkdvDefer) {
@@ -153,14 +159,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         else
             scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
 
-        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh), drawn
-         * while dP^T is computed: each of the step's draws once per warpgroup,
-         * shared through shared memory (the step's barrier above ends the reads
-         * of the last step's). */
+        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh), read
+         * from the step's draws, which the warpgroup made above. */
         dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
         if constexpr (kDrop) {
-            dropout_draw_group<kM>(s_drop, drop, hk * group + step / mt_count, wg_n0, m0, len_k - len_q,
-                                   tid % 128);
             warpgroup_sync(1 + wg);
             kept = dropout_kept_staged<kMB, kM>(s_drop, drop, key_row % 64);
         }

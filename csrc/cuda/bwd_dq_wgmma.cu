@@ -74,6 +74,9 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         if (t0 + kN < t_last)
             load_kv(t0 + kN, st + 1 == C::kDqStages ? 0 : st + 1);
         cp_async_commit();
+        fad_u32x4 dbits[2][dropout_tile_draws<kNB>::kDraws]; /* (kDrop) this tile's dropout draws */
+        if constexpr (kDrop) /* the draws need neither S nor dP: issued before the waits */
+            dropout_draw_tile<2, kNB>(dbits, drop, h, i_pos, t0);
         wgmma_wait<1>(); /* S landed (and, deferred, the last tile's dQ) */
         wgmma_fence_operand(pr);
         if constexpr (C::kDqDefer) {
@@ -89,7 +92,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
         if constexpr (kDrop) /* dP of a kept element times rp, of a dropped one 0 (dq_kernel's) */
-            dropout_walk<2, kNB>(drop, h, i_pos, t0, [&](int r, int nb, int e, bool kept) {
+            dropout_walk_drawn<2, kNB>(drop, dbits, t0, [&](int r, int nb, int e, bool kept) {
                 float &x = ds[nb][2 * r + e];
                 x = kept ? FAD_MUL(x, drop.rp) : 0.f;
             });

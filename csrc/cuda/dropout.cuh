@@ -15,35 +15,65 @@
 #include "fad_math.h"
 
 /* Dropout's keep rule over a thread's kRows rows x kNB n8 blocks of keys from
- * t0 (a multiple of 8 kNB, or of 64) in the m16n8k16 accumulator layout:
- * f(r, nb, e, kept) for row r (key-space position i_pos[r]), key
- * t0 + 8 nb + 2 (lane % 4) + e. One Philox draw per row and 64 keys holds this
- * thread's 16 (fad_math.h); a 32-key tile uses half of one. Words and bytes are
- * picked with compile-time indices (the word of a 32-key tile by a select on
- * t0), so the draw stays in registers. */
-template <int kRows, int kNB, class F>
-__device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, const int (&i_pos)[kRows],
-                                             int t0, F f)
-{
-    constexpr int kPer = kNB < 8 ? kNB : 8; /* n8 blocks per draw */
+ * t0 (a multiple of 8 kNB, or of 64) in the m16n8k16 accumulator layout.
+ * One Philox draw per row and 64 keys holds this thread's 16 (fad_math.h); a
+ * 32-key tile uses half of one. The draws do not depend on S, so the wgmma
+ * kernels issue them (dropout_draw_tile) before they wait for S, and use them
+ * (dropout_walk_drawn, dropout_pf) once S has landed. */
+template <int kNB>
+struct dropout_tile_draws {
+    static constexpr int kPer = kNB < 8 ? kNB : 8; /* n8 blocks per draw */
+    static constexpr int kDraws = kNB / kPer;      /* per row */
     static_assert(kPer == 4 || (kPer == 8 && kNB % 8 == 0), "whole 32- or 64-key groups");
+};
+
+/* bits[r][g]: row r's draw of keys t0 + 64 g .. (the 64-key group holding them). */
+template <int kRows, int kNB>
+__device__ __forceinline__ void dropout_draw_tile(fad_u32x4 (&bits)[kRows][dropout_tile_draws<kNB>::kDraws],
+                                                  const fad_dropout &d, int head, const int (&i_pos)[kRows],
+                                                  int t0)
+{
+    constexpr int kPer = dropout_tile_draws<kNB>::kPer;
     const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+#pragma unroll
+        for (int g = 0; g < kNB / kPer; g++)
+            bits[r][g] = fad_dropout_draw(&d, head, i_pos[r], t0 + 8 * kPer * g + 2 * (lane % 4));
+}
+
+/* f(r, nb, e, kept) for row r, key t0 + 8 nb + 2 (lane % 4) + e, from the
+ * tile's draws. Words and bytes are picked with compile-time indices (the word
+ * of a 32-key tile by a select on t0), so the draws stay in registers. */
+template <int kRows, int kNB, class F>
+__device__ __forceinline__ void dropout_walk_drawn(const fad_dropout &d,
+                                                   const fad_u32x4 (&bits)[kRows][dropout_tile_draws<kNB>::kDraws],
+                                                   int t0, F f)
+{
+    constexpr int kPer = dropout_tile_draws<kNB>::kPer;
     /* a 32-key tile's half of its 64-key draw: words 2, 3 when t0 % 64 == 32 */
     const bool upper = kPer == 4 && (t0 & 32);
 #pragma unroll
     for (int r = 0; r < kRows; r++)
 #pragma unroll
-        for (int g = 0; g < kNB / kPer; g++) {
-            const int j0 = t0 + 8 * kPer * g + 2 * (lane % 4);
-            const fad_u32x4 bits = fad_dropout_draw(&d, head, i_pos[r], j0);
+        for (int g = 0; g < kNB / kPer; g++)
 #pragma unroll
             for (int w = 0; w < kPer; w++) {
-                const uint32_t word = upper ? bits.x[2 + (w >> 1)] : bits.x[w >> 1];
+                const uint32_t word = upper ? bits[r][g].x[2 + (w >> 1)] : bits[r][g].x[w >> 1];
 #pragma unroll
                 for (int e = 0; e < 2; e++)
                     f(r, kPer * g + w, e, fad_dropout_kept_byte(&d, word, 2 * (w & 1) + e));
             }
-        }
+}
+
+/* Both at once, for the mma.sync kernels (their S is ready when they drop). */
+template <int kRows, int kNB, class F>
+__device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, const int (&i_pos)[kRows],
+                                             int t0, F f)
+{
+    fad_u32x4 bits[kRows][dropout_tile_draws<kNB>::kDraws];
+    dropout_draw_tile<kRows, kNB>(bits, d, head, i_pos, t0);
+    dropout_walk_drawn<kRows, kNB>(d, bits, t0, f);
 }
 
 /* Dropout's keep rule over the dK/dV kernels' transposed tiles (S^T: a
@@ -158,23 +188,19 @@ __device__ __forceinline__ uint32_t dropout_halves(uint32_t m)
  * with nb = 2 kk + nb % 2, the first key in its low half. Each dropped half is
  * zeroed by an AND: +0, the bits the float path (dropout_walk, x = 0.f, then
  * packed) gives, and kept halves are untouched, so both paths give P the same
- * bits. Same draws as dropout_walk: one per row; word nb / 2, bytes
- * 2 (nb % 2) + {0, 1}. */
-__device__ __forceinline__ void dropout_pf(uint32_t (&pf)[4][4], const fad_dropout &d,
-                                           const dropout_bytes &keep, int head,
-                                           const int (&i_pos)[2], int t0)
+ * bits. bits: the tile's draws (dropout_draw_tile<2, 8>): one per row; word
+ * nb / 2, bytes 2 (nb % 2) + {0, 1}. */
+__device__ __forceinline__ void dropout_pf(uint32_t (&pf)[4][4], const dropout_bytes &keep,
+                                           const fad_u32x4 (&bits)[2][1])
 {
-    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const fad_u32x4 bits = fad_dropout_draw(&d, head, i_pos[r], t0 + 2 * (lane % 4));
+    for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int w = 0; w < 4; w++) { /* word w: n8 blocks 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3) */
-            const uint32_t m = keep.dropped_sign(bits.x[w]);
+            const uint32_t m = keep.dropped_sign(bits[r][0].x[w]);
             pf[w][r] &= ~dropout_halves<0, 1>(m);     /* byte 0 -> low half, byte 1 -> high */
             pf[w][2 + r] &= ~dropout_halves<2, 3>(m); /* bytes 2, 3 */
         }
-    }
 }
 
 #endif /* FAD_DROPOUT_CUH */

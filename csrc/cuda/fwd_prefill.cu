@@ -204,6 +204,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
 
         const bool need_mask = t0 < unmasked_lo || t0 + kBlockN > unmasked_hi;
         if constexpr (kWgmma) {
+            fad_u32x4 dbits[2][1]; /* (kDrop) this tile's dropout draws, one per row */
             const uint32_t k_addr = smem_addr(sK + stage * C::kStageElems);
             attend_tile_wgmma<T, kHeadDim, kBlockN, kBlockM, C::kQInRegs, kMod>(
                 acc, m_s, l_s, qf, q_addr, k_addr,
@@ -212,10 +213,14 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                 [&]() {
                     if constexpr (FAD_WG_LOADS_DURING_S)
                         load_next();
+                    /* (the draws need no S: issued before its wait; ptxas mixes
+                     * them with the exponentials) */
+                    if constexpr (kDrop)
+                        dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
                 },
                 [&](uint32_t (&pf)[kBlockN / 16][4]) {
                     if constexpr (kDrop)
-                        dropout_pf(pf, drop, keep, h, i_pos, t0);
+                        dropout_pf(pf, keep, dbits);
                 });
             acc_live = true;
         } else {

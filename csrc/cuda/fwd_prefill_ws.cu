@@ -31,7 +31,10 @@
  * issued, while s's registers are free. (Applied after that issue instead, so
  * that the draws run under it, ptxas spilled 200 B against 86 B, and the
  * forward at p = 0.1 measured 1.48-1.62x the time of p = 0 against
- * 1.24-1.32x: docs/log/2026-11-26_notebook.md.)
+ * 1.24-1.32x: docs/log/2026-11-26_notebook.md. Made by the producer
+ * warpgroup into shared memory beside the stage's K/V, with a second arrival
+ * on its full barrier, they measured 1.28-1.32x against 1.23-1.24x:
+ * docs/log/2026-11-26_notebook.md, third session.)
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
@@ -280,8 +283,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
          * wgmma_wait retires. */
         for (;;) {
             p_fragments<T, kBlockN>(s, pf);
-            if constexpr (kDrop)
-                dropout_pf(pf, drop, keep, h, i_pos, t0);
+            if constexpr (kDrop) {
+                fad_u32x4 dbits[2][1];
+                dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
+                dropout_pf(pf, keep, dbits);
+            }
             const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
             const ring_pos pos_done = pos;
             auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
