@@ -8,7 +8,9 @@ deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (fl
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
 `python3 dev/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
 fast mode on one non-causal prefill shape (where the two modes' costs differ);
-`python3 dev/ncu_fwd.py decode` only the decode call, beside SDPA cuDNN's on the same cache.
+`python3 dev/ncu_fwd.py decode` only the decode call, beside SDPA cuDNN's on the same cache;
+`python3 dev/ncu_fwd.py dropout D L B H` one forward + backward at dropout_p 0 and at 0.1
+(deterministic mode, non-causal), to see where dropout's cost goes in each kernel.
 """
 import sys
 
@@ -39,9 +41,21 @@ def det_vs_fast(D, L, B, H):
                  lambda: fad.flash_attn_func(q, k, v))
 
 
+def dropout(D, L, B, H):
+    fad.set_deterministic_mode(True)
+    q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn_like(q)
+    for p in (0.0, 0.1):
+        profiled(f"fwd+bwd D{D} L{L} B{B} H{H} dropout_p={p}",
+                 lambda: fad.flash_attn_func(q, k, v, dropout_p=p).backward(g))
+
+
 def main():
     if sys.argv[1:2] == ["detfast"]:
         return det_vs_fast(*(int(x) for x in sys.argv[2:6]))
+    if sys.argv[1:2] == ["dropout"]:
+        return dropout(*(int(x) for x in sys.argv[2:6]))
     dev, bf = "cuda", torch.bfloat16
     fad.set_deterministic_mode(True)
     if sys.argv[1:2] == ["decode"]:

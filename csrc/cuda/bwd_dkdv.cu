@@ -154,9 +154,9 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
          * barrier above ends the reads of the last step's). */
         dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
         if constexpr (kDrop) {
-            dropout_draw_group<kM>(s_drop, drop, h, n0, m0, len_k - len_q, tid);
+            dropout_draw_group<kM>(s_drop, drop, dropout_bytes(drop), h, n0, m0, len_k - len_q, tid);
             __syncthreads();
-            kept = dropout_kept_staged<kMB, kM>(s_drop, drop, key_row);
+            kept = dropout_kept_staged<kMB, kM>(s_drop, key_row);
         }
 
         /* dV += P^T dO (with dropout: rp P^T where kept, 0 where dropped): P^T from

@@ -112,6 +112,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p, b);
+    const dropout_bytes keep(drop);
     /* this warpgroup's draws of a step (kDrop; its keys are one 64-key group) */
     uint32_t *s_drop = reinterpret_cast<uint32_t *>(wg_smem + dkdv_wgmma_smem<kHeadDim, kDrop>::kDropOffset) +
                        wg * dropout_group_smem<kM>::kWords;
@@ -139,8 +140,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
          * neither): each of the step's draws once per warpgroup, into shared
          * memory (the step's barrier above ended the reads of the last step's). */
         if constexpr (kDrop)
-            dropout_draw_group<kM>(s_drop, drop, hk * group + step / mt_count, wg_n0, m0, len_k - len_q,
-                                   tid % 128);
+            dropout_draw_group<kM>(s_drop, drop, keep, hk * group + step / mt_count, wg_n0, m0,
+                                   len_k - len_q, tid % 128);
         wgmma_wait<1>(); /* S^T landed (and, deferred, the last step's dV, dK) */
         wgmma_fence_operand(pt);
         if constexpr (C::kDkdvDefer) {
@@ -159,13 +160,11 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         else
             scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
 
-        /* Dropout: bit nb * 4 + e of kept is element (nb, e) (dropout.cuh), read
-         * from the step's draws, which the warpgroup made above. */
-        dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
-        if constexpr (kDrop) {
+        /* Dropout: masks of the dropped elements (dropout.cuh), read from the
+         * step's draws, which the warpgroup made above. */
+        if constexpr (kDrop)
             warpgroup_sync(1 + wg);
-            kept = dropout_kept_staged<kMB, kM>(s_drop, drop, key_row % 64);
-        }
+        const dropout_staged_masks<kM> dropped(s_drop, key_row % 64);
 
         /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed
          * (with dropout: dP of a kept element times rp, of a dropped one 0). */
@@ -177,8 +176,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
             for (int e = 0; e < 4; e++) {
                 const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
                 float dp = ds[nb][e];
-                if constexpr (kDrop)
-                    dp = kept >> (nb * 4 + e) & 1u ? FAD_MUL(dp, drop.rp) : 0.f;
+                if constexpr (kDrop) /* +0 where dropped: the bits of the select it replaces */
+                    dp = __uint_as_float(__float_as_uint(FAD_MUL(dp, drop.rp)) & ~dropped.element(nb, e));
                 ds[nb][e] = fad_ds(pt[nb][e], dp, dsum[i_loc], scale);
             }
 
@@ -187,15 +186,17 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
          * kept P^T's fragments live beside dS^T, and the D128 build spilled.) */
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++) {
-            if constexpr (kDrop) { /* dV's P^T: rp P^T where kept, 0 where dropped (dkdv_kernel's) */
+            if constexpr (kDrop) { /* dV's P^T: rp P^T where kept, +0 where dropped (dkdv_kernel's) */
                 float pv[2][4];
 #pragma unroll
                 for (int n = 0; n < 2; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        pv[n][e] = kept >> ((2 * kk + n) * 4 + e) & 1u ? FAD_MUL(pt[2 * kk + n][e], drop.rp)
-                                                                      : 0.f;
+                        pv[n][e] = FAD_MUL(pt[2 * kk + n][e], drop.rp);
                 p_fragment<T>(pv, 0, pf[kk]);
+#pragma unroll
+                for (int r = 0; r < 4; r++) /* (pf[kk][r]: n-block 2 kk + r / 2, keys + 8 (r % 2)) */
+                    pf[kk][r] &= ~dropped.pair(2 * kk + r / 2, r % 2);
             } else {
                 p_fragment<T>(pt, kk, pf[kk]);
             }

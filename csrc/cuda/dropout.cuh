@@ -76,78 +76,6 @@ __device__ __forceinline__ void dropout_walk(const fad_dropout &d, int head, con
     dropout_walk_drawn<kRows, kNB>(d, bits, t0, f);
 }
 
-/* Dropout's keep rule over the dK/dV kernels' transposed tiles (S^T: a
- * thread's keys j and j + 8 as rows, query rows m0 + 8 nb + 2 (lane % 4) +
- * {0, 1} as columns, nb < kMB), as a bit mask: bit nb * 4 + e is element
- * (nb, e) of the m16n8k16 accumulator layout (key j + 8 (e / 2), query row
- * m0 + 8 nb + 2 (lane % 4) + e % 2). Keys j and j + 8 share a row's Philox
- * draw (same 64-key group and pair) and its word ((j / 16) % 4): bytes j % 2
- * and 2 + j % 2 (fad_math.h).
- * The draw of (row i, key pair pr) holds the group's 16 keys 8 w + 2 pr +
- * {0, 1}, of which one warp's 16 keys are 4: drawn by the warps that need
- * them, each draw would be made 4 times (twice, with lanes L and L ^ 4
- * sharing one through a shuffle, as these kernels did until 2026-11-26).
- * Both dK/dV kernels give one warpgroup (128 threads) exactly one 64-key
- * group, so its threads make each of a step's kRows x 4 draws once
- * (dropout_draw_group), the warpgroup syncs, and each thread reads one word
- * per row (dropout_kept_staged).
- * Layout: word w of draw (row, pr) at [(4 w + pr) kPad + row]; kPad = kRows
- * + 8 puts the 4 pairs 8 banks apart, so neither the writes (8 rows x 4
- * pairs per warp) nor the reads (a warp's w is fixed; 4 pairs x 4 rows, the
- * lanes of keys 2 pr and 2 pr + 1 reading one word) meet in a bank. */
-template <int kMB> /* (64 bits for the wgmma kernel's 128-row steps at D64) */
-using dropout_kept_t = typename std::conditional<(kMB > 8), uint64_t, uint32_t>::type;
-template <int kRows> struct dropout_group_smem {
-    static constexpr int kPad = kRows + 8;
-    static constexpr int kWords = 16 * kPad;
-    static constexpr size_t kBytes = (size_t)kWords * 4;
-    static_assert(kRows % 32 == 0, "whole sets of 128 draws");
-};
-
-/* Writes the step's draws: rows m0 .. m0 + kRows - 1 (key-space positions
- * + i_off), the group of keys from g0 (a multiple of 64); t = thread in the
- * warpgroup. The caller syncs the warpgroup before the reads, and no thread
- * may still read the previous step's draws (the kernel's per-step barrier). */
-template <int kRows>
-__device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropout &d, int head, int g0,
-                                                   int m0, int i_off, int t)
-{
-    constexpr int kPad = dropout_group_smem<kRows>::kPad;
-#pragma unroll 1 /* (one draw's registers at a time: the caller holds S^T and dP^T in flight) */
-    for (int k = 0; k < kRows * 4 / 128; k++) {
-        const int c = t + 128 * k, row = c >> 2, pr = c & 3;
-        const fad_u32x4 bits = fad_dropout_draw(&d, head, m0 + row + i_off, g0 + 2 * pr);
-#pragma unroll
-        for (int w = 0; w < 4; w++)
-            s[(4 * w + pr) * kPad + row] = bits.x[w];
-    }
-}
-
-/* The transposed mask of the group's key jj (0..63), from dropout_draw_group's
- * words: rows 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes
- * jj % 2 and 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4). */
-template <int kMB, int kRows>
-__device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_t *s, const fad_dropout &d,
-                                                                   int jj)
-{
-    static_assert(kMB * 8 == kRows, "one step's rows");
-    constexpr int kPad = dropout_group_smem<kRows>::kPad;
-    const int lane = threadIdx.x % 32;
-    const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, shift = 8u * ((uint32_t)jj & 1u);
-    const uint32_t *col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
-    dropout_kept_t<kMB> kept = 0;
-#pragma unroll
-    for (int nb = 0; nb < kMB; nb++)
-#pragma unroll
-        for (int e2 = 0; e2 < 2; e2++) {
-            const uint32_t word = col[8 * nb + e2] >> shift;
-#pragma unroll
-            for (int e1 = 0; e1 < 2; e1++)
-                kept |= (dropout_kept_t<kMB>)fad_dropout_kept_byte(&d, word, 2 * e1) << (nb * 4 + 2 * e1 + e2);
-        }
-    return kept;
-}
-
 /* The keep test on packed bytes, four at once: kept iff byte x < t = keep8
  * (0..256). The result's sign bit of each byte says *dropped* (an AND NOT
  * applies the complement for free). Three integer instructions and no select,
@@ -181,6 +109,121 @@ __device__ __forceinline__ uint32_t dropout_halves(uint32_t m)
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(m), "r"(0u), "n"(sel));
     return r;
 }
+
+/* Dropout's keep rule over the dK/dV kernels' transposed tiles (S^T: a
+ * thread's keys j and j + 8 as rows, query rows m0 + 8 nb + 2 (lane % 4) +
+ * {0, 1} as columns, nb < kMB), as a bit mask: bit nb * 4 + e is element
+ * (nb, e) of the m16n8k16 accumulator layout (key j + 8 (e / 2), query row
+ * m0 + 8 nb + 2 (lane % 4) + e % 2). Keys j and j + 8 share a row's Philox
+ * draw (same 64-key group and pair) and its word ((j / 16) % 4): bytes j % 2
+ * and 2 + j % 2 (fad_math.h).
+ * The draw of (row i, key pair pr) holds the group's 16 keys 8 w + 2 pr +
+ * {0, 1}, of which one warp's 16 keys are 4: drawn by the warps that need
+ * them, each draw would be made 4 times (twice, with lanes L and L ^ 4
+ * sharing one through a shuffle, as these kernels did until 2026-11-26).
+ * Both dK/dV kernels give one warpgroup (128 threads) exactly one 64-key
+ * group, so its threads make each of a step's kRows x 4 draws once
+ * (dropout_draw_group), the warpgroup syncs, and each thread reads one word
+ * per row (dropout_kept_staged).
+ * Layout: word w of draw (row, pr) at [(4 w + pr) kPad + row]; kPad = kRows
+ * + 8 puts the 4 pairs 8 banks apart, so neither the writes (8 rows x 4
+ * pairs per warp) nor the reads (a warp's w is fixed; 4 pairs x 4 rows, the
+ * lanes of keys 2 pr and 2 pr + 1 reading one word) meet in a bank. */
+template <int kMB> /* (64 bits for the wgmma kernel's 128-row steps at D64) */
+using dropout_kept_t = typename std::conditional<(kMB > 8), uint64_t, uint32_t>::type;
+template <int kRows> struct dropout_group_smem {
+    static constexpr int kPad = kRows + 8;
+    static constexpr int kWords = 16 * kPad;
+    static constexpr size_t kBytes = (size_t)kWords * 4;
+    static_assert(kRows % 32 == 0, "whole sets of 128 draws");
+};
+
+/* Writes the step's draws: rows m0 .. m0 + kRows - 1 (key-space positions
+ * + i_off), the group of keys from g0 (a multiple of 64); t = thread in the
+ * warpgroup. Each word is stored as its keep test's result (dropout_bytes:
+ * the sign bit of each byte says dropped), made once here rather than by
+ * each of the two threads that read it. The caller syncs the warpgroup before the reads, and no thread
+ * may still read the previous step's draws (the kernel's per-step barrier). */
+template <int kRows>
+__device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropout &d, const dropout_bytes &keep,
+                                                   int head, int g0, int m0, int i_off, int t)
+{
+    constexpr int kPad = dropout_group_smem<kRows>::kPad;
+#pragma unroll 1 /* (one draw's registers at a time: the caller holds S^T and dP^T in flight) */
+    for (int k = 0; k < kRows * 4 / 128; k++) {
+        const int c = t + 128 * k, row = c >> 2, pr = c & 3;
+        const fad_u32x4 bits = fad_dropout_draw(&d, head, m0 + row + i_off, g0 + 2 * pr);
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            s[(4 * w + pr) * kPad + row] = keep.dropped_sign(bits.x[w]);
+    }
+}
+
+/* The transposed mask of the group's key jj (0..63), from dropout_draw_group's
+ * words: rows 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes
+ * jj % 2 and 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4), as bit
+ * nb * 4 + 2 e1 + e2 of a mask: element (nb, e = 2 e1 + e2), set where kept
+ * (the mma.sync kernel's form). */
+template <int kMB, int kRows>
+__device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_t *s, int jj)
+{
+    static_assert(kMB * 8 == kRows, "one step's rows");
+    constexpr int kPad = dropout_group_smem<kRows>::kPad;
+    const int lane = threadIdx.x % 32;
+    const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, shift = 8u * ((uint32_t)jj & 1u) + 7u;
+    const uint32_t *col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
+    dropout_kept_t<kMB> kept = 0;
+#pragma unroll
+    for (int nb = 0; nb < kMB; nb++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const uint32_t dropped = col[8 * nb + e2] >> shift;
+#pragma unroll
+            for (int e1 = 0; e1 < 2; e1++)
+                kept |= (dropout_kept_t<kMB>)(~dropped >> (16 * e1) & 1u) << (nb * 4 + 2 * e1 + e2);
+        }
+    return kept;
+}
+
+/* prmt with a run-time selector (msb of a nibble: replicate that byte's sign). */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+/* The same mask as masks for AND NOT, the wgmma dK/dV kernel's form: no bit
+ * tests or selects, two instructions per element. element(): all ones where
+ * the fp32 element (nb, e) is dropped; pair(): 0xffff per dropped half of
+ * the packed pair (nb, e = 2 h, 2 h + 1) of P^T's A fragment (p_fragment: the
+ * low half row e2 = 0, the high half e2 = 1). prmt's sign-replicating
+ * selectors pick byte 2 h + jj % 2 (a run-time selector: jj is the thread's). */
+template <int kRows>
+struct dropout_staged_masks {
+    const uint32_t *col;
+    uint32_t sel_e[2], sel_pair[2];
+    __device__ __forceinline__ dropout_staged_masks(const uint32_t *s, int jj)
+    {
+        constexpr int kPad = dropout_group_smem<kRows>::kPad;
+        const int lane = threadIdx.x % 32;
+        const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, b = (uint32_t)jj & 1u;
+        col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sel_e[h] = (8u + 2u * h + b) * 0x1111u;
+            sel_pair[h] = (8u + 2u * h + b) * 0x11u | (12u + 2u * h + b) * 0x1100u;
+        }
+    }
+    __device__ __forceinline__ uint32_t element(int nb, int e) const
+    {
+        return prmt(col[8 * nb + (e & 1)], 0u, sel_e[e >> 1]);
+    }
+    __device__ __forceinline__ uint32_t pair(int nb, int h) const
+    {
+        return prmt(col[8 * nb], col[8 * nb + 1], sel_pair[h]);
+    }
+};
 
 /* Dropout on P packed to m16n8k16 A fragments (p_fragment's layout) of one
  * 64-key tile from t0, for a thread's 2 rows at key-space positions i_pos:
