@@ -1,11 +1,12 @@
 /*
  * dropout.cuh — dropout's keep rule (fad_math.h) laid over the m16n8k16
  * accumulator layout: which Philox draw holds which of a thread's elements.
- * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernel; the dK/dV
+ * Shared by the forward's tile (fwd_tile.cuh) and the dQ kernels; the dK/dV
  * kernels' transposed tiles draw once per warpgroup, through shared memory
- * (dropout_draw_group, dropout_kept_staged). The wgmma
- * forward kernels drop on P already packed to A fragments (dropout_pf): four
- * keep tests per word at once, and one AND per pair of elements.
+ * (dropout_draw_group; then dropout_kept_staged or dropout_staged_masks). The
+ * wgmma forward kernels drop on P already packed to A fragments (dropout_pf):
+ * four keep tests per word at once (dropout_bytes), and one AND NOT per pair
+ * of elements.
  */
 #ifndef FAD_DROPOUT_CUH
 #define FAD_DROPOUT_CUH
