@@ -100,15 +100,21 @@ struct dropout_bytes {
     }
 };
 
+/* prmt, its selector in a register (ptxas folds a constant one into the
+ * instruction); a nibble's msb replicates that byte's sign. */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
 /* The sign bits of bytes lo, hi of m spread over the low and high halves of a
  * word (prmt's sign-replicating selectors, 8 + byte: 0xffff per dropped half). */
 template <int kLo, int kHi>
 __device__ __forceinline__ uint32_t dropout_halves(uint32_t m)
 {
-    constexpr uint32_t sel = (uint32_t)(8 + kLo) * 0x11u | (uint32_t)(8 + kHi) * 0x1100u;
-    uint32_t r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(m), "r"(0u), "n"(sel));
-    return r;
+    return prmt(m, 0u, (uint32_t)(8 + kLo) * 0x11u | (uint32_t)(8 + kHi) * 0x1100u);
 }
 
 /* Dropout's keep rule over the dK/dV kernels' transposed tiles (S^T: a
@@ -184,14 +190,6 @@ __device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_
                 kept |= (dropout_kept_t<kMB>)(~dropped >> (16 * e1) & 1u) << (nb * 4 + 2 * e1 + e2);
         }
     return kept;
-}
-
-/* prmt with a run-time selector (msb of a nibble: replicate that byte's sign). */
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
-{
-    uint32_t r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
 }
 
 /* The same mask as masks for AND NOT, the wgmma dK/dV kernel's form: no bit
