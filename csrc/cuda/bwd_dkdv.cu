@@ -91,6 +91,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
         drop = fad_dropout_of(&p, b);
+    const dropout_bytes keep(drop);
     uint32_t *s_drop = reinterpret_cast<uint32_t *>(smem_raw + dkdv_smem<kHeadDim, kDrop>::kDropOffset);
     /* This thread's keys: n0 + key_row + 8r, r = e / 2. */
     const int key_row = warp * 16 + lane / 4;
@@ -154,7 +155,7 @@ dkdv_kernel(const __grid_constant__ bwd_args a)
          * barrier above ends the reads of the last step's). */
         dropout_kept_t<kMB> kept = ~dropout_kept_t<kMB>(0);
         if constexpr (kDrop) {
-            dropout_draw_group<kM>(s_drop, drop, dropout_bytes(drop), h, n0, m0, len_k - len_q, tid);
+            dropout_draw_group<kM>(s_drop, drop, keep, h, n0, m0, len_k - len_q, tid);
             __syncthreads();
             kept = dropout_kept_staged<kMB, kM>(s_drop, key_row);
         }

@@ -149,8 +149,9 @@ template <int kRows> struct dropout_group_smem {
  * + i_off), the group of keys from g0 (a multiple of 64); t = thread in the
  * warpgroup. Each word is stored as its keep test's result (dropout_bytes:
  * the sign bit of each byte says dropped), made once here rather than by
- * each of the two threads that read it. The caller syncs the warpgroup before the reads, and no thread
- * may still read the previous step's draws (the kernel's per-step barrier). */
+ * each of the two threads that read it. The caller syncs the warpgroup before
+ * the reads, and no thread may still read the previous step's draws (the
+ * kernel's per-step barrier). */
 template <int kRows>
 __device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropout &d, const dropout_bytes &keep,
                                                    int head, int g0, int m0, int i_off, int t)
@@ -166,6 +167,17 @@ __device__ __forceinline__ void dropout_draw_group(uint32_t *s, const fad_dropou
     }
 }
 
+/* The words key jj (0..63) of the group reads: those of its pair (jj / 2) % 4
+ * and word jj / 16, at this thread's first row 2 (lane % 4); row 8 nb + e2 of
+ * the step is col[8 nb + e2]. */
+template <int kRows>
+__device__ __forceinline__ const uint32_t *dropout_staged_col(const uint32_t *s, int jj)
+{
+    const int lane = threadIdx.x % 32;
+    const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u;
+    return s + (4 * w + pr) * dropout_group_smem<kRows>::kPad + 2 * (lane % 4);
+}
+
 /* The transposed mask of the group's key jj (0..63), from dropout_draw_group's
  * words: rows 8 nb + 2 (lane % 4) + e2 of the step, keys jj and jj + 8 (bytes
  * jj % 2 and 2 + jj % 2 of word jj / 16 of pair (jj / 2) % 4), as bit
@@ -175,10 +187,8 @@ template <int kMB, int kRows>
 __device__ __forceinline__ dropout_kept_t<kMB> dropout_kept_staged(const uint32_t *s, int jj)
 {
     static_assert(kMB * 8 == kRows, "one step's rows");
-    constexpr int kPad = dropout_group_smem<kRows>::kPad;
-    const int lane = threadIdx.x % 32;
-    const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, shift = 8u * ((uint32_t)jj & 1u) + 7u;
-    const uint32_t *col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
+    const uint32_t shift = 8u * ((uint32_t)jj & 1u) + 7u; /* byte jj % 2's sign bit */
+    const uint32_t *col = dropout_staged_col<kRows>(s, jj);
     dropout_kept_t<kMB> kept = 0;
 #pragma unroll
     for (int nb = 0; nb < kMB; nb++)
@@ -204,10 +214,8 @@ struct dropout_staged_masks {
     uint32_t sel_e[2], sel_pair[2];
     __device__ __forceinline__ dropout_staged_masks(const uint32_t *s, int jj)
     {
-        constexpr int kPad = dropout_group_smem<kRows>::kPad;
-        const int lane = threadIdx.x % 32;
-        const uint32_t w = (uint32_t)jj >> 4 & 3u, pr = (uint32_t)jj >> 1 & 3u, b = (uint32_t)jj & 1u;
-        col = s + (4 * w + pr) * kPad + 2 * (lane % 4);
+        const uint32_t b = (uint32_t)jj & 1u;
+        col = dropout_staged_col<kRows>(s, jj);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             sel_e[h] = (8u + 2u * h + b) * 0x1111u;
