@@ -37,6 +37,11 @@ def preset_configs(name):
                 for causal in (False, True):
                     out.append(Config("bf16", max(1, 32768 // L), L, L, H, H, D, causal))
         return out
+    if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes
+        return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
+                Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
+                Config("bf16", 4, 8192, 8192, 16, 16, 128, False),
+                Config("bf16", 4, 8192, 8192, 16, 16, 128, True)]
     if name == "issue":  # the issue's reference point: B2 L16k H16 D128 causal
         return [Config("bf16", 2, 16384, 16384, 16, 16, 128, True)]
     if name == "cpu-smoke":
@@ -118,20 +123,22 @@ def markdown(records, env):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="quick", choices=["quick", "issue", "cpu-smoke"])
+    ap.add_argument("--preset", default="quick", choices=["quick", "dq", "issue", "cpu-smoke"])
     ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
     ap.add_argument("--rounds", type=int, default=4,
                     help="turns the impls of a config take, one after the other (default 4)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
     ap.add_argument("--tag", default=None)
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help="comma-separated subset of the impls (default: all)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if args.preset != "cpu-smoke" else "cpu")
     env = common.env_info(device)
     tag = args.tag or f"bwd_{args.preset}_{common.timestamp()}"
     os.makedirs(args.out, exist_ok=True)
     writer = common.JsonlWriter(os.path.join(args.out, tag + ".jsonl"), {"env": env})
-    impls = common.make_impls(names=IMPLS)
+    impls = common.make_impls(names=[i for i in IMPLS if i in args.impls.split(",")])
     records = []
     configs = preset_configs(args.preset)
     for n, cfg in enumerate(configs):
