@@ -86,6 +86,23 @@
 #ifndef FAD_WS_CONSUMER_REGS
 #define FAD_WS_CONSUMER_REGS 232
 #endif
+/* FAD_WS_D64_CONSUMERS: at D64 the warp-specialized kernel runs this many
+ * consumer warpgroups (0: D64 stays on fwd_kernel's wgmma variant), with
+ * FAD_WS_D64_PRODUCER_REGS / FAD_WS_D64_CONSUMER_REGS (P + n * C <= (n + 1) *
+ * the registers __launch_bounds__ gives each of (n + 1) * 128 threads). Three
+ * measured 0.80-0.83x of fwd_kernel's variant at L1k, 0.94-0.98x at L4k,
+ * 1.00-1.03x at L16k (H100, dev/ab_fwd_ws.sh; docs/log/2026-11-26_notebook.md,
+ * fourth session): one CTA of 12 math warps per SM against two of 8 that
+ * overlap one's prologue and epilogue with the other's tiles. */
+#ifndef FAD_WS_D64_CONSUMERS
+#define FAD_WS_D64_CONSUMERS 0
+#endif
+#ifndef FAD_WS_D64_PRODUCER_REGS
+#define FAD_WS_D64_PRODUCER_REGS 32
+#endif
+#ifndef FAD_WS_D64_CONSUMER_REGS
+#define FAD_WS_D64_CONSUMER_REGS 160
+#endif
 
 /* ---------------- forward: the packed (decode) kernel (fwd_decode.cu) ---------------- */
 

@@ -233,14 +233,18 @@ _VARIANT_CASES = [
     dict(D=72, Sq=400, Sk=1200, causal=False, dtype="bfloat16", window_size=(-1, 100)),
     dict(D=128, Sq=333, Sk=4000, causal=True, dtype="bfloat16", softcap=15.0),  # both mma.sync
     # the warp-specialized kernel's own walks: an odd count of 64-row blocks, a window that makes
-    # its two consumers start and end on different tiles, D < 128, query rows with no key
+    # its consumers start and end on different tiles, D < 128, query rows with no key
     dict(D=128, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
     dict(D=96, Sq=200, Sk=1000, causal=True, dtype="float16"),
     dict(D=128, Sq=600, Sk=200, causal=True, dtype="bfloat16"),
+    # at D64 its three consumers: a last CTA with one block empty, a window, rows with no key
+    dict(D=64, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
+    dict(D=64, Sq=600, Sk=200, causal=True, dtype="float16"),
     # keys that grow along the sequence (x1 .. x20), so that a tile's max often passes the running
     # max by more than the rescale slack: the path of a two-tile unit whose second tile rescales acc
     dict(D=128, Sq=700, Sk=3000, causal=False, dtype="bfloat16", ramp=20.0),
     dict(D=128, Sq=1000, Sk=1000, causal=True, dtype="float16", ramp=20.0),
+    dict(D=64, Sq=1000, Sk=1000, causal=True, dtype="bfloat16", ramp=20.0),
     # dropout: its own variants of each kernel (the wgmma ones drop on P once packed, the
     # mma.sync one on P in fp32), the same keep rule and the same bits
     dict(D=64, Sq=700, Sk=3000, causal=False, dtype="bfloat16", dropout_p=0.1),

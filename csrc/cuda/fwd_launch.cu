@@ -4,6 +4,8 @@
  * kernel for short query blocks; else the prefill kernel on mma.sync, on
  * wgmma, or warp-specialized), then the combine of a CTA-per-split plan.
  */
+#include <stdlib.h>
+
 #include "fwd_launch.h"
 #include "mma.cuh"
 
@@ -42,6 +44,19 @@ fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t 
     return FAD_OK;
 }
 
+/* FLASH_ATTN_DET_FWD_WS=0 in the environment (read once) runs fwd_kernel's
+ * wgmma variant where the warp-specialized kernel would run (D 64, 128): an
+ * A/B knob, like FLASH_ATTN_DET_WGMMA; the bits are the same. */
+static bool ws_allowed()
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("FLASH_ATTN_DET_FWD_WS");
+        env = !(e && e[0] == '0');
+    }
+    return env;
+}
+
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -57,11 +72,16 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
         int wgmma = 0;
         fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
-        if constexpr (kHasWgmma && kHeadDim == 128 && FAD_WG_WS) {
-            if (st == FAD_OK && wgmma)
+        constexpr bool kWs = kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS));
+        if constexpr (kWs) {
+            /* (knob off: at D128 the mma.sync kernel, so that fwd_kernel's D128
+             * wgmma variant is not compiled for an A/B alone) */
+            constexpr bool kWgFallback = kHeadDim == 64;
+            if (st == FAD_OK && wgmma && ws_allowed())
                 st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
             else if (st == FAD_OK)
-                st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+                st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kWgFallback>(a, stream, msg, msg_len)
+                           : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
         } else if (st == FAD_OK) {
             st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
                        : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);

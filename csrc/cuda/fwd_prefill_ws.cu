@@ -1,15 +1,16 @@
 /*
- * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 128):
- * one producer warpgroup copies K/V tiles, two consumer warpgroups compute.
- * It runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill.cu).
+ * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64
+ * and 128): one producer warpgroup copies K/V tiles, n consumer warpgroups
+ * (two at D128, FAD_WS_D64_CONSUMERS at D64) compute. It runs fwd_tile.cuh's
+ * tile math, as fwd_kernel does (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
- * head, pair of 64-row query blocks m_block 2x and 2x + 1 of the plan [,
- * split]); 384 threads:
- *   warpgroup 0, the producer: Q of both blocks, then every K/V tile the
- *     two blocks walk, into a ring of kStages stages (cp.async; each copy
+ * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
+ * 128 (n + 1) threads:
+ *   warpgroup 0, the producer: Q of all n blocks, then every K/V tile the
+ *     blocks walk, into a ring of kStages stages (cp.async; each copy
  *     arrives on the stage's `full` mbarrier when it lands);
- *   warpgroups 1 and 2, the consumers: block 2x and 2x + 1, each exactly
+ *   warpgroups 1 .. n, the consumers: one 64-row block each, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
  *     fold_split on the same fragments -- so every row gets fwd_kernel's bits.
@@ -18,8 +19,8 @@
  *
  * Why it is faster than fwd_kernel's wgmma variant (docs/design.md,
  * "warp-specialized-prefill"):
- *   - the K/V tile of one stage feeds 128 query rows, not 64: half the L2
- *     traffic per flop;
+ *   - the K/V tile of one stage feeds 64 n query rows, not 64: 1/n of the
+ *     L2 traffic per flop;
  *   - no copy instructions and no CTA barrier in the consumers' loop, and the
  *     producer's registers go to the consumers (setmaxnreg);
  *   - S = Q K^T of tile t+1 is issued before O += P V of tile t (acc's
@@ -40,18 +41,20 @@
 #include "fwd_tile_wgmma.cuh"
 
 template <int kHeadDim> struct fwd_ws_cfg {
-    static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup (the plan's tile) */
+    static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup */
     static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
-    static constexpr int kConsumers = 2;               /* consumer warpgroups */
+    static constexpr int kConsumers = kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : 2; /* consumer warpgroups */
+    static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kStages = FAD_WS_STAGES;      /* K/V ring depth */
-    static constexpr int kProducerRegs = FAD_WS_PRODUCER_REGS;
-    static constexpr int kConsumerRegs = FAD_WS_CONSUMER_REGS;
+    static constexpr int kProducerRegs = kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
+    static constexpr int kConsumerRegs = kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
     static constexpr size_t kBarOffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
     static constexpr size_t kSmemBytes = kBarOffset + (2 * kStages + 1) * sizeof(uint64_t);
-    static_assert(kHeadDim == 128, "the consumers' registers are budgeted for D 128");
+    static_assert((kHeadDim == 128 && kConsumers == 2) || (kHeadDim == 64 && kConsumers >= 2),
+                  "the consumers' registers are budgeted for D 128 (two) or D 64");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
      * rounded down to a multiple of 8 (168 here): a consumer's alloc would
@@ -72,29 +75,30 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
 
-    const int pairs = (a.plan.m_blocks + 1) / 2;
-    const int pair = blockIdx.x % pairs, bh = blockIdx.x / pairs;
+    const int ctas_bh = (p.seqlen_q + C::kRows - 1) / C::kRows; /* CTAs per (sequence, head) */
+    const int cta = blockIdx.x % ctas_bh, bh = blockIdx.x / ctas_bh;
     const int b = bh / p.num_heads, h = bh % p.num_heads;
     const int hk = h / (p.num_heads / p.num_heads_k);
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
-        for (int i = pair * 2 * kBlockM + warp; i < (pair + 1) * 2 * kBlockM; i += C::kThreads / 32)
+        for (int i = cta * C::kRows + warp; i < (cta + 1) * C::kRows; i += C::kThreads / 32)
             poison_row(p, seq, h, i, lane, 32);
         return;
     }
 
     /* Each consumer's tiles [first, last), by fwd_kernel's rules (walks =
      * false: no tile -- no rows, or its split is masked for every row). The
-     * producer copies the union [u_first, u_last). (Two named values, not an
-     * array indexed by the consumer: that would live in local memory.) */
+     * producer copies the union [u_first, u_last). (Scalars folded in an
+     * unrolled loop, not an array indexed by the consumer: that would live in
+     * local memory.) */
     struct walk {
         bool walks;
         int first, last;
     };
     auto walk_of = [&](int c) {
-        const int m0 = (2 * pair + c) * kBlockM, m_end = min(m0 + kBlockM, len_q);
+        const int m0 = cta * C::kRows + c * kBlockM, m_end = min(m0 + kBlockM, len_q);
         walk w = {false, 0, 0};
         if (m0 < len_q) {
             const fad_key_range lo = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
@@ -103,10 +107,13 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         }
         return w;
     };
-    static_assert(C::kConsumers == 2, "walk0, walk1");
-    const walk walk0 = walk_of(0), walk1 = walk_of(1);
-    const int u_first = min(walk0.walks ? walk0.first : INT_MAX, walk1.walks ? walk1.first : INT_MAX);
-    const int u_last = max(walk0.walks ? walk0.last : INT_MIN, walk1.walks ? walk1.last : INT_MIN);
+    int u_first = INT_MAX, u_last = INT_MIN;
+#pragma unroll
+    for (int c = 0; c < C::kConsumers; c++) {
+        const walk w = walk_of(c);
+        if (w.walks)
+            u_first = min(u_first, w.first), u_last = max(u_last, w.last);
+    }
     const bool any_walk = u_first < u_last;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -130,7 +137,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         setmaxnreg_dec<C::kProducerRegs>();
 #pragma unroll
         for (int c = 0; c < C::kConsumers; c++) {
-            const int m0 = (2 * pair + c) * kBlockM;
+            const int m0 = cta * C::kRows + c * kBlockM;
             const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
                            h * p.q_head_stride;
             load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
@@ -162,10 +169,10 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     /* ---- consumer c: 64 query rows ---- */
     setmaxnreg_inc<C::kConsumerRegs>();
     const int c = wg - 1;
-    const int m0 = (2 * pair + c) * kBlockM;
+    const int m0 = cta * C::kRows + c * kBlockM;
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
     const int m_end = min(m0 + kBlockM, len_q);
-    const walk mine = c ? walk1 : walk0;
+    const walk mine = walk_of(c);
     const bool walked = mine.walks;
     const int my_first = walked ? mine.first : u_last, my_last = walked ? mine.last : u_last;
     const bool partial = a.plan.cta_per_split;
@@ -354,10 +361,9 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
-                        C::kBlockM, fad_block_m(a.p.head_dim));
-    dim3 grid((unsigned)((int64_t)(a.plan.m_blocks + 1) / 2 * a.p.batch * a.p.num_heads), 1,
+    /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
+     * plan's row blocks only size the grid of fwd_kernel) */
+    dim3 grid((unsigned)((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads), 1,
               a.plan.cta_per_split ? a.plan.num_splits : 1);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
@@ -365,3 +371,7 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
 
 template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
 template fad_status launch_prefill_ws<__nv_bfloat16, 128>(const fwd_args &, cudaStream_t, char *, size_t);
+#if FAD_WS_D64_CONSUMERS
+template fad_status launch_prefill_ws<__half, 64>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 64>(const fwd_args &, cudaStream_t, char *, size_t);
+#endif
