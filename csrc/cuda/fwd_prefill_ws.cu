@@ -335,7 +335,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             }
         }
     }
-    for (int t0 = my_last; t0 < u_last; t0 += kBlockN) /* the other consumer's tiles */
+    /* The other consumers' tiles after this one's last. my_last need not be a
+     * tile boundary (a row's last key): start at the tile after the one that
+     * holds it, so that no tile is released twice and none is skipped. */
+    const int my_end = walked ? my_first + (my_last - my_first + kBlockN - 1) / kBlockN * kBlockN : u_last;
+    for (int t0 = my_end; t0 < u_last; t0 += kBlockN)
         wait_full(pos_of(t0)), release(pos_of(t0));
     if (m0 >= len_q)
         return;
