@@ -182,8 +182,10 @@
  * are left in flight while the next step's S and dP are issued, and waited
  * for with S; the streamed tiles then take 3 shared-memory stages, so that a
  * stage is reloaded only after every warpgroup has passed such a wait.
- * FAD_BWD_WG_DKDV_DEFER_MAX_D: dkdv defers up to this head dim (at D128 the
- * P^T and dS^T fragments no longer fit beside the next step's S^T and dP^T).
+ * FAD_BWD_WG_DKDV_DEFER_MAX_D: dkdv defers up to this head dim. At 128 the
+ * D64 and D128 kernels fit their registers (no spill), but ptxas serializes
+ * their wgmmas (C7515) and the backward measured 0.89-0.91x
+ * (benchmarks/results/2026-11-26_h100_ab_bwd_dkdv_defer.md).
  * FAD_BWD_WG_DQ_DEFER: dq defers (1) or not (0). */
 #ifndef FAD_BWD_WG_DKDV_DEFER_MAX_D
 #define FAD_BWD_WG_DKDV_DEFER_MAX_D 0
