@@ -187,6 +187,15 @@
  * their wgmmas (C7515) and the backward measured 0.89-0.91x
  * (benchmarks/results/2026-11-26_h100_ab_bwd_dkdv_defer.md).
  * FAD_BWD_WG_DQ_DEFER: dq defers (1) or not (0). */
+/* FAD_BWD_WG_DKDV_WS: 1 = the wgmma dK/dV kernel gets a producer warpgroup
+ * (cp.async into a ring of FAD_BWD_WG_DKDV_WS_STAGES stages through mbarriers)
+ * and its math warpgroups no CTA barrier per step; the same bits. */
+#ifndef FAD_BWD_WG_DKDV_WS
+#define FAD_BWD_WG_DKDV_WS 1
+#endif
+#ifndef FAD_BWD_WG_DKDV_WS_STAGES
+#define FAD_BWD_WG_DKDV_WS_STAGES 2
+#endif
 #ifndef FAD_BWD_WG_DKDV_DEFER_MAX_D
 #define FAD_BWD_WG_DKDV_DEFER_MAX_D 0
 #endif

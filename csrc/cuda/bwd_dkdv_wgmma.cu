@@ -39,22 +39,45 @@
  */
 #include "bwd_tile_wgmma.cuh"
 
-/* Shared memory of dkdv_wgmma_kernel: bwd_wg_cfg's, and with dropout each
- * warpgroup's draws of a step after it (dropout.cuh, dropout_group_smem). */
-template <int kHeadDim, bool kDrop> struct dkdv_wgmma_smem {
+/* kWs (FAD_BWD_WG_DKDV_WS): a producer warpgroup streams each step's tiles
+ * into a ring of kStages stages through mbarriers (full: its copies and
+ * row values landed; empty: every math warp is done with them), so the two
+ * math warpgroups meet no CTA barrier per step and issue no copy; with
+ * setmaxnreg the producer's registers go to them. The math is unchanged. */
+template <int kHeadDim, bool kWs> struct dkdv_wgmma_shape {
+    using C = bwd_wg_cfg<kHeadDim>;
+    static constexpr int kThreads = C::kDkdvThreads + (kWs ? 128 : 0);
+    static constexpr int kStages = kWs ? FAD_BWD_WG_DKDV_WS_STAGES : C::kDkdvStages;
+    static constexpr int kProducerRegs = 40, kMathRegs = 232;
+    static_assert(!kWs || (kProducerRegs + 2 * kMathRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
+                  "setmaxnreg: the registers the producer frees must cover the math warpgroups'");
+};
+
+/* Shared memory of dkdv_wgmma_kernel: sK, sV, the stages of (sQ, sdO), the
+ * stages of (lse2, dsum); with dropout each warpgroup's draws of a step
+ * (dropout.cuh, dropout_group_smem); kWs: the ring's mbarriers. */
+template <int kHeadDim, bool kDrop, bool kWs = false> struct dkdv_wgmma_smem {
     using C = bwd_wg_cfg<kHeadDim>;
     using Drop = dropout_group_smem<C::kStepM>;
-    static constexpr size_t kDropOffset = C::kDkdvSmem; /* (sL's floats end there: 4-byte aligned) */
-    static constexpr size_t kBytes = C::kDkdvSmem + (kDrop ? FAD_BWD_WG_DKDV_WGS * Drop::kBytes : 0);
+    static constexpr int kStages = dkdv_wgmma_shape<kHeadDim, kWs>::kStages;
+    static constexpr size_t kStageOffset = (size_t)2 * C::kKeys * kHeadDim * 2;
+    static constexpr size_t kRowOffset = kStageOffset + (size_t)kStages * C::kStepElems * 2;
+    static constexpr size_t kDropOffset = kRowOffset + (size_t)kStages * 2 * C::kStepM * 4;
+    static constexpr size_t kBarOffset =
+        (kDropOffset + (kDrop ? FAD_BWD_WG_DKDV_WGS * Drop::kBytes : 0) + 7) / 8 * 8;
+    static constexpr size_t kBytes = kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0);
+    static_assert(kWs || kDropOffset == C::kDkdvSmem, "bwd_wg_cfg's layout");
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kDrop>
-__global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDkdvThreads, 1)
+template <typename T, int kHeadDim, bool kDrop, bool kWs>
+__global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
     using C = bwd_wg_cfg<kHeadDim>;
-    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kMB = kM / 8;
+    using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
+    using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;
+    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kMB = kM / 8, kStages = Shape::kStages;
     const fad_fwd_params &p = a.p;
     dkdv_work w;
     if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
@@ -68,40 +91,80 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     T *sK = reinterpret_cast<T *>(wg_smem), *sV = sK + kN * kHeadDim;
-    T *sQ = sV + kN * kHeadDim; /* stage st: + st * kStepElems; sdO follows sQ */
-    float *sL = reinterpret_cast<float *>(sQ + C::kDkdvStages * C::kStepElems); /* [stage][kM] lse2, then dsum */
+    T *sQ = reinterpret_cast<T *>(wg_smem + Smem::kStageOffset); /* stage st: + st * kStepElems; sdO follows sQ */
+    float *sL = reinterpret_cast<float *>(wg_smem + Smem::kRowOffset); /* [stage][kM] lse2, then dsum */
+    uint64_t *full = reinterpret_cast<uint64_t *>(wg_smem + Smem::kBarOffset); /* (kWs) */
+    uint64_t *empty = full + kStages, *kv_full = empty + kStages;
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
     const int64_t lse_hs = fad_lse_head_stride(&p);
+    /* The loaders' threads: every thread, or (kWs) the producer warpgroup's. */
+    constexpr int kLoaders = kWs ? 128 : C::kDkdvThreads;
+    const int ltid = threadIdx.x % kLoaders;
 
     auto load_step = [&](int step, int st) {
         const int h = hk * group + step / mt_count, m0 = (mt_first + step % mt_count) * kM;
         T *q_s = sQ + st * C::kStepElems;
-        load_tile_lean<T, kHeadDim, kM, C::kDkdvThreads, true>(
+        load_tile_lean<T, kHeadDim, kM, kLoaders, true>(
             q_s, q_g + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride, (int)p.q_row_stride,
             len_q - m0, D);
-        load_tile_lean<T, kHeadDim, kM, C::kDkdvThreads, true>(
+        load_tile_lean<T, kHeadDim, kM, kLoaders, true>(
             q_s + kM * kHeadDim, do_g + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
             (int)p.out_row_stride, len_q - m0, D);
-        for (int t = tid; t < kM; t += C::kDkdvThreads) {
+        for (int t = ltid; t < kM; t += kLoaders) {
             const int64_t flat = seq.row0 + h * lse_hs + m0 + t;
             const bool exists = m0 + t < len_q;
             sL[st * 2 * kM + t] = lse_log2(p, flat, exists);
             sL[st * 2 * kM + kM + t] = exists ? a.dsum[flat] : 0.f;
         }
     };
+    auto load_kv = [&]() {
+        load_tile<T, kHeadDim, kN, kLoaders, true>(
+            sK, (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
+            (int)p.k_row_stride, len_k - n0, D);
+        load_tile<T, kHeadDim, kN, kLoaders, true>(
+            sV, (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride,
+            (int)p.v_row_stride, len_k - n0, D);
+    };
 
-    /* Prologue: K, V and the first step's tiles in flight. */
-    load_tile<T, kHeadDim, kN, C::kDkdvThreads, true>(
-        sK, (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
-        (int)p.k_row_stride, len_k - n0, D);
-    load_tile<T, kHeadDim, kN, C::kDkdvThreads, true>(
-        sV, (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride,
-        (int)p.v_row_stride, len_k - n0, D);
-    if (steps > 0)
-        load_step(0, 0);
-    cp_async_commit();
+    if constexpr (kWs) {
+        if (threadIdx.x == 0) {
+            for (int st = 0; st < kStages; st++) {
+                /* each producer thread arrives twice: its copies landed
+                 * (cp.async), its row values stored (a plain arrive) */
+                mbar_init(&full[st], 2 * 128);
+                mbar_init(&empty[st], 8); /* one arrival per math warp */
+            }
+            mbar_init(kv_full, 128);
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            /* ---- producer: K, V, then each step's tiles into the ring ---- */
+            setmaxnreg_dec<Shape::kProducerRegs>();
+            load_kv();
+            mbar_arrive_cp_async(kv_full);
+            for (int step = 0; step < steps; step++) {
+                const int st = step % kStages;
+                if (step >= kStages) /* the math warps are done with the step kStages back */
+                    mbar_wait(&empty[st], (step / kStages - 1) & 1);
+                load_step(step, st);
+                mbar_arrive_cp_async(&full[st]);
+                mbar_arrive(&full[st]);
+            }
+            cp_async_wait_all();
+            return;
+        }
+        setmaxnreg_inc<Shape::kMathRegs>();
+    } else {
+        /* Prologue: K, V and the first step's tiles in flight. */
+        load_kv();
+        if (steps > 0)
+            load_step(0, 0);
+        cp_async_commit();
+    }
+    /* The math warpgroups: tid from 0 */
+    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32, wg = warp / 4;
 
     /* This warpgroup's keys: n0 + 64 wg ..; this thread's: n0 + key_row + 8r. */
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
@@ -114,15 +177,23 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         drop = fad_dropout_of(&p, b);
     const dropout_bytes keep(drop);
     /* this warpgroup's draws of a step (kDrop; its keys are one 64-key group) */
-    uint32_t *s_drop = reinterpret_cast<uint32_t *>(wg_smem + dkdv_wgmma_smem<kHeadDim, kDrop>::kDropOffset) +
+    uint32_t *s_drop = reinterpret_cast<uint32_t *>(wg_smem + Smem::kDropOffset) +
                        wg * dropout_group_smem<kM>::kWords;
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
-    for (int step = 0, st = 0; step < steps; step++, st = st + 1 == C::kDkdvStages ? 0 : st + 1) {
-        cp_async_wait_all();
+    if constexpr (kWs)
+        if (steps > 0)
+            mbar_wait(kv_full, 0);
+    for (int step = 0, st = 0; step < steps; step++, st = st + 1 == kStages ? 0 : st + 1) {
+        if constexpr (kWs) {
+            mbar_wait(&full[st], (step / kStages) & 1);
+        } else {
+            cp_async_wait_all();
+        }
         fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
-        __syncthreads();    /* step's tiles landed; every warp is done with the stage reloaded next */
+        if constexpr (!kWs)
+            __syncthreads(); /* step's tiles landed; every warp is done with the stage reloaded next */
 
         const int m0 = (mt_first + step % mt_count) * kM;
         const uint32_t q_addr = smem_addr(sQ + st * C::kStepElems), do_addr = q_addr + kM * kHeadDim * 2;
@@ -133,15 +204,20 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         issue_ss<T, kHeadDim, kN, kM>(pt, k_addr, q_addr);
         issue_ss<T, kHeadDim, kN, kM>(ds, v_addr, do_addr);
         /* The next step's copies, while the tensor cores run S^T and dP^T. */
-        if (step + 1 < steps)
-            load_step(step + 1, st + 1 == C::kDkdvStages ? 0 : st + 1);
-        cp_async_commit();
+        if constexpr (!kWs) {
+            if (step + 1 < steps)
+                load_step(step + 1, st + 1 == kStages ? 0 : st + 1);
+            cp_async_commit();
+        }
         /* Dropout's draws while the tensor cores run S^T and dP^T (they need
          * neither): each of the step's draws once per warpgroup, into shared
          * memory (the step's barrier above ended the reads of the last step's). */
-        if constexpr (kDrop)
+        if constexpr (kDrop) {
+            if constexpr (kWs) /* (no CTA barrier: every warp of the group is done with the last step's) */
+                warpgroup_sync(1 + wg);
             dropout_draw_group<kM>(s_drop, drop, keep, hk * group + step / mt_count, wg_n0, m0,
                                    len_k - len_q, tid % 128);
+        }
         wgmma_wait<1>(); /* S^T landed (and, deferred, the last step's dV, dK) */
         wgmma_fence_operand(pt);
         if constexpr (C::kDkdvDefer) {
@@ -211,13 +287,20 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
             wgmma_fence_operand(pf);
             wgmma_fence_operand(sf);
         }
+        if constexpr (kWs) { /* this warp is done with the stage */
+            static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
+            __syncwarp();
+            if (lane == 0)
+                mbar_arrive(&empty[st]);
+        }
     }
     if constexpr (C::kDkdvDefer) {
         wgmma_wait<0>();
         wgmma_fence_operand(dv);
         wgmma_fence_operand(dk);
     }
-    cp_async_wait_all();
+    if constexpr (!kWs)
+        cp_async_wait_all();
 
     store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, 0);
 }
@@ -226,13 +309,15 @@ template <typename T, int kHeadDim>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    constexpr bool kWs = FAD_BWD_WG_DKDV_WS;
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(bwd_args) = drop ? dkdv_wgmma_kernel<T, kHeadDim, true> : dkdv_wgmma_kernel<T, kHeadDim, false>;
-    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true>::kBytes : dkdv_wgmma_smem<kHeadDim, false>::kBytes;
+    void (*kernel)(bwd_args) =
+        drop ? dkdv_wgmma_kernel<T, kHeadDim, true, kWs> : dkdv_wgmma_kernel<T, kHeadDim, false, kWs>;
+    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDkdvThreads, smem, stream>>>(a);
+    kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }
