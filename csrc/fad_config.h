@@ -193,6 +193,13 @@
 #ifndef FAD_BWD_WG_DKDV_WS
 #define FAD_BWD_WG_DKDV_WS 1
 #endif
+/* FAD_BWD_WG_DQ_WS_MIN_D: the same for the wgmma dQ kernel (its ring: its
+ * kDqStages) at head dims from this one. At D128 (two math warpgroups) the
+ * backward measured 1.04-1.12x with it, at D64 (one) 0.88-0.95x
+ * (benchmarks/results/2026-11-26_h100_ab_bwd_dq_ws.md). */
+#ifndef FAD_BWD_WG_DQ_WS_MIN_D
+#define FAD_BWD_WG_DQ_WS_MIN_D 128
+#endif
 #ifndef FAD_BWD_WG_DKDV_WS_STAGES
 #define FAD_BWD_WG_DKDV_WS_STAGES 2
 #endif

@@ -4,12 +4,32 @@
  */
 #include "bwd_tile_wgmma.cuh"
 
-template <typename T, int kHeadDim, bool kDrop>
-__global__ void __launch_bounds__(bwd_wg_cfg<kHeadDim>::kDqThreads, 1)
+/* kWs (FAD_BWD_WG_DQ_WS_MIN_D): as dkdv_wgmma_kernel's (bwd_dkdv_wgmma.cu): a
+ * producer warpgroup streams Q/dO once and then each step's K/V tiles into a
+ * ring of kStages stages through mbarriers; the math warpgroups meet no CTA
+ * barrier per step and issue no copy. The math is unchanged. */
+template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
+    using C = bwd_wg_cfg<kHeadDim>;
+    static constexpr int kThreads = C::kDqThreads + (kWs ? 128 : 0);
+    static constexpr int kStages = C::kDqStages;
+    /* setmaxnreg where the launch's share (65536 / kThreads) is below what the
+     * math needs: two math warpgroups (D128) */
+    static constexpr bool kRegs = kWs && C::kDqWGs == 2;
+    static constexpr int kProducerRegs = 40, kMathRegs = 232;
+    static constexpr size_t kBarOffset = C::kDqSmem; /* (a multiple of 8) */
+    static constexpr size_t kSmemBytes = C::kDqSmem + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0);
+    static_assert(!kRegs || (kProducerRegs + 2 * kMathRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
+                  "setmaxnreg: the registers the producer frees must cover the math warpgroups'");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <typename T, int kHeadDim, bool kDrop, bool kWs>
+__global__ void __launch_bounds__(dq_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
     using C = bwd_wg_cfg<kHeadDim>;
-    constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8;
+    using Shape = dq_wgmma_shape<kHeadDim, kWs>;
+    constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
     const fad_fwd_params &p = a.p;
     dq_work w;
     if (!dq_work_of_cta<kM, kN>(a, &w))
@@ -23,19 +43,54 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     T *sQ = reinterpret_cast<T *>(wg_smem), *sdO = sQ + kM * kHeadDim;
     T *sK = sdO + kM * kHeadDim, *sV = sK + kN * kHeadDim; /* stage st: + st * kKvElems */
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    uint64_t *full = reinterpret_cast<uint64_t *>(wg_smem + Shape::kBarOffset); /* (kWs) */
+    uint64_t *empty = full + kStages, *q_full = empty + kStages;
     const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
     const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+    /* The loaders' threads: every thread, or (kWs) the producer warpgroup's. */
+    constexpr int kLoaders = kWs ? 128 : C::kDqThreads;
     auto load_kv = [&](int t0, int st) {
-        load_tile_lean<T, kHeadDim, kN, C::kDqThreads, true>(sK + st * C::kKvElems, k_g + (int64_t)t0 * p.k_row_stride,
-                                                      (int)p.k_row_stride, len_k - t0, D);
-        load_tile_lean<T, kHeadDim, kN, C::kDqThreads, true>(sV + st * C::kKvElems, v_g + (int64_t)t0 * p.v_row_stride,
-                                                      (int)p.v_row_stride, len_k - t0, D);
+        load_tile_lean<T, kHeadDim, kN, kLoaders, true>(sK + st * C::kKvElems, k_g + (int64_t)t0 * p.k_row_stride,
+                                                        (int)p.k_row_stride, len_k - t0, D);
+        load_tile_lean<T, kHeadDim, kN, kLoaders, true>(sV + st * C::kKvElems, v_g + (int64_t)t0 * p.v_row_stride,
+                                                        (int)p.v_row_stride, len_k - t0, D);
     };
-    load_q_do<T, kHeadDim, kM, C::kDqThreads, true>(sQ, sdO, a, seq, h, m0);
-    if (t_first < t_last)
-        load_kv(t_first, 0);
-    cp_async_commit();
+    if constexpr (kWs) {
+        if (threadIdx.x == 0) {
+            for (int st = 0; st < kStages; st++) {
+                mbar_init(&full[st], 128);              /* every producer thread's copies */
+                mbar_init(&empty[st], 4 * C::kDqWGs);   /* one arrival per math warp */
+            }
+            mbar_init(q_full, 128);
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            /* ---- producer: Q and dO, then each step's K/V tiles into the ring ---- */
+            if constexpr (Shape::kRegs)
+                setmaxnreg_dec<Shape::kProducerRegs>();
+            load_q_do<T, kHeadDim, kM, kLoaders, true>(sQ, sdO, a, seq, h, m0);
+            mbar_arrive_cp_async(q_full);
+            for (int t0 = t_first, i = 0; t0 < t_last; t0 += kN, i++) {
+                const int st = i % kStages;
+                if (i >= kStages) /* the math warps are done with the tile kStages back */
+                    mbar_wait(&empty[st], (i / kStages - 1) & 1);
+                load_kv(t0, st);
+                mbar_arrive_cp_async(&full[st]);
+            }
+            cp_async_wait_all();
+            return;
+        }
+        if constexpr (Shape::kRegs)
+            setmaxnreg_inc<Shape::kMathRegs>();
+    } else {
+        load_q_do<T, kHeadDim, kM, C::kDqThreads, true>(sQ, sdO, a, seq, h, m0);
+        if (t_first < t_last)
+            load_kv(t_first, 0);
+        cp_async_commit();
+    }
+    /* The math warpgroups: tid from 0 */
+    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32, wg = warp / 4;
 
     /* This thread's rows: m0 + row0 + 8r (warp w of the CTA owns rows 16w ..). */
     const int row0 = warp * 16 + lane / 4;
@@ -60,10 +115,23 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     float dq[kDB][4] = {};
     uint32_t sf[kN / 16][4]; /* dS as A fragments */
 
-    for (int t0 = t_first, st = 0; t0 < t_last; t0 += kN, st = st + 1 == C::kDqStages ? 0 : st + 1) {
-        cp_async_wait_all();
+    /* (kWs) a math warp releases a stage once its products on it are done:
+     * with deferred waits, the step after (the dQ product still reads K) */
+    auto release = [&](int st) {
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(&empty[st]);
+    };
+    if constexpr (kWs)
+        mbar_wait(q_full, 0);
+    for (int t0 = t_first, st = 0, i = 0; t0 < t_last; t0 += kN, st = st + 1 == kStages ? 0 : st + 1, i++) {
+        if constexpr (kWs)
+            mbar_wait(&full[st], (i / kStages) & 1);
+        else
+            cp_async_wait_all();
         fence_async_smem();
-        __syncthreads();
+        if constexpr (!kWs)
+            __syncthreads();
         const uint32_t k_addr = smem_addr(sK + st * C::kKvElems), v_addr = k_addr + kN * kHeadDim * 2;
 
         /* S = Q K^T, then dP = dO V^T: two groups in flight. */
@@ -71,9 +139,11 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         issue_ss<T, kHeadDim, kM, kN>(pr, q_addr, k_addr);
         issue_ss<T, kHeadDim, kM, kN>(ds, do_addr, v_addr);
         /* The next tile's copies, while the tensor cores run S and dP. */
-        if (t0 + kN < t_last)
-            load_kv(t0 + kN, st + 1 == C::kDqStages ? 0 : st + 1);
-        cp_async_commit();
+        if constexpr (!kWs) {
+            if (t0 + kN < t_last)
+                load_kv(t0 + kN, st + 1 == kStages ? 0 : st + 1);
+            cp_async_commit();
+        }
         fad_u32x4 dbits[2][dropout_tile_draws<kNB>::kDraws]; /* (kDrop) this tile's dropout draws */
         if constexpr (kDrop) /* the draws need neither S nor dP: issued before the waits */
             dropout_draw_tile<2, kNB>(dbits, drop, h, i_pos, t0);
@@ -82,6 +152,9 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         if constexpr (C::kDqDefer) {
             wgmma_fence_operand(dq);
             wgmma_fence_operand(sf);
+            if constexpr (kWs)
+                if (i > 0) /* the last tile's dQ product, its last read of that stage, is done */
+                    release(st == 0 ? kStages - 1 : st - 1);
         }
         /* P: element (nb, e) is row m0 + row0 + 8 (e/2), key t0 + 8 nb + 2 (lane%4) + e%2. */
         if (t0 < wg_last.lo || t0 + kN > wg_first.hi)
@@ -111,13 +184,16 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
             wgmma_wait<0>();
             wgmma_fence_operand(dq);
             wgmma_fence_operand(sf);
+            if constexpr (kWs)
+                release(st);
         }
     }
     if constexpr (C::kDqDefer) {
         wgmma_wait<0>();
         wgmma_fence_operand(dq);
     }
-    cp_async_wait_all();
+    if constexpr (!kWs)
+        cp_async_wait_all();
 
     store_dq<T>(dq, a, seq, h, m0 + row0);
 }
@@ -126,12 +202,14 @@ template <typename T, int kHeadDim>
 fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    constexpr bool kWs = kHeadDim >= FAD_BWD_WG_DQ_WS_MIN_D;
+    using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, true> : dq_wgmma_kernel<T, kHeadDim, false>;
-    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, bwd_wg_cfg<kHeadDim>::kDqSmem, msg, msg_len);
+    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, true, kWs> : dq_wgmma_kernel<T, kHeadDim, false, kWs>;
+    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, Shape::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, bwd_wg_cfg<kHeadDim>::kDqThreads, bwd_wg_cfg<kHeadDim>::kDqSmem, stream>>>(a);
+    kernel<<<(unsigned)ctas, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }
