@@ -128,17 +128,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     };
 
     if constexpr (kWs) {
-        if (threadIdx.x == 0) {
-            for (int st = 0; st < kStages; st++) {
-                /* each producer thread arrives twice: its copies landed
-                 * (cp.async), its row values stored (a plain arrive) */
-                mbar_init(&full[st], 2 * 128);
-                mbar_init(&empty[st], 8); /* one arrival per math warp */
-            }
-            mbar_init(kv_full, 128);
-            mbar_init_fence();
-        }
-        __syncthreads();
+        /* full: each producer thread arrives twice, when its copies land
+         * (cp.async) and once its row values are stored (a plain arrive);
+         * empty: one arrival per math warp */
+        ring_init(full, empty, kStages, 2 * 128, 8, kv_full, 128);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();

@@ -56,15 +56,8 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
                                                         (int)p.v_row_stride, len_k - t0, D);
     };
     if constexpr (kWs) {
-        if (threadIdx.x == 0) {
-            for (int st = 0; st < kStages; st++) {
-                mbar_init(&full[st], 128);              /* every producer thread's copies */
-                mbar_init(&empty[st], 4 * C::kDqWGs);   /* one arrival per math warp */
-            }
-            mbar_init(q_full, 128);
-            mbar_init_fence();
-        }
-        __syncthreads();
+        /* full: every producer thread's copies; empty: one arrival per math warp */
+        ring_init(full, empty, kStages, 128, 4 * C::kDqWGs, q_full, 128);
         if (threadIdx.x < 128) {
             /* ---- producer: Q and dO, then each step's K/V tiles into the ring ---- */
             if constexpr (Shape::kRegs)

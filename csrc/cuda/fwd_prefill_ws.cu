@@ -121,15 +121,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
     uint64_t *empty = full + kStages, *q_full = empty + kStages;
-    if (tid == 0) {
-        for (int st = 0; st < kStages; st++) {
-            mbar_init(&full[st], 128);                /* every producer thread's copies */
-            mbar_init(&empty[st], 4 * C::kConsumers); /* one arrival per consumer warp */
-        }
-        mbar_init(q_full, 128);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    /* full: every producer thread's copies; empty: one arrival per consumer warp */
+    ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128);
 
     const int D = p.head_dim;
     if (wg == 0) {

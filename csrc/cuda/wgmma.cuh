@@ -123,6 +123,24 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {}
 __device__ __forceinline__ void fence_async_smem() {}
 #endif
 
+/* The barriers of a producer / consumer ring, set up by thread 0 (then the
+ * CTA syncs): stages pairs (full[st]: full_count arrivals, the producer's;
+ * empty[st]: empty_count, the consumers') and one `once` barrier (the
+ * operands loaded once, once_count arrivals). */
+__device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, int stages, int full_count,
+                                          int empty_count, uint64_t *once, int once_count)
+{
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < stages; st++) {
+            mbar_init(&full[st], full_count);
+            mbar_init(&empty[st], empty_count);
+        }
+        mbar_init(once, once_count);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
 /* Operand lists of the accumulators: block j is d[j][0..3]. */
 #define FAD_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define FAD_ACC32 FAD_ACC4(0), FAD_ACC4(1), FAD_ACC4(2), FAD_ACC4(3), FAD_ACC4(4), FAD_ACC4(5), FAD_ACC4(6), FAD_ACC4(7)
