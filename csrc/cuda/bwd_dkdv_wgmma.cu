@@ -63,7 +63,7 @@ template <int kHeadDim, bool kWs> struct dkdv_wgmma_shape {
 /* Shared memory of dkdv_wgmma_kernel: sK, sV, the stages of (sQ, sdO), the
  * stages of (lse2, dsum); with dropout each warpgroup's draws of a step
  * (dropout.cuh, dropout_group_smem); kWs: the ring's mbarriers. */
-template <int kHeadDim, bool kDrop, bool kWs = false> struct dkdv_wgmma_smem {
+template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
     using C = bwd_wg_cfg<kHeadDim>;
     using Drop = dropout_group_smem<C::kStepM>;
     static constexpr int kStages = dkdv_wgmma_shape<kHeadDim, kWs>::kStages;
@@ -138,7 +138,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         /* full: each producer thread arrives twice, when its copies land
          * (cp.async) and once its row values are stored (a plain arrive);
          * empty: one arrival per math warp */
-        ring_init(full, empty, kStages, 2 * 128, 8, kv_full, 128);
+        ring_init(full, empty, kStages, 2 * 128, 4 * FAD_BWD_WG_DKDV_WGS, kv_full, 128);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
