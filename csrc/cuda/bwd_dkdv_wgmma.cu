@@ -146,8 +146,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
             mbar_arrive_cp_async(kv_full);
             for (int step = 0; step < steps; step++) {
                 const int st = step % kStages;
-                if (step >= kStages) /* the math warps are done with the step kStages back */
-                    mbar_wait(&empty[st], (step / kStages - 1) & 1);
+                ring_wait_empty(&empty[st], step, kStages); /* the math warps are done with the step kStages back */
                 load_step(step, st);
                 mbar_arrive_cp_async(&full[st]);
                 mbar_arrive(&full[st]);
@@ -289,9 +288,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         }
         if constexpr (kWs) { /* this warp is done with the stage */
             static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
-            __syncwarp();
-            if (lane == 0)
-                mbar_arrive(&empty[st]);
+            warp_arrive(&empty[st], lane);
         }
     }
     if constexpr (C::kDkdvDefer) {

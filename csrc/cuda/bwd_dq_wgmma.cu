@@ -66,8 +66,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
             mbar_arrive_cp_async(q_full);
             for (int t0 = t_first, i = 0; t0 < t_last; t0 += kN, i++) {
                 const int st = i % kStages;
-                if (i >= kStages) /* the math warps are done with the tile kStages back */
-                    mbar_wait(&empty[st], (i / kStages - 1) & 1);
+                ring_wait_empty(&empty[st], i, kStages); /* the math warps are done with the tile kStages back */
                 load_kv(t0, st);
                 mbar_arrive_cp_async(&full[st]);
             }
@@ -110,11 +109,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 
     /* (kWs) a math warp releases a stage once its products on it are done:
      * with deferred waits, the step after (the dQ product still reads K) */
-    auto release = [&](int st) {
-        __syncwarp();
-        if (lane == 0)
-            mbar_arrive(&empty[st]);
-    };
+    auto release = [&](int st) { warp_arrive(&empty[st], lane); };
     if constexpr (kWs)
         mbar_wait(q_full, 0);
     for (int t0 = t_first, st = 0, i = 0; t0 < t_last; t0 += kN, st = st + 1 == kStages ? 0 : st + 1, i++) {

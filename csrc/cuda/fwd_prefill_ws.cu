@@ -145,8 +145,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
         for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
             const int st = i % kStages;
-            if (i >= kStages) /* the consumers are done with the tile kStages back */
-                mbar_wait(&empty[st], (i / kStages - 1) & 1);
+            ring_wait_empty(&empty[st], i, kStages); /* the consumers are done with the tile kStages back */
             T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
             load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
                                                            (int)p.k_row_stride, len_k - t0, D);
@@ -221,11 +220,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         mbar_wait(&full[r.stage], r.phase);
         fence_async_smem();
     };
-    auto release = [&](ring_pos r) {
-        __syncwarp();
-        if (lane == 0)
-            mbar_arrive(&empty[r.stage]);
-    };
+    auto release = [&](ring_pos r) { warp_arrive(&empty[r.stage], lane); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     mbar_wait(q_full, 0);

@@ -140,6 +140,22 @@ __device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, int s
     }
     __syncthreads();
 }
+/* The producer, before it fills a stage (bar: its empty barrier) with the
+ * ring's i-th load: once the ring has wrapped, wait until the consumers
+ * released the load `stages` before it (their arrivals completed the phase). */
+__device__ __forceinline__ void ring_wait_empty(uint64_t *bar, int i, int stages)
+{
+    if (i >= stages)
+        mbar_wait(bar, (i / stages - 1) & 1);
+}
+/* A consumer warp is done with a stage (every lane's reads have retired):
+ * lane 0 arrives once on its barrier. */
+__device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
+{
+    __syncwarp();
+    if (lane == 0)
+        mbar_arrive(bar);
+}
 
 /* Operand lists of the accumulators: block j is d[j][0..3]. */
 #define FAD_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
