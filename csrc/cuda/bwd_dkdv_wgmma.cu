@@ -163,7 +163,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         cp_async_commit();
     }
     /* The math warpgroups: tid from 0 */
-    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32;
+    const int wg = uniform_warpgroup() - (kWs ? 1 : 0);
 
     /* This warpgroup's keys: n0 + 64 wg ..; this thread's: n0 + key_row + 8r. */
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;

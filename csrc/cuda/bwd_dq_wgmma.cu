@@ -82,7 +82,8 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
         cp_async_commit();
     }
     /* The math warpgroups: tid from 0 */
-    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32;
+    const int wg = uniform_warpgroup() - (kWs ? 1 : 0);
 
     /* This thread's rows: m0 + row0 + 8r (warp w of the CTA owns rows 16w ..). */
     const int row0 = warp * 16 + lane / 4;

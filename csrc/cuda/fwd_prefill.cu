@@ -180,7 +180,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
                                                                    16 * kk + 8 * (lane / 16)))
                                    : q_lds.at(mt * 16, kk));
     };
-    const uint32_t q_addr = smem_addr(sQ) + (warp / 4) * 64 * 64 * 2; /* this warpgroup's Q rows */
+    const uint32_t q_addr = smem_addr(sQ) + uniform_warpgroup() * 64 * 64 * 2; /* this warpgroup's Q rows */
 
     for (int t0 = t_first, stage = 0; t0 < t_last; t0 += kBlockN, stage ^= 1) {
         cp_async_wait_all();

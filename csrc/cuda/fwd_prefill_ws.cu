@@ -81,7 +81,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     const int hk = h / (p.num_heads / p.num_heads_k);
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = uniform_warpgroup();
     if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
         for (int i = cta * C::kRows + warp; i < (cta + 1) * C::kRows; i += C::kThreads / 32)
             poison_row(p, seq, h, i, lane, 32);

@@ -148,6 +148,11 @@ __device__ __forceinline__ void ring_wait_empty(uint64_t *bar, int i, int stages
     if (i >= stages)
         mbar_wait(bar, (i / stages - 1) & 1);
 }
+/* threadIdx.x / 128, broadcast from lane 0: ptxas then knows that it is the
+ * same in every lane, and keeps what derives from it (the warpgroup's walk,
+ * ring position, shared-memory addresses, wgmma descriptors) in uniform
+ * registers rather than moving it there (R2UR) for every wgmma. */
+__device__ __forceinline__ int uniform_warpgroup() { return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); }
 /* A consumer warp is done with a stage (every lane's reads have retired):
  * lane 0 arrives once on its barrier. */
 __device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
