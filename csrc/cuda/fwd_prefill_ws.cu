@@ -143,6 +143,13 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         }
         const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+        /* A tile's copies are one commit group. The thread announces tile
+         * i - 1 once it has issued tile i: it waits for tile i - 1's group to
+         * land, fences its writes for the async proxy that wgmma reads
+         * through (the writer's fence, before the barrier: then no consumer
+         * fences per tile), and arrives on the stage's full barrier. The
+         * ring stays kStages - 1 tiles ahead. */
+        int st_prev = 0;
         for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
             const int st = i % kStages;
             ring_wait_empty(&empty[st], i, kStages); /* the consumers are done with the tile kStages back */
@@ -152,9 +159,17 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
                                                            v_g + (int64_t)t0 * p.v_row_stride,
                                                            (int)p.v_row_stride, len_k - t0, D);
-            mbar_arrive_cp_async(&full[st]);
+            cp_async_commit();
+            if (i > 0) {
+                cp_async_wait<1>();
+                fence_async_smem();
+                mbar_arrive(&full[st_prev]);
+            }
+            st_prev = st;
         }
         cp_async_wait_all();
+        fence_async_smem();
+        mbar_arrive(&full[st_prev]);
         return;
     }
 
@@ -214,12 +229,9 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         return ring_pos{i % kStages, (i / kStages) & 1};
     };
     auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
-    /* Waits until the tile at r has landed; the fence orders the copies
-     * (generic proxy) before the wgmma reads (async proxy). */
-    auto wait_full = [&](ring_pos r) {
-        mbar_wait(&full[r.stage], r.phase);
-        fence_async_smem();
-    };
+    /* Waits until the tile at r has landed (the producer fenced it for the
+     * async proxy before it arrived). */
+    auto wait_full = [&](ring_pos r) { mbar_wait(&full[r.stage], r.phase); };
     auto release = [&](ring_pos r) { warp_arrive(&empty[r.stage], lane); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
