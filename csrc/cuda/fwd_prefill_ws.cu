@@ -8,8 +8,9 @@
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
  * 128 (n + 1) threads:
  *   warpgroup 0, the producer: Q of all n blocks, then every K/V tile the
- *     blocks walk, into a ring of kStages stages (cp.async; each copy
- *     arrives on the stage's `full` mbarrier when it lands);
+ *     blocks walk, into a ring of kStages stages (cp.async, one commit
+ *     group per tile; once a tile has landed the producer fences it for the
+ *     async proxy and arrives on the stage's `full` mbarrier);
  *   warpgroups 1 .. n, the consumers: one 64-row block each, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
