@@ -2,7 +2,8 @@
 # Same-machine A/B of two builds of the extension: dev/abi/_C_base.abi3.so against
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
-# fad_det and SDPA cuDNN in both layouts, N turns (default 2), ${FILTER} as bench_fwd's --filter.
+# fad_det and SDPA cuDNN in both layouts, or dev/bench_dropout.py (BENCH=dropout: p = 0 and 0.1,
+# SDPA flash beside), N turns (default 2), ${FILTER} as bench_fwd's --filter.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}/run
@@ -10,7 +11,9 @@ mkdir -p "$out"
 for turn in $(seq 1 "${1:-2}"); do
     for b in base new; do
         cp "dev/abi/_C_$b.abi3.so" flash_attn_det/_C.abi3.so
-        if [ "${BENCH:-fwd}" = fwd ]; then
+        if [ "${BENCH:-fwd}" = dropout ]; then
+            python3 dev/bench_dropout.py --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
+        elif [ "${BENCH:-fwd}" = fwd ]; then
             python3 benchmarks/bench_fwd.py --preset ${PRESET:-quick} --rounds 2 --no-plot \
                 ${FILTER:+--filter "$FILTER"} --impls fad_det,sdpa_cudnn,sdpa_cudnn_bhld \
                 --out "$out" --tag "ab_${b}_$turn" 2>>"$out/stderr.log" > /dev/null
@@ -23,4 +26,4 @@ for turn in $(seq 1 "${1:-2}"); do
 done
 cp dev/abi/_C_new.abi3.so flash_attn_det/_C.abi3.so
 rm -f "$out"/ab_*.jsonl
-for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9])' "$f" | cut -c1-110; done
+for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9]|B[0-9])' "$f" | cut -c1-110; done
