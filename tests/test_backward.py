@@ -212,7 +212,7 @@ def test_gpu_packed_grads_equal_unpacked():
 
 
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
-# D <= 128 without softcap or ALiBi, on grids of at least one dK/dV CTA per SM) beside the
+# D <= 128, softcap and ALiBi included, on grids of at least one dK/dV CTA per SM) beside the
 # mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
 # every grid size (these cases are small). Same chains in the same order on the same fragments,
 # so both must give the same bits; the default process, which picks by grid size, must too.
@@ -222,12 +222,19 @@ _BWD_VARIANT_CASES = [
     dict(B=2, Sq=333, Sk=1000, H=4, Hk=1, D=64, dtype="float16"),
     dict(B=1, Sq=257, Sk=300, H=2, Hk=2, D=96, dtype="bfloat16", window_size=(64, 16)),
     dict(B=2, Sq=500, Sk=200, H=3, Hk=1, D=40, dtype="float16", causal=True),  # rows with no key
-    dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, dtype="bfloat16", softcap=5.0),  # both mma.sync
+    # softcap and ALiBi: a kMod variant of each kernel, with dkdv_kernel's / dq_kernel's bwd_score
+    dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=128, dtype="bfloat16", softcap=5.0),
+    dict(B=2, Sq=333, Sk=500, H=4, Hk=2, D=64, dtype="float16", causal=True, alibi=True),
+    dict(B=1, Sq=257, Sk=300, H=2, Hk=2, D=96, dtype="bfloat16", window_size=(64, 16), alibi=True,
+         softcap=10.0),
+    dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, alibi=True),
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True),  # >= 1 wave
     # dropout: a kDrop variant of each kernel, with the same keep rule and element-wise math
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, dropout_p=0.15),
     dict(B=2, Sq=333, Sk=1000, H=4, Hk=1, D=64, dtype="float16", dropout_p=0.3),
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, dropout_p=0.1),
+    dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, softcap=30.0,
+         dropout_p=0.15),
 ]
 
 
@@ -239,6 +246,9 @@ def _bwd_variant_grads():
         dtype = getattr(torch, case.pop("dtype"))
         q, k, v, dout = _gpu_inputs(500 + i, [(B, Sq, H, D), (B, Sk, Hk, D), (B, Sk, Hk, D),
                                               (B, Sq, H, D)], dtype)
+        if case.pop("alibi", False):  # (the same slopes in every process)
+            gen = torch.Generator().manual_seed(900 + i)
+            case["alibi_slopes"] = (torch.rand(B, H, generator=gen) * 0.3).cuda()
         torch.manual_seed(2000 + i)  # dropout's seed and offset: the same in every process
         outs.append([t.cpu() for t in grads(fad.flash_attn_func, q, k, v, dout, **case)])
     lens = [300, 1, 77, 520]

@@ -32,10 +32,13 @@
  * Key tiles from key 0 up.
  *
  * Shapes: kHeadDim 64 or 128 (D <= kHeadDim, the columns beyond D zero-filled
- * in shared memory and never stored); no softcap or ALiBi (those stay on the
- * mma.sync kernels, as in the forward). kDrop: dropout, as the mma.sync
+ * in shared memory and never stored). kDrop: dropout, as the mma.sync
  * kernels apply it (the same keep rule through dropout.cuh, the same
- * element-wise math), so the bits stay those of the mma.sync variant.
+ * element-wise math), so the bits stay those of the mma.sync variant. kMod:
+ * softcap and ALiBi, through the mma.sync kernels' bwd_score (the same logit
+ * and gradient factor of each element). Their P is made once dP has landed,
+ * in the loop that makes dS: the factor then needs no register beside P. A
+ * score mod with dropout stays on mma.sync (bwd_launch.cu).
  *
  * kWs (both kernels; the dQ kernel from FAD_BWD_WG_DQ_WS_MIN_D): warpgroup 0
  * is a producer that streams the tiles through a ring of mbarrier-guarded
@@ -77,7 +80,7 @@ template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kDrop, bool kWs>
+template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod>
 __global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
@@ -170,7 +173,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
     const int key_row = warp * 16 + lane / 4, wg_n0 = n0 + wg * 64;
     const float scale = p.softmax_scale;
-    const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
+    /* (kMod: dkdv_kernel's mod, bwd_dkdv.cu says why the flag reads so) */
+    const fad_score_mod mod = kMod ? fad_make_score_mod(scale, p.softcap, p.alibi_slopes != NULL || kDrop)
+                                   : fad_make_score_mod(scale, 0.f, 0);
     const fad_band band = fad_make_band(len_q, len_k, wl, wr);
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     if constexpr (kDrop)
@@ -231,10 +236,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         const fad_key_range first = fad_row_keys(m0, len_q, len_k, wl, wr);
         const fad_key_range last = fad_row_keys(min(m0 + kM, len_q) - 1, len_q, len_k, wl, wr);
         /* (one loop per case: a per-element test of need_mask costs a branch each) */
-        if (wg_n0 < last.lo || wg_n0 + 64 > first.hi)
-            scores_to_p<true, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
-        else
-            scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+        const bool need_mask = wg_n0 < last.lo || wg_n0 + 64 > first.hi;
+        if constexpr (!kMod) {
+            if (need_mask)
+                scores_to_p<true, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+            else
+                scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+        }
 
         /* Dropout: masks of the dropped elements (dropout.cuh), read from the
          * step's draws, which the warpgroup made above. */
@@ -243,7 +251,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         const dropout_staged_masks<kM> dropped(s_drop, key_row % 64);
 
         /* dS^T = P^T (dP^T - D) scale, in place in ds, once dP^T has landed
-         * (with dropout: dP of a kept element times rp, of a dropped one 0). */
+         * (with dropout: dP of a kept element times rp, of a dropped one 0).
+         * kMod: P^T here too, element by element as dkdv_kernel makes it, and
+         * dS^T with its gradient factor g in place of scale. */
+        const float slope_log2 = kMod ? fad_alibi_slope_log2(&p, b, hk * group + step / mt_count) : 0.f;
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
 #pragma unroll
@@ -254,7 +265,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
                 float dp = ds[nb][e];
                 if constexpr (kDrop) /* +0 where dropped: the bits of the select it replaces */
                     dp = __uint_as_float(__float_as_uint(FAD_MUL(dp, drop.rp)) & ~dropped.element(nb, e));
-                ds[nb][e] = fad_ds(pt[nb][e], dp, dsum[i_loc], scale);
+                float g = scale;
+                if constexpr (kMod) {
+                    const int i = m0 + i_loc, j = n0 + key_row + 8 * (e / 2);
+                    const float x = bwd_score<true>(pt[nb][e], mod, scale, slope_log2, i, j, len_q, len_k,
+                                                    need_mask && fad_band_masked(band, i, j), &g);
+                    pt[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[i_loc]);
+                }
+                ds[nb][e] = fad_ds(pt[nb][e], dp, dsum[i_loc], g);
             }
 
         /* dV += P^T dO and dK += dS^T Q, P^T and dS^T from the accumulators
@@ -303,14 +321,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, 0);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     constexpr bool kWs = FAD_BWD_WG_DKDV_WS;
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(bwd_args) =
-        drop ? dkdv_wgmma_kernel<T, kHeadDim, true, kWs> : dkdv_wgmma_kernel<T, kHeadDim, false, kWs>;
+    if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for a score mod with dropout");
+    void (*kernel)(bwd_args) = drop ? dkdv_wgmma_kernel<T, kHeadDim, !kMod, kWs, false>
+                                    : dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>;
     const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)
@@ -320,6 +340,7 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     return FAD_OK;
 }
 
-#define FAD_INST(T, D) \
-    template fad_status launch_dkdv_wgmma<T, D>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+#define FAD_INST(T, D)                                                                                    \
+    template fad_status launch_dkdv_wgmma<T, D, false>(const bwd_args &, int64_t, cudaStream_t, char *, size_t); \
+    template fad_status launch_dkdv_wgmma<T, D, true>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
 FAD_BWD_WGMMA_VARIANTS(FAD_INST)

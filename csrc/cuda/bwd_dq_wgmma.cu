@@ -23,7 +23,7 @@ template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kDrop, bool kWs>
+template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod>
 __global__ void __launch_bounds__(dq_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 {
@@ -97,7 +97,10 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     const fad_key_range wg_first = fad_row_keys(wg_m0, len_q, len_k, wl, wr);
     const fad_key_range wg_last = fad_row_keys(min(wg_m0 + 64, max(len_q, wg_m0 + 1)) - 1, len_q, len_k, wl, wr);
     const float scale = p.softmax_scale;
-    const fad_score_mod mod = fad_make_score_mod(scale, 0.f, 0);
+    /* (kMod: dq_kernel's mod and slope; bwd_dkdv.cu says why the flag reads so) */
+    const fad_score_mod mod = kMod ? fad_make_score_mod(scale, p.softcap, p.alibi_slopes != NULL || kDrop)
+                                   : fad_make_score_mod(scale, 0.f, 0);
+    const float slope_log2 = kMod ? fad_alibi_slope_log2(&p, b, h) : 0.f;
     fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
     int i_pos[2] = {0, 0}; /* this thread's rows' key-space positions, dropout's counter */
     if constexpr (kDrop) {
@@ -146,11 +149,15 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
                     release(st == 0 ? kStages - 1 : st - 1);
         }
         /* P: element (nb, e) is row m0 + row0 + 8 (e/2), key t0 + 8 nb + 2 (lane%4) + e%2. */
-        if (t0 < wg_last.lo || t0 + kN > wg_first.hi)
-            scores_to_p<true>(pr, lse2, rk, mod, t0);
-        else
-            scores_to_p<false>(pr, lse2, rk, mod, t0);
-        /* dS = P (dP - D) scale, in place in ds. */
+        const bool need_mask = t0 < wg_last.lo || t0 + kN > wg_first.hi;
+        if constexpr (!kMod) {
+            if (need_mask)
+                scores_to_p<true>(pr, lse2, rk, mod, t0);
+            else
+                scores_to_p<false>(pr, lse2, rk, mod, t0);
+        }
+        /* dS = P (dP - D) scale, in place in ds. kMod: P here too, element by
+         * element as dq_kernel makes it, and dS with its gradient factor. */
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
         if constexpr (kDrop) /* dP of a kept element times rp, of a dropped one 0 (dq_kernel's) */
@@ -161,8 +168,17 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
 #pragma unroll
         for (int nb = 0; nb < kNB; nb++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                ds[nb][e] = fad_ds(pr[nb][e], ds[nb][e], dsum[e / 2], scale);
+            for (int e = 0; e < 4; e++) {
+                float g = scale;
+                if constexpr (kMod) {
+                    const int r = e / 2, i = m0 + row0 + 8 * r, j = t0 + nb * 8 + (lane % 4) * 2 + e % 2;
+                    const bool masked = need_mask && (j < rk[r].lo || j >= rk[r].hi);
+                    const float x = bwd_score<true>(pr[nb][e], mod, scale, slope_log2, i, j, len_q, len_k,
+                                                    masked, &g);
+                    pr[nb][e] = fad_exp_score(x, mod.exp_scale, lse2[r]);
+                }
+                ds[nb][e] = fad_ds(pr[nb][e], ds[nb][e], dsum[e / 2], g);
+            }
 
         /* dQ += dS K (K read MN-major: its rows are the k dim). */
 #pragma unroll
@@ -187,14 +203,17 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
     store_dq<T>(dq, a, seq, h, m0 + row0);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     constexpr bool kWs = kHeadDim >= FAD_BWD_WG_DQ_WS_MIN_D;
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, true, kWs> : dq_wgmma_kernel<T, kHeadDim, false, kWs>;
+    if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dQ for a score mod with dropout");
+    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, !kMod, kWs, false>
+                                    : dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, Shape::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -203,6 +222,7 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     return FAD_OK;
 }
 
-#define FAD_INST(T, D) \
-    template fad_status launch_dq_wgmma<T, D>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+#define FAD_INST(T, D)                                                                                  \
+    template fad_status launch_dq_wgmma<T, D, false>(const bwd_args &, int64_t, cudaStream_t, char *, size_t); \
+    template fad_status launch_dq_wgmma<T, D, true>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
 FAD_BWD_WGMMA_VARIANTS(FAD_INST)

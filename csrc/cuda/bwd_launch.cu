@@ -7,8 +7,8 @@
 #include "bwd_launch.h"
 #include "mma.cuh"
 
-/* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64 and 128 without a score mod,
- * where fad_use_wgmma allows them; the same bits as the mma.sync kernels, so
+/* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64 and 128, with or without a
+ * score mod, where fad_use_wgmma allows them; the same bits as the mma.sync kernels, so
  * which one runs may depend on anything, the grid size included. Their CTAs
  * are twice as large (128 keys for dK/dV), so on a grid of fewer dK/dV CTAs
  * than SMs the mma.sync kernels run instead (measured: a B8 L256 training
@@ -16,7 +16,7 @@
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    if constexpr (kHeadDim <= 128 && !kMod) {
+    if constexpr (kHeadDim <= 128) {
         using C = bwd_wg_cfg<kHeadDim>;
         const fad_fwd_params &p = a.p;
         a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
@@ -25,9 +25,9 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
         const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
         fad_status st = FAD_OK;
         if (dkdv_ctas > 0 && a.part != FAD_BWD_DQ)
-            st = launch_dkdv_wgmma<T, kHeadDim>(a, dkdv_ctas, stream, msg, msg_len);
+            st = launch_dkdv_wgmma<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
         if (st == FAD_OK && dq_ctas > 0 && a.part != FAD_BWD_DKDV)
-            st = launch_dq_wgmma<T, kHeadDim>(a, dq_ctas, stream, msg, msg_len);
+            st = launch_dq_wgmma<T, kHeadDim, kMod>(a, dq_ctas, stream, msg, msg_len);
         return st;
     } else {
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma backward for D %d", kHeadDim);
@@ -40,10 +40,12 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     using C = bwd_cfg<kHeadDim>;
     int wgmma = 0;
     fad_status st = FAD_OK;
-    if (kHeadDim <= 128 && !kMod)
+    /* (a score mod with dropout stays on mma.sync: its dK/dV wgmma build at D64
+     * spilled 1.2 KB, and the pair is rare) */
+    if (kHeadDim <= 128 && !(kMod && a.p.dropout_p > 0.f))
         st = fad_use_wgmma(&wgmma, msg, msg_len);
     const fad_fwd_params &p = a.p;
-    if constexpr (kHeadDim <= 128 && !kMod) {
+    if constexpr (kHeadDim <= 128) {
         int sms = 0;
         if (st == FAD_OK && wgmma == 1)
             st = fad_cuda_num_sms(&sms, msg, msg_len);

@@ -39,9 +39,9 @@ template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 
 #endif /* FAD_BWD_LAUNCH_H */
