@@ -7,6 +7,7 @@ UNIT (one per table, default 1): what to divide by, e.g. the executed count of o
 tile loop (one per warp and tile), to read instructions per warp and tile.
 """
 import collections
+import gzip
 import sys
 
 from ncu_sass_top import num, tables
@@ -15,7 +16,6 @@ from ncu_sass_top import num, tables
 def main():
     path = sys.argv[1]
     units = [float(u) for u in sys.argv[2:]]
-    import gzip
     raw = gzip.open(path, "rt").read() if path.endswith(".gz") else open(path).read()
     for i, t in enumerate(tables(raw)):
         col = {h: j for j, h in enumerate(t["head"])}

@@ -329,8 +329,9 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for a score mod with dropout");
-    void (*kernel)(bwd_args) = drop ? dkdv_wgmma_kernel<T, kHeadDim, !kMod, kWs, false>
-                                    : dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>;
+    /* (so no kMod kernel with dropout is built) */
+    void (*kernel)(bwd_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
+                                             : dkdv_wgmma_kernel<T, kHeadDim, true, kWs, false>;
     const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)

@@ -212,8 +212,9 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dQ for a score mod with dropout");
-    void (*kernel)(bwd_args) = drop ? dq_wgmma_kernel<T, kHeadDim, !kMod, kWs, false>
-                                    : dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>;
+    /* (so no kMod kernel with dropout is built) */
+    void (*kernel)(bwd_args) = kMod || !drop ? dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
+                                             : dq_wgmma_kernel<T, kHeadDim, true, kWs, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, Shape::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
