@@ -239,6 +239,9 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     auto release = [&](ring_pos r) { warp_arrive(&empty[r.stage], lane); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
+    /* Q's copies arrive on q_full as they land (the producer does not wait
+     * for them), so the reader fences, once: wgmma reads Q from shared memory
+     * where it is not held in registers. */
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
