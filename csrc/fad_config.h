@@ -80,6 +80,13 @@
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif
+/* FAD_WS_D256: 1 = at D256 (head dims 193..256) the sm_90a prefill runs the
+ * warp-specialized kernel too, with one consumer warpgroup (its o of 64 rows
+ * x 256 columns takes 128 registers a thread, so R's o and Q live in shared
+ * memory), instead of fwd_kernel on mma.sync; the same bits. */
+#ifndef FAD_WS_D256
+#define FAD_WS_D256 1
+#endif
 #ifndef FAD_WS_PRODUCER_REGS
 #define FAD_WS_PRODUCER_REGS 40
 #endif

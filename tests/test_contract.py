@@ -250,6 +250,14 @@ _VARIANT_CASES = [
     dict(D=64, Sq=700, Sk=3000, causal=False, dtype="bfloat16", dropout_p=0.1),
     dict(D=128, Sq=900, Sk=2500, causal=True, dtype="float16", dropout_p=0.17, window_size=(300, 40)),
     dict(D=96, Sq=513, Sk=2100, causal=False, dtype="bfloat16", dropout_p=0.3),
+    # D256 (193 .. 256): the warp-specialized kernel with one consumer, R's o and Q in shared
+    # memory, K and V halves released apart; padded head dims, windows, rows with no key, a
+    # ramp (rescales), dropout
+    dict(D=256, Sq=700, Sk=3000, causal=False, dtype="bfloat16"),
+    dict(D=256, Sq=900, Sk=2500, causal=True, dtype="float16", window_size=(300, 40)),
+    dict(D=200, Sq=600, Sk=200, causal=True, dtype="bfloat16"),
+    dict(D=256, Sq=1000, Sk=1000, causal=True, dtype="bfloat16", ramp=20.0),
+    dict(D=232, Sq=513, Sk=2100, causal=False, dtype="float16", dropout_p=0.2),
 ]
 
 

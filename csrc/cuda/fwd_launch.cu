@@ -70,9 +70,13 @@ static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size
          * spills around in-flight wgmma are the suspect in the D64 failure
          * (docs/design.md, "wgmma-limits"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
+        /* D256 has the warp-specialized kernel only (one consumer warpgroup;
+         * fwd_kernel's wgmma variant is for D 64 and 128) */
+        constexpr bool kWs256 = kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
         int wgmma = 0;
-        fad_status st = kHasWgmma ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
-        constexpr bool kWs = kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS));
+        fad_status st = kHasWgmma || kWs256 ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
+        constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||
+                             kWs256;
         if constexpr (kWs) {
             /* (knob off: at D128 the mma.sync kernel, so that fwd_kernel's D128
              * wgmma variant is not compiled for an A/B alone) */

@@ -31,9 +31,10 @@
  * softmax code are the mma.sync variant's, and a wgmma chain rounds like the
  * mma.sync chain it replaces (tests/wgmma_probe.cu; tests/test_contract.py
  * compares the variants), so the bits are the same on either. At D 128 that
- * variant is the warp-specialized fwd_ws_kernel (fad_fwd_ws.cuh: a producer
- * warpgroup copies K/V for two consumer warpgroups, each running this file's
- * tile math on its 64 rows).
+ * variant, and at D 256 the mma.sync kernel, give way to the warp-specialized
+ * fwd_ws_kernel (fwd_prefill_ws.cu: a producer warpgroup copies K/V for two
+ * consumer warpgroups, one at D 256, each running this file's tile math on
+ * its 64 rows).
  * kDrop: dropout, a variant of each of the above (softcap/ALiBi or not). The
  * mma.sync kernel zeroes dropped elements of P in fp32 (dropout_tile), the
  * wgmma ones the halves of P's packed fragments (dropout.cuh, dropout_pf):

@@ -1,8 +1,9 @@
 /*
- * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64
- * and 128): one producer warpgroup copies K/V tiles, n consumer warpgroups
- * (two at D128, FAD_WS_D64_CONSUMERS at D64) compute. It runs fwd_tile.cuh's
- * tile math, as fwd_kernel does (fwd_prefill.cu).
+ * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64,
+ * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
+ * warpgroups (two at D128, FAD_WS_D64_CONSUMERS at D64, one at D256: see
+ * fwd_ws_cfg) compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
+ * (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
@@ -45,26 +46,48 @@
 #include "fwd_tile_wgmma.cuh"
 
 template <int kHeadDim> struct fwd_ws_cfg {
+    /* D256 (kWide): one consumer, whose o (64 rows x 256 columns) takes 128
+     * registers a thread. R's o then lives in shared memory (64 KB), and so
+     * does Q (read by SS wgmmas); that leaves room for two stages, whose K and
+     * V halves are filled and released apart (kKVApart, below). */
+    static constexpr bool kWide = kHeadDim > 128;
     static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup */
     static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
-    static constexpr int kConsumers = kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : 2; /* consumer warpgroups */
+    static constexpr int kConsumers = kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
-    static constexpr int kStages = FAD_WS_STAGES;      /* K/V ring depth */
+    static constexpr int kStages = kWide ? 2 : FAD_WS_STAGES; /* K/V ring depth */
+    static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide; /* Q's A fragments held by the consumers */
+    static constexpr bool kRSmem = kWide;              /* R's o in shared memory, not in registers */
+    /* kKVApart: a stage's K and V halves have barriers of their own. A
+     * consumer releases K once S = Q K^T has retired, V once O += P V has:
+     * with two stages K of tile i + 2 then loads during tile i + 1's softmax,
+     * where one barrier per stage would hold it until tile i's O += P V. The
+     * producer's copies arrive on a half's barrier as they land
+     * (mbar_arrive_cp_async), and the consumers fence after their wait. */
+    static constexpr bool kKVApart = kWide;
+    /* (kWide: 256 threads may each hold 255 registers; no setmaxnreg) */
+    static constexpr bool kSetMaxNReg = !kWide;
     static constexpr int kProducerRegs = kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
     static constexpr int kConsumerRegs = kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
-    static constexpr size_t kBarOffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
-    static constexpr size_t kSmemBytes = kBarOffset + (2 * kStages + 1) * sizeof(uint64_t);
-    static_assert((kHeadDim == 128 && kConsumers == 2) || (kHeadDim == 64 && kConsumers >= 2),
-                  "the consumers' registers are budgeted for D 128 (two) or D 64");
+    static constexpr size_t kRBytes = kRSmem ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
+    static constexpr size_t kROffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
+    static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
+    /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
+    static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
+    static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
+    static_assert((kHeadDim == 128 && kConsumers == 2) || (kHeadDim == 64 && kConsumers >= 2) ||
+                      (kHeadDim == 256 && kConsumers == 1),
+                  "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one)");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
      * rounded down to a multiple of 8 (168 here): a consumer's alloc would
      * wait forever for registers the producer never freed. */
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    static_assert((kProducerRegs + kConsumerRegs * kConsumers) * 128 <= kLaunchRegs * kThreads,
+    static_assert(!kSetMaxNReg ||
+                      (kProducerRegs + kConsumerRegs * kConsumers) * 128 <= kLaunchRegs * kThreads,
                   "setmaxnreg: the registers the producer frees must cover the consumers'");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -125,13 +148,20 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
     uint64_t *empty = full + kStages, *q_full = empty + kStages;
+    /* (kKVApart: full and empty are the K halves', these the V halves') */
+    uint64_t *full_v = q_full + 1, *empty_v = full_v + kStages;
     /* full: every producer thread's copies; empty: one arrival per consumer warp */
-    ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128);
+    if constexpr (C::kKVApart)
+        if (tid == 0)
+            for (int st = 0; st < kStages; st++)
+                mbar_init(&full_v[st], 128), mbar_init(&empty_v[st], 4 * C::kConsumers);
+    ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128); /* (fences and syncs those too) */
 
     const int D = p.head_dim;
     if (wg == 0) {
         /* ---- producer: Q, then the K/V tiles of the union walk, in order ---- */
-        setmaxnreg_dec<C::kProducerRegs>();
+        if constexpr (C::kSetMaxNReg)
+            setmaxnreg_dec<C::kProducerRegs>();
 #pragma unroll
         for (int c = 0; c < C::kConsumers; c++) {
             const int m0 = cta * C::kRows + c * kBlockM;
@@ -147,6 +177,24 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         }
         const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+        if constexpr (C::kKVApart) {
+            /* Each half once the consumers released it, arriving as it lands. */
+            for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
+                const int st = i % kStages;
+                T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
+                ring_wait_empty(&empty[st], i, kStages);
+                load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
+                                                               (int)p.k_row_stride, len_k - t0, D);
+                mbar_arrive_cp_async(&full[st]);
+                ring_wait_empty(&empty_v[st], i, kStages);
+                load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
+                                                               v_g + (int64_t)t0 * p.v_row_stride,
+                                                               (int)p.v_row_stride, len_k - t0, D);
+                mbar_arrive_cp_async(&full_v[st]);
+            }
+            cp_async_wait_all();
+            return;
+        }
         /* A tile's copies are one commit group. The thread announces tile
          * i - 1 once it has issued tile i: it waits for tile i - 1's group to
          * land, fences its writes for the async proxy that wgmma reads
@@ -178,7 +226,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     }
 
     /* ---- consumer c: 64 query rows ---- */
-    setmaxnreg_inc<C::kConsumerRegs>();
+    if constexpr (C::kSetMaxNReg)
+        setmaxnreg_inc<C::kConsumerRegs>();
     const int c = wg - 1;
     const int m0 = cta * C::kRows + c * kBlockM;
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
@@ -205,14 +254,18 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     const dropout_bytes keep(drop);
 
     float mR[2], lR[2], m_s[2], l_s[2];
-    float oR[1][kHeadDim / 8][4] = {}; /* R's o: the empty state's */
+    float oR[1][C::kRSmem ? 1 : kHeadDim / 8][4] = {}; /* R's o in registers: the empty state's */
+    float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes); /* (kRSmem) */
     float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
 #pragma unroll
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
     auto fold = [&](bool to_R) {
-        fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
+        if constexpr (C::kRSmem)
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem_wg<1, kHeadDim / 8>{sR, tid % 128}, have_R, to_R);
+        else
+            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
@@ -234,9 +287,27 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     };
     auto k_addr = [&](ring_pos r) { return kv_addr0 + (uint32_t)r.stage * 2 * (uint32_t)C::kTileBytes; };
     /* Waits until the tile at r has landed (the producer fenced it for the
-     * async proxy before it arrived). */
-    auto wait_full = [&](ring_pos r) { mbar_wait(&full[r.stage], r.phase); };
-    auto release = [&](ring_pos r) { warp_arrive(&empty[r.stage], lane); };
+     * async proxy before it arrived; kKVApart: its K half, and the reader
+     * fences), and until its V half has (kKVApart; else a no-op). */
+    auto wait_full = [&](ring_pos r) {
+        mbar_wait(&full[r.stage], r.phase);
+        if constexpr (C::kKVApart)
+            fence_async_smem();
+    };
+    auto wait_v = [&](ring_pos r) {
+        if constexpr (C::kKVApart) {
+            mbar_wait(&full_v[r.stage], r.phase);
+            fence_async_smem();
+        }
+    };
+    /* This consumer is done with the tile at r's K half (kKVApart; else a
+     * no-op), with the whole tile at r. */
+    auto release_k = [&](ring_pos r) {
+        if constexpr (C::kKVApart)
+            warp_arrive(&empty[r.stage], lane);
+    };
+    auto release = [&](ring_pos r) { warp_arrive(C::kKVApart ? &empty_v[r.stage] : &empty[r.stage], lane); };
+    auto skip = [&](ring_pos r) { wait_full(r), wait_v(r), release_k(r), release(r); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     /* Q's copies arrive on q_full as they land (the producer does not wait
@@ -245,12 +316,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
-        wait_full(pos_of(t0)), release(pos_of(t0));
+        skip(pos_of(t0));
 
     /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
      * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
      * per 32 tensor-core clocks, the whole 128 B/clk of shared memory. */
-    constexpr bool kQInRegs = FAD_WS_Q_REGS;
+    constexpr bool kQInRegs = C::kQInRegs;
     uint32_t qf[1][kQInRegs ? kHeadDim / 16 : 1][4];
     if constexpr (kQInRegs)
         if (walked)
@@ -278,6 +349,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         issue_s(pos);
         wgmma_wait<0>();
         wgmma_fence_operand(s[0]);
+        release_k(pos);
         softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
                            p.window_right);
         softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
@@ -313,6 +385,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             if (t0 + kBlockN >= my_last) {
                 if (acc_live)
                     rescale_acc<true>(acc, scale, all_one);
+                wait_v(pos_done);
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
                 pv_done();
                 break;
@@ -323,10 +396,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             issue_s(pos);
             if (acc_live)
                 rescale_acc<true>(acc, scale, all_one);
+            wait_v(pos_done);
             issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
             acc_live = true;
             wgmma_wait<1>(); /* S of tile t0 (the older group) */
             wgmma_fence_operand(s[0]);
+            release_k(pos);
             softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
                                p.window_left, p.window_right);
             if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
@@ -347,7 +422,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
      * holds it, so that no tile is released twice and none is skipped. */
     const int my_end = walked ? my_first + (my_last - my_first + kBlockN - 1) / kBlockN * kBlockN : u_last;
     for (int t0 = my_end; t0 < u_last; t0 += kBlockN)
-        wait_full(pos_of(t0)), release(pos_of(t0));
+        skip(pos_of(t0));
     if (m0 >= len_q)
         return;
 
@@ -382,6 +457,10 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
 
 template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
 template fad_status launch_prefill_ws<__nv_bfloat16, 128>(const fwd_args &, cudaStream_t, char *, size_t);
+#if FAD_WS_D256
+template fad_status launch_prefill_ws<__half, 256>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 256>(const fwd_args &, cudaStream_t, char *, size_t);
+#endif
 #if FAD_WS_D64_CONSUMERS
 template fad_status launch_prefill_ws<__half, 64>(const fwd_args &, cudaStream_t, char *, size_t);
 template fad_status launch_prefill_ws<__nv_bfloat16, 64>(const fwd_args &, cudaStream_t, char *, size_t);

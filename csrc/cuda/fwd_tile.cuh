@@ -369,6 +369,16 @@ template <int kMT, int kDB, int kThreads> struct r_in_smem {
         return sR[((mt * kDB + nb) * 4 + e) * kThreads + threadIdx.x];
     }
 };
+/* The same slots for one warpgroup's own R (t: the thread's index in it). */
+template <int kMT, int kDB> struct r_in_smem_wg {
+    float *sR;
+    int t;
+    static constexpr bool kSmem = true;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const
+    {
+        return sR[((mt * kDB + nb) * 4 + e) * 128 + t];
+    }
+};
 template <int kMT, int kDB> struct r_in_regs {
     float (&o)[kMT][kDB][4];
     static constexpr bool kSmem = false;

@@ -54,18 +54,26 @@ __device__ __forceinline__ void p_fragments(const float (&s)[1][kBlockN / 8][4],
     for (int kk = 0; kk < kBlockN / 16; kk++)
         p_fragment<T>(s[0], kk, pf[kk]);
 }
+/* Past 128 columns (D256) each k-chunk is one m64n128k16 per 128 columns of
+ * o: an element's products are added in the same k order either way, so the
+ * bits are those of one wide instruction (and of mma.sync's chain). */
 template <typename T, int kHeadDim, int kBlockN>
 __device__ __forceinline__ void issue_pv_wgmma_pf(float (&acc)[1][kHeadDim / 8][4],
                                                   uint32_t (&pf)[kBlockN / 16][4], uint32_t v_addr,
                                                   bool acc_live)
 {
+    constexpr int kN = kHeadDim < 128 ? kHeadDim : 128; /* columns per instruction */
+    static_assert(kHeadDim % kN == 0, "whole instructions per row of o");
     const uint64_t v_desc0 = gmma_desc(v_addr, kBlockN * 128, 1024);
     wgmma_fence_operand(acc[0]);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; kk++) /* MN-major V: 16 key rows of 128 bytes per k-chunk */
-        wgmma_rs_mnmajor(acc[0], pf[kk], gmma_desc_at(v_desc0, kk * 16 * 128), (const T *)nullptr,
-                         kk > 0 || acc_live);
+#pragma unroll
+        for (int n = 0; n < kHeadDim / kN; n++) /* (kN / 64 column blocks of kBlockN rows each) */
+            wgmma_rs_mnmajor(*reinterpret_cast<float(*)[kN / 8][4]>(&acc[0][n * kN / 8]), pf[kk],
+                             gmma_desc_at(v_desc0, kk * 16 * 128 + n * (kN / 64) * kBlockN * 128),
+                             (const T *)nullptr, kk > 0 || acc_live);
     wgmma_commit();
 }
 /* attend_tile on sm_90a: S = Q K^T, the softmax step, O += P V; while_s()
