@@ -10,8 +10,9 @@
  * 128 (n + 1) threads:
  *   warpgroup 0, the producer: Q of all n blocks, then every K/V tile the
  *     blocks walk, into a ring of kStages stages (cp.async, one commit
- *     group per tile; once a tile has landed the producer fences it for the
- *     async proxy and arrives on the stage's `full` mbarrier);
+ *     group per tile -- per K or V half at D256; once a tile has landed the
+ *     producer fences it for the async proxy and arrives on the stage's
+ *     `full` mbarrier);
  *   warpgroups 1 .. n, the consumers: one 64-row block each, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
@@ -180,15 +181,19 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
         if constexpr (C::kKVApart) {
-            /* Each half once the consumers released it, arriving as it lands,
-             * K one tile ahead of V: K(0), K(1), V(0), K(2), V(1), ... A
-             * consumer needs K(i + 1) before V(i) (S of the next tile is
-             * issued before O += P V of this one), and K's slot frees a half
-             * turn earlier (when S retires), so K(i + 2) need not queue
-             * behind V(i)'s wait for O += P V of tile i - 2. A half is
-             * announced once the next one is issued, as whole tiles are
-             * below; no wait in that chain waits on an announcement behind
-             * it, so the lag cannot deadlock. */
+            /* Each half once the consumers released its slot, K one tile
+             * ahead of V: K(0), K(1), V(0), K(2), V(1), ... A consumer needs
+             * K(i + 1) before V(i) (S of the next tile is issued before
+             * O += P V of this one), and K's slot frees a half turn earlier
+             * (when S retires), so K(i + 2) need not queue behind V(i)'s wait
+             * for O += P V of tile i - 2. A half is a commit group, announced
+             * (landed, fenced, arrived) once the next one is issued, as the
+             * whole tiles are below. No slot the producer waits for depends
+             * on an announcement still behind it (V(i)'s waits on O += P V of
+             * tile i - 2, K(i + 2)'s on S of tile i), so the lag cannot
+             * deadlock. (Measured: the K-first order alone 0.98-1.02x, the
+             * writer's fence 1.01-1.10x: benchmarks/results/
+             * 2026-11-26_h100_ab_fwd_d256_kv_order_fence.md.) */
             uint64_t *pending = nullptr; /* the full barrier of the half issued last */
             auto load_half = [&](int i, bool is_v) {
                 const int st = i % kStages, t0 = u_first + i * kBlockN;
@@ -315,13 +320,10 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     /* Waits until the tile at r has landed (the producer fenced it for the
      * async proxy before it arrived; kKVApart: its K half), and until its V
      * half has (kKVApart; else a no-op). */
-    auto wait_full = [&](ring_pos r) {
-        mbar_wait(&full[r.stage], r.phase);
-    };
+    auto wait_full = [&](ring_pos r) { mbar_wait(&full[r.stage], r.phase); };
     auto wait_v = [&](ring_pos r) {
-        if constexpr (C::kKVApart) {
+        if constexpr (C::kKVApart)
             mbar_wait(&full_v[r.stage], r.phase);
-        }
     };
     /* This consumer is done with the tile at r's K half (kKVApart; else a
      * no-op), with the whole tile at r. */
