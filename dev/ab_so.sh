@@ -3,13 +3,15 @@
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
 # fad_det and SDPA cuDNN in both layouts, or dev/bench_dropout.py (BENCH=dropout: p = 0 and 0.1,
-# SDPA flash beside), N turns (default 2), ${FILTER} as bench_fwd's --filter.
+# SDPA flash beside), N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset
+# (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
+# that order each turn (default "base new").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}/run
 mkdir -p "$out"
 for turn in $(seq 1 "${1:-2}"); do
-    for b in base new; do
+    for b in ${BUILDS:-base new}; do
         cp "dev/abi/_C_$b.abi3.so" flash_attn_det/_C.abi3.so
         if [ "${BENCH:-fwd}" = dropout ]; then
             python3 dev/bench_dropout.py --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
@@ -24,6 +26,7 @@ for turn in $(seq 1 "${1:-2}"); do
         fi
     done
 done
-cp dev/abi/_C_new.abi3.so flash_attn_det/_C.abi3.so
+last=(${BUILDS:-base new})
+cp "dev/abi/_C_${last[-1]}.abi3.so" flash_attn_det/_C.abi3.so
 rm -f "$out"/ab_*.jsonl
 for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9]|B[0-9])' "$f" | cut -c1-110; done
