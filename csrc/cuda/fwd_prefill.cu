@@ -132,7 +132,7 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if constexpr (C::kRInRegs)
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
         else
-            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR}, have_R, to_R);
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR, (int)threadIdx.x}, have_R, to_R);
     };
 
     /* Loads K and V tile t0 into stage st. */

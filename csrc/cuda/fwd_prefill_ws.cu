@@ -294,7 +294,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
     bool have_R = false;
     auto fold = [&](bool to_R) {
         if constexpr (C::kRSmem)
-            fold_split(acc, m_s, l_s, mR, lR, r_in_smem_wg<1, kHeadDim / 8>{sR, tid % 128}, have_R, to_R);
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
         else
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };

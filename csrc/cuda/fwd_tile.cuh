@@ -363,20 +363,11 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
  * variant at D128): no shared-memory round trip per split. */
 template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
+    int t; /* the thread's index among the kThreads that share sR */
     static constexpr bool kSmem = true;
     __device__ __forceinline__ float &at(int mt, int nb, int e) const
     {
-        return sR[((mt * kDB + nb) * 4 + e) * kThreads + threadIdx.x];
-    }
-};
-/* The same slots for one warpgroup's own R (t: the thread's index in it). */
-template <int kMT, int kDB> struct r_in_smem_wg {
-    float *sR;
-    int t;
-    static constexpr bool kSmem = true;
-    __device__ __forceinline__ float &at(int mt, int nb, int e) const
-    {
-        return sR[((mt * kDB + nb) * 4 + e) * 128 + t];
+        return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
     }
 };
 template <int kMT, int kDB> struct r_in_regs {
