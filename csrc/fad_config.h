@@ -163,6 +163,12 @@
 #ifndef FAD_COMBINE_BY_COLS
 #define FAD_COMBINE_BY_COLS 1
 #endif
+/* Knob that never changes a bit: 1 = that by-columns combine streams the
+ * partials through shared memory (cp.async, 128 splits in flight a warp; 0:
+ * two register batches of 16, 32 in flight). */
+#ifndef FAD_COMBINE_STAGED
+#define FAD_COMBINE_STAGED 1
+#endif
 
 /* 1 when this build has sm_90a code (setup.py defines it); the wgmma variants
  * are compiled and launched only then. */

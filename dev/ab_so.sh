@@ -3,7 +3,8 @@
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
 # fad_det and SDPA cuDNN in both layouts, or dev/bench_dropout.py (BENCH=dropout: p = 0 and 0.1,
-# SDPA flash beside), N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset
+# SDPA flash beside), or bench_decode (BENCH=decode: fad_det and SDPA cuDNN, graph and eager us,
+# ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16), N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset
 # (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
 # that order each turn (default "base new").
 set -uo pipefail
@@ -13,7 +14,12 @@ mkdir -p "$out"
 for turn in $(seq 1 "${1:-2}"); do
     for b in ${BUILDS:-base new}; do
         cp "dev/abi/_C_$b.abi3.so" flash_attn_det/_C.abi3.so
-        if [ "${BENCH:-fwd}" = dropout ]; then
+        if [ "${BENCH:-fwd}" = decode ]; then
+            python3 benchmarks/bench_decode.py --lens "${LENS:-8192,32768,131072}" \
+                --batches "${BATCHES:-1,8,16}" --impls fad_det,sdpa_cudnn --out "$out" \
+                --tag "ab_${b}_$turn" 2>>"$out/stderr.log" > /dev/null
+            mv "$out"/decode_ab_${b}_${turn}_*.md "$out/ab_${b}_$turn.md"
+        elif [ "${BENCH:-fwd}" = dropout ]; then
             python3 dev/bench_dropout.py --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
         elif [ "${BENCH:-fwd}" = fwd ]; then
             python3 benchmarks/bench_fwd.py --preset ${PRESET:-quick} --rounds 2 --no-plot \
@@ -28,5 +34,5 @@ for turn in $(seq 1 "${1:-2}"); do
 done
 last=(${BUILDS:-base new})
 cp "dev/abi/_C_${last[-1]}.abi3.so" flash_attn_det/_C.abi3.so
-rm -f "$out"/ab_*.jsonl
-for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9]|B[0-9])' "$f" | cut -c1-110; done
+rm -f "$out"/ab_*.jsonl "$out"/decode_ab_*.jsonl
+for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9]|B[0-9]|L[0-9])' "$f" | cut -c1-110; done

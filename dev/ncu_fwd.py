@@ -8,7 +8,8 @@ deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (fl
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
 `python3 dev/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
 fast mode on one non-causal prefill shape (where the two modes' costs differ);
-`python3 dev/ncu_fwd.py decode` only the decode call, beside SDPA cuDNN's on the same cache;
+`python3 dev/ncu_fwd.py decode [B L]` only the decode call (B1 L8k by default), in
+deterministic and fast mode, beside SDPA cuDNN's on the same cache;
 `python3 dev/ncu_fwd.py dropout D L B H` one forward + backward at dropout_p 0 and at 0.1
 (deterministic mode, non-causal), to see where dropout's cost goes in each kernel.
 """
@@ -59,7 +60,7 @@ def main():
     dev, bf = "cuda", torch.bfloat16
     fad.set_deterministic_mode(True)
     if sys.argv[1:2] == ["decode"]:
-        return decode(128)
+        return decode(128, *(int(x) for x in sys.argv[2:4]))
     B, L, H, D = 8, 4096, 16, 128
     q = torch.randn(B, L, H, D, device=dev, dtype=bf)
     k, v = torch.randn_like(q), torch.randn_like(q)
@@ -71,17 +72,23 @@ def main():
     decode(D, peers=False)
 
 
-def decode(D, peers=True):
+def decode(D, B=1, L=8192, peers=True):
+    """Decode at batch B over caches of L keys: deterministic mode, and with peers fast mode
+    (the same kernel on its own split plan) and SDPA cuDNN on the same cache."""
     dev, bf = "cuda", torch.bfloat16
-    qd = torch.randn(1, 1, 32, D, device=dev, dtype=bf)
-    kc = torch.randn(1, 8192, 8, D, device=dev, dtype=bf)
+    qd = torch.randn(B, 1, 32, D, device=dev, dtype=bf)
+    kc = torch.randn(B, L, 8, D, device=dev, dtype=bf)
     vc = torch.randn_like(kc)
-    sl = torch.full((1,), 8192, dtype=torch.int32, device=dev)
-    profiled("decode B1 L8k det", lambda: fad.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=sl,
-                                                                      causal=True))
+    sl = torch.full((B,), L, dtype=torch.int32, device=dev)
+    modes = (True, False) if peers else (True,)
+    for det in modes:
+        fad.set_deterministic_mode(det)
+        profiled(f"decode B{B} L{L} {'det' if det else 'fast'}",
+                 lambda: fad.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=sl, causal=True))
+    fad.set_deterministic_mode(True)
     if peers:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            profiled("decode B1 L8k sdpa cudnn", lambda: F.scaled_dot_product_attention(
+            profiled(f"decode B{B} L{L} sdpa cudnn", lambda: F.scaled_dot_product_attention(
                 qd.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True))
 
 

@@ -581,14 +581,17 @@ def test_packed_decode_batch_invariance_gpu(sched):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("D", [128, 200])
 @pytest.mark.parametrize("paged", [False, True])
-def test_packed_many_splits_equal_one_cta_gpu(paged):
+def test_packed_many_splits_equal_one_cta_gpu(paged, D):
     """The packed kernel at many splits (128-key splits over a 6k cache, 16 row blocks: 768
     split CTAs, more than the SMs hold at once): the CTA-per-split schedule gives the one-CTA
     schedule's bits and a lone sequence's, for a short sequence in the long cache too, with a
-    window, a softcap and 4 query rows, contiguous and paged."""
-    gen = make_gen(90 + paged)
-    B, H, Hk, D, cap = 4, 16, 4, 128, 6144
+    window, a softcap and 4 query rows, contiguous and paged. The combine streams rows of more
+    than 32 splits through shared memory in chunks of 32: 48 and 33 splits here (a full chunk
+    and a partial one), 24 on the register path; D 200 has two columns a lane, some past D."""
+    gen = make_gen(90 + paged + D)
+    B, H, Hk, cap = 4, 16, 4, 6144
     lens = [6144, 100, 4097, 3000]
     q = randn(gen, (B, 4, H, D), torch.bfloat16, "cuda")
     k, v = (randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))

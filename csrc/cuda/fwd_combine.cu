@@ -4,6 +4,8 @@
  * one-CTA schedule runs in registers (fold_split), so both give the same bits;
  * and its launch.
  */
+#include <type_traits>
+
 #include "fwd_block.cuh"
 
 /* Shapes: ws_ml (num_splits, flat rows, 2) fp32 (m, l) and ws_o (num_splits,
@@ -15,12 +17,30 @@
  * is the whole cost and fewer loads per lane shorten it). Every warp of a row
  * computes the same (m, l) chain, and each column's chain is the same
  * operations in the same split order, so kParts changes no bit. */
+template <int kHeadDim, int kParts> struct combine_cfg {
+    static constexpr int kC = (kHeadDim + 32 * kParts - 1) / (32 * kParts); /* columns per lane */
+    /* kStaged (kParts 4, decode): each warp streams its row's partials through
+     * shared memory, kChunk splits a cp.async group, kStages groups in flight
+     * (128 splits), in place of two register batches of kBatch (32 splits),
+     * whose 64-bit index math and live tests per split made the fold
+     * instruction-bound: at decode B1 131k (256 splits a row) 21.3 us against
+     * 11.4 staged (fast mode's 32 splits: 5.3; Nsight Compute, L2 warm;
+     * docs/log/2026-11-26_notebook.md, seventh session). A stage holds the
+     * chunk's (m, l) pairs, then its o values, split by split, kC x 32 a split
+     * (this warp's columns, lane-contiguous). */
+    static constexpr bool kStaged = kParts == 4 && FAD_COMBINE_STAGED;
+    static constexpr int kChunk = 32, kStages = 4;
+    static constexpr int kStageFloats = kChunk * (2 + kC * 32);
+    static constexpr size_t kSmemBytes = kStaged ? (size_t)4 * kStages * kStageFloats * sizeof(float) : 0;
+};
+
 template <typename T, int kHeadDim, int kParts> /* kHeadDim: the variant's bound on D */
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
     using ops = dtype_ops<T>;
+    using C = combine_cfg<kHeadDim, kParts>;
     constexpr int kRowsPerCta = 4 / kParts;
-    constexpr int kC = (kHeadDim + 32 * kParts - 1) / (32 * kParts); /* columns per lane */
+    constexpr int kC = C::kC;
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size, D = p.head_dim, lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32, part = warp % kParts;
@@ -76,37 +96,105 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
      * exponentials and the (l, o) updates of earlier splits trail behind it.
      * (A merge with an empty state is no identity: it would turn a -0 into
      * +0.) Columns past D are merged too, from zeros, and never stored. */
-    auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
+    auto merge_one = [&](float2 ml, const float (&ov)[kC], bool live) {
+        /* paged only: NaN inputs stay as before */
+        poison |= live && p.block_table && ml.y != ml.y;
+        const fad_merge_w w = fad_merge_weights(m, ml.x);
 #pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            const bool live = s0 + u < s_end;
-            /* paged only: NaN inputs stay as before */
-            poison |= live && p.block_table && ml[u].y != ml[u].y;
-            const fad_merge_w w = fad_merge_weights(m, ml[u].x);
-#pragma unroll
-            for (int c = 0; c < kC; c++) {
-                const float v = fad_merge_value(o[c], ov[u][c], w);
-                o[c] = live ? v : o[c];
-            }
-            const float lv = fad_merge_value(l, ml[u].y, w);
-            l = live ? lv : l;
-            m = live ? w.m : m;
+        for (int c = 0; c < kC; c++) {
+            const float v = fad_merge_value(o[c], ov[c], w);
+            o[c] = live ? v : o[c];
         }
+        const float lv = fad_merge_value(l, ml.y, w);
+        l = live ? lv : l;
+        m = live ? w.m : m;
     };
-    float2 ml_a[kBatch], ml_b[kBatch];
-    float ov_a[kBatch][kC], ov_b[kBatch][kC];
     int s0 = fad_first_split(r, S);
-    if (s0 < s_end)
-        fetch(ml_a, ov_a, s0);
-    for (; s0 < s_end; s0 += 2 * kBatch) {
-        if (s0 + kBatch < s_end)
-            fetch(ml_b, ov_b, s0 + kBatch);
-        merge(ml_a, ov_a, s0);
-        if (s0 + kBatch >= s_end)
-            break;
-        if (s0 + 2 * kBatch < s_end)
-            fetch(ml_a, ov_a, s0 + 2 * kBatch);
-        merge(ml_b, ov_b, s0 + kBatch);
+    /* (Rows of at most two register batches stay on the register path: one
+     * partial chunk's wait made decode B1 8k 2% slower.) */
+    if (C::kStaged && s_end - s0 > 2 * kBatch) {
+        /* Chunk ch (splits s0 + ch kChunk ..) goes to stage ch % kStages of
+         * this warp's ring; splits past s_end are zero-filled, the values the
+         * register path merges for them. One commit group per chunk, empty
+         * ones past the last, so that cp_async_wait counts whole chunks. */
+        extern __shared__ __align__(16) unsigned char combine_smem[];
+        float *ring = reinterpret_cast<float *>(combine_smem) + warp * C::kStages * C::kStageFloats;
+        const int n_chunks = s0 < s_end ? (s_end - s0 + C::kChunk - 1) / C::kChunk : 0;
+        /* (Lean per split, since the fold is instruction-bound, ~2 cycles an
+         * instruction with one warp a scheduler: a pointer stepped split by
+         * split, and the live tests only in a row's last, partial chunk.) */
+        const size_t o_step = split_stride * (size_t)D; /* floats from one split's row to the next's */
+        auto issue = [&](int ch) {
+            if (ch < n_chunks) {
+                float *st = ring + (ch % C::kStages) * C::kStageFloats;
+                const int c0 = s0 + ch * C::kChunk, n_live = min(s_end - c0, C::kChunk);
+                static_assert(C::kChunk == 32, "one (m, l) pair a lane");
+                const bool live = lane < n_live;
+                cp_async8(st + 2 * lane, a.ws_ml + (live ? ((size_t)(c0 + lane) * split_stride + row) * 2 : 0),
+                          live ? 8 : 0);
+#pragma unroll
+                for (int c = 0; c < kC; c++) {
+                    const float *src = a.ws_o + ((size_t)c0 * split_stride + row) * D + col[c];
+                    float *dst = st + 2 * C::kChunk + c * 32 + lane;
+                    if (n_live == C::kChunk && col[c] < D) {
+#pragma unroll 8
+                        for (int u = 0; u < C::kChunk; u++, src += o_step)
+                            cp_async4(dst + u * kC * 32, src, 4);
+                    } else {
+#pragma unroll 8
+                        for (int u = 0; u < C::kChunk; u++, src += o_step) {
+                            const bool ok = u < n_live && col[c] < D;
+                            cp_async4(dst + u * kC * 32, ok ? src : a.ws_o, ok ? 4 : 0);
+                        }
+                    }
+                }
+            }
+            cp_async_commit();
+        };
+        for (int ch = 0; ch < C::kStages - 1; ch++)
+            issue(ch);
+        for (int ch = 0; ch < n_chunks; ch++) {
+            issue(ch + C::kStages - 1);
+            cp_async_wait<C::kStages - 1>(); /* chunk ch (this lane's copies) */
+            __syncwarp();                    /* (and the other lanes') */
+            const float *st = ring + (ch % C::kStages) * C::kStageFloats;
+            const int c0 = s0 + ch * C::kChunk;
+            auto merge_chunk = [&](auto all_live) {
+#pragma unroll
+                for (int u = 0; u < C::kChunk; u++) {
+                    float ov[kC];
+#pragma unroll
+                    for (int c = 0; c < kC; c++)
+                        ov[c] = st[2 * C::kChunk + (u * kC + c) * 32 + lane];
+                    merge_one(reinterpret_cast<const float2 *>(st)[u], ov, all_live || c0 + u < s_end);
+                }
+            };
+            if (c0 + C::kChunk <= s_end)
+                merge_chunk(std::true_type{});
+            else
+                merge_chunk(std::false_type{});
+            __syncwarp(); /* every lane has read the stage before it is refilled */
+        }
+    } else {
+        float2 ml_a[kBatch], ml_b[kBatch];
+        float ov_a[kBatch][kC], ov_b[kBatch][kC];
+        auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
+#pragma unroll
+            for (int u = 0; u < kBatch; u++)
+                merge_one(ml[u], ov[u], s0 + u < s_end);
+        };
+        if (s0 < s_end)
+            fetch(ml_a, ov_a, s0);
+        for (; s0 < s_end; s0 += 2 * kBatch) {
+            if (s0 + kBatch < s_end)
+                fetch(ml_b, ov_b, s0 + kBatch);
+            merge(ml_a, ov_a, s0);
+            if (s0 + kBatch >= s_end)
+                break;
+            if (s0 + 2 * kBatch < s_end)
+                fetch(ml_a, ov_a, s0 + 2 * kBatch);
+            merge(ml_b, ov_b, s0 + kBatch);
+        }
     }
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, fad_dropout_rp(p.dropout_p));
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
@@ -140,7 +228,14 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
     const int64_t blocks =
         (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
     void (*kernel)(fwd_args) = by_cols ? combine_kernel<T, kHeadDim, 4> : combine_kernel<T, kHeadDim, 1>;
-    return launch_kernel(kernel, dim3((unsigned)blocks), 128, 0, stream, FAD_COMBINE_PDL, a, msg,
+    const size_t smem = by_cols ? combine_cfg<kHeadDim, 4>::kSmemBytes : 0;
+    if (smem > 48 * 1024) {
+        static int smem_set[FAD_MAX_DEVICES];
+        const fad_status st = allow_smem(kernel, smem_set, smem, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+    }
+    return launch_kernel(kernel, dim3((unsigned)blocks), 128, smem, stream, FAD_COMBINE_PDL, a, msg,
                          msg_len);
 }
 
