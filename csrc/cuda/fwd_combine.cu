@@ -29,12 +29,21 @@ template <int kHeadDim, int kParts> struct combine_cfg {
      * chunk's (m, l) pairs, then its o values, split by split, kC x 32 a split
      * (this warp's columns, lane-contiguous). */
     static constexpr bool kStaged = kParts == 4 && FAD_COMBINE_STAGED;
+    /* the register path's batch (2 x kBatch x (kC + 2) registers) */
+    static constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4;
+    /* Whether a launch over num_splits splits runs the staged kernel: only
+     * rows of more than two register batches take its staged path (one
+     * partial chunk's wait made decode B1 8k 2% slower), and a launch none
+     * of whose rows is longer runs the kernel without it (48 registers, no
+     * shared memory: the staged code beside the register path made B1 8k
+     * 3-4% slower). */
+    static constexpr bool staged(int num_splits) { return kStaged && num_splits > 2 * kBatch; }
     static constexpr int kChunk = 32, kStages = 4;
     static constexpr int kStageFloats = kChunk * (2 + kC * 32);
-    static constexpr size_t kSmemBytes = kStaged ? (size_t)4 * kStages * kStageFloats * sizeof(float) : 0;
+    static constexpr size_t kSmemBytes = (size_t)4 * kStages * kStageFloats * sizeof(float);
 };
 
-template <typename T, int kHeadDim, int kParts> /* kHeadDim: the variant's bound on D */
+template <typename T, int kHeadDim, int kParts, bool kStaged> /* kHeadDim: the variant's bound on D */
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
     using ops = dtype_ops<T>;
@@ -79,7 +88,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
      * batch's fetch is issued before this batch is merged (two register sets,
      * A and B), so at long context the round trips overlap the merges. The
      * merges run in split order exactly as before. */
-    constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4; /* 2 x kBatch x (kC + 2) registers */
+    constexpr int kBatch = C::kBatch;
     auto fetch = [&](float2 (&ml)[kBatch], float (&ov)[kBatch][kC], int s0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u++) {
@@ -110,72 +119,75 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         m = live ? w.m : m;
     };
     int s0 = fad_first_split(r, S);
-    /* (Rows of at most two register batches stay on the register path: one
-     * partial chunk's wait made decode B1 8k 2% slower.) */
-    if (C::kStaged && s_end - s0 > 2 * kBatch) {
-        /* Chunk ch (splits s0 + ch kChunk ..) goes to stage ch % kStages of
-         * this warp's ring; splits past s_end are zero-filled, the values the
-         * register path merges for them. One commit group per chunk, empty
-         * ones past the last, so that cp_async_wait counts whole chunks. */
-        extern __shared__ __align__(16) unsigned char combine_smem[];
-        float *ring = reinterpret_cast<float *>(combine_smem) + warp * C::kStages * C::kStageFloats;
-        const int n_chunks = s0 < s_end ? (s_end - s0 + C::kChunk - 1) / C::kChunk : 0;
-        /* (Lean per split, since the fold is instruction-bound, ~2 cycles an
-         * instruction with one warp a scheduler: a pointer stepped split by
-         * split, and the live tests only in a row's last, partial chunk.) */
-        const size_t o_step = split_stride * (size_t)D; /* floats from one split's row to the next's */
-        auto issue = [&](int ch) {
-            if (ch < n_chunks) {
-                float *st = ring + (ch % C::kStages) * C::kStageFloats;
-                const int c0 = s0 + ch * C::kChunk, n_live = min(s_end - c0, C::kChunk);
-                static_assert(C::kChunk == 32, "one (m, l) pair a lane");
-                const bool live = lane < n_live;
-                cp_async8(st + 2 * lane, a.ws_ml + (live ? ((size_t)(c0 + lane) * split_stride + row) * 2 : 0),
-                          live ? 8 : 0);
+    bool staged_row = false; /* (kStaged: the row takes the staged path) */
+    if constexpr (kStaged) {
+        staged_row = s_end - s0 > 2 * kBatch;
+        if (staged_row) {
+            /* Chunk ch (splits s0 + ch kChunk ..) goes to stage ch % kStages of
+             * this warp's ring; splits past s_end are zero-filled, the values the
+             * register path merges for them. One commit group per chunk, empty
+             * ones past the last, so that cp_async_wait counts whole chunks. */
+            extern __shared__ __align__(16) unsigned char combine_smem[];
+            float *ring = reinterpret_cast<float *>(combine_smem) + warp * C::kStages * C::kStageFloats;
+            const int n_chunks = s0 < s_end ? (s_end - s0 + C::kChunk - 1) / C::kChunk : 0;
+            /* (Lean per split, since the fold is instruction-bound, ~2 cycles an
+             * instruction with one warp a scheduler: a pointer stepped split by
+             * split, and the live tests only in a row's last, partial chunk.) */
+            const size_t o_step = split_stride * (size_t)D; /* floats from one split's row to the next's */
+            auto issue = [&](int ch) {
+                if (ch < n_chunks) {
+                    float *st = ring + (ch % C::kStages) * C::kStageFloats;
+                    const int c0 = s0 + ch * C::kChunk, n_live = min(s_end - c0, C::kChunk);
+                    static_assert(C::kChunk == 32, "one (m, l) pair a lane");
+                    const bool live = lane < n_live;
+                    const size_t ml_at = live ? ((size_t)(c0 + lane) * split_stride + row) * 2 : 0;
+                    cp_async8(st + 2 * lane, a.ws_ml + ml_at, live ? 8 : 0);
 #pragma unroll
-                for (int c = 0; c < kC; c++) {
-                    const float *src = a.ws_o + ((size_t)c0 * split_stride + row) * D + col[c];
-                    float *dst = st + 2 * C::kChunk + c * 32 + lane;
-                    if (n_live == C::kChunk && col[c] < D) {
+                    for (int c = 0; c < kC; c++) {
+                        const float *src = a.ws_o + ((size_t)c0 * split_stride + row) * D + col[c];
+                        float *dst = st + 2 * C::kChunk + c * 32 + lane;
+                        if (n_live == C::kChunk && col[c] < D) {
 #pragma unroll 8
-                        for (int u = 0; u < C::kChunk; u++, src += o_step)
-                            cp_async4(dst + u * kC * 32, src, 4);
-                    } else {
+                            for (int u = 0; u < C::kChunk; u++, src += o_step)
+                                cp_async4(dst + u * kC * 32, src, 4);
+                        } else {
 #pragma unroll 8
-                        for (int u = 0; u < C::kChunk; u++, src += o_step) {
-                            const bool ok = u < n_live && col[c] < D;
-                            cp_async4(dst + u * kC * 32, ok ? src : a.ws_o, ok ? 4 : 0);
+                            for (int u = 0; u < C::kChunk; u++, src += o_step) {
+                                const bool ok = u < n_live && col[c] < D;
+                                cp_async4(dst + u * kC * 32, ok ? src : a.ws_o, ok ? 4 : 0);
+                            }
                         }
                     }
                 }
-            }
-            cp_async_commit();
-        };
-        for (int ch = 0; ch < C::kStages - 1; ch++)
-            issue(ch);
-        for (int ch = 0; ch < n_chunks; ch++) {
-            issue(ch + C::kStages - 1);
-            cp_async_wait<C::kStages - 1>(); /* chunk ch (this lane's copies) */
-            __syncwarp();                    /* (and the other lanes') */
-            const float *st = ring + (ch % C::kStages) * C::kStageFloats;
-            const int c0 = s0 + ch * C::kChunk;
-            auto merge_chunk = [&](auto all_live) {
-#pragma unroll
-                for (int u = 0; u < C::kChunk; u++) {
-                    float ov[kC];
-#pragma unroll
-                    for (int c = 0; c < kC; c++)
-                        ov[c] = st[2 * C::kChunk + (u * kC + c) * 32 + lane];
-                    merge_one(reinterpret_cast<const float2 *>(st)[u], ov, all_live || c0 + u < s_end);
-                }
+                cp_async_commit();
             };
-            if (c0 + C::kChunk <= s_end)
-                merge_chunk(std::true_type{});
-            else
-                merge_chunk(std::false_type{});
-            __syncwarp(); /* every lane has read the stage before it is refilled */
+            for (int ch = 0; ch < C::kStages - 1; ch++)
+                issue(ch);
+            for (int ch = 0; ch < n_chunks; ch++) {
+                issue(ch + C::kStages - 1);
+                cp_async_wait<C::kStages - 1>(); /* chunk ch (this lane's copies) */
+                __syncwarp();                    /* (and the other lanes') */
+                const float *st = ring + (ch % C::kStages) * C::kStageFloats;
+                const int c0 = s0 + ch * C::kChunk;
+                auto merge_chunk = [&](auto all_live) {
+#pragma unroll
+                    for (int u = 0; u < C::kChunk; u++) {
+                        float ov[kC];
+#pragma unroll
+                        for (int c = 0; c < kC; c++)
+                            ov[c] = st[2 * C::kChunk + (u * kC + c) * 32 + lane];
+                        merge_one(reinterpret_cast<const float2 *>(st)[u], ov, all_live || c0 + u < s_end);
+                    }
+                };
+                if (c0 + C::kChunk <= s_end)
+                    merge_chunk(std::true_type{});
+                else
+                    merge_chunk(std::false_type{});
+                __syncwarp(); /* every lane has read the stage before it is refilled */
+            }
         }
-    } else {
+    }
+    if (!staged_row) {
         float2 ml_a[kBatch], ml_b[kBatch];
         float ov_a[kBatch][kC], ov_b[kBatch][kC];
         auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
@@ -227,8 +239,12 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
     const int rows_per_cta = by_cols ? 1 : 4;
     const int64_t blocks =
         (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
-    void (*kernel)(fwd_args) = by_cols ? combine_kernel<T, kHeadDim, 4> : combine_kernel<T, kHeadDim, 1>;
-    const size_t smem = by_cols ? combine_cfg<kHeadDim, 4>::kSmemBytes : 0;
+    using C4 = combine_cfg<kHeadDim, 4>;
+    const bool staged = by_cols && C4::staged(a.plan.num_splits);
+    void (*kernel)(fwd_args) = staged    ? combine_kernel<T, kHeadDim, 4, C4::kStaged>
+                               : by_cols ? combine_kernel<T, kHeadDim, 4, false>
+                                         : combine_kernel<T, kHeadDim, 1, false>;
+    const size_t smem = staged ? C4::kSmemBytes : 0;
     if (smem > 48 * 1024) {
         static int smem_set[FAD_MAX_DEVICES];
         const fad_status st = allow_smem(kernel, smem_set, smem, msg, msg_len);
