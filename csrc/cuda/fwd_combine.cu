@@ -34,7 +34,7 @@ template <int kHeadDim, int kParts> struct combine_cfg {
     /* Whether a launch over num_splits splits runs the staged kernel: only
      * rows of more than two register batches take its staged path (one
      * partial chunk's wait made decode B1 8k 2% slower), and a launch none
-     * of whose rows is longer runs the kernel without it (48 registers, no
+     * of whose rows is longer runs the kernel without it (no staged code, no
      * shared memory: the staged code beside the register path made B1 8k
      * 3-4% slower). */
     static constexpr bool staged(int num_splits) { return kStaged && num_splits > 2 * kBatch; }
