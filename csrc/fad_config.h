@@ -164,8 +164,9 @@
 #define FAD_COMBINE_BY_COLS 1
 #endif
 /* Knob that never changes a bit: 1 = that by-columns combine streams the
- * partials through shared memory (cp.async, 128 splits in flight a warp; 0:
- * two register batches of 16, 32 in flight). */
+ * partials of rows longer than 32 splits through shared memory (a kernel of
+ * its own: cp.async, 128 splits in flight a warp; 0: two register batches of
+ * 16, 32 in flight, for every row). */
 #ifndef FAD_COMBINE_STAGED
 #define FAD_COMBINE_STAGED 1
 #endif

@@ -4,8 +4,8 @@
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
 # fad_det and SDPA cuDNN in both layouts, or dev/bench_dropout.py (BENCH=dropout: p = 0 and 0.1,
 # SDPA flash beside), or bench_decode (BENCH=decode: fad_det and SDPA cuDNN, graph and eager us,
-# ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16), N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset
-# (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
+# ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16), N turns (default 2), ${FILTER} as
+# bench_fwd's --filter, ${PRESET} its preset (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
 # that order each turn (default "base new").
 set -uo pipefail
 cd "$(dirname "$0")/.."
