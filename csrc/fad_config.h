@@ -104,6 +104,26 @@
 #ifndef FAD_WS_D64_CONSUMERS
 #define FAD_WS_D64_CONSUMERS 0
 #endif
+/* FAD_WS_NARROW_MAX_SK: at D128 the warp-specialized kernel runs its narrow
+ * variant (one consumer warpgroup, two CTAs an SM, FAD_WS_NARROW_STAGES K/V
+ * stages, setmaxnreg FAD_WS_NARROW_PRODUCER_REGS / _CONSUMER_REGS: P + C <=
+ * 2 * 128) for calls whose seqlen_k is at most this (0: never); the same
+ * bits. Against the two-consumer kernel (H100, bf16): 1.02-1.14x at L512,
+ * 0.95x at L1k, 0.85-0.90x at L2k-16k, where each K/V tile feeding half the
+ * rows costs more than the overlap gains (docs/log/2026-11-26_notebook.md,
+ * eighth session). */
+#ifndef FAD_WS_NARROW_MAX_SK
+#define FAD_WS_NARROW_MAX_SK 512
+#endif
+#ifndef FAD_WS_NARROW_STAGES
+#define FAD_WS_NARROW_STAGES 3
+#endif
+#ifndef FAD_WS_NARROW_PRODUCER_REGS
+#define FAD_WS_NARROW_PRODUCER_REGS 24
+#endif
+#ifndef FAD_WS_NARROW_CONSUMER_REGS
+#define FAD_WS_NARROW_CONSUMER_REGS 232
+#endif
 #ifndef FAD_WS_D64_PRODUCER_REGS
 #define FAD_WS_D64_PRODUCER_REGS 32
 #endif
@@ -167,6 +187,25 @@
  * partials of rows longer than 32 splits through shared memory (a kernel of
  * its own: cp.async, 128 splits in flight a warp; 0: two register batches of
  * 16, 32 in flight, for every row). */
+/* Knob that never changes a bit: 1 = where the staged combine follows the
+ * packed kernel over more than FAD_COMBINE_POLL_MIN_SPLITS splits, each split
+ * CTA flags its partials done and the combine, launched early
+ * (FAD_COMBINE_PDL), folds each chunk of splits as soon as it is flagged,
+ * while later splits still run (0: it waits for the whole grid). At 64
+ * splits (32k keys) polling measured 0.5-1% slower at B 4 and 8, at 256
+ * 2-3% faster at B1 (docs/log/2026-11-26_notebook.md, eighth session). */
+#ifndef FAD_COMBINE_POLL
+#define FAD_COMBINE_POLL 1
+#endif
+#ifndef FAD_COMBINE_POLL_MIN_SPLITS
+#define FAD_COMBINE_POLL_MIN_SPLITS 64
+#endif
+/* The staged combine's chunks in flight a warp (2..4): 2 keeps its shared
+ * memory at 37 KB (D <= 128), so that a polling combine's CTAs find room
+ * beside the packed kernel's while its last splits run. */
+#ifndef FAD_COMBINE_STAGES
+#define FAD_COMBINE_STAGES 2
+#endif
 #ifndef FAD_COMBINE_STAGED
 #define FAD_COMBINE_STAGED 1
 #endif

@@ -249,9 +249,13 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     if (plan->cta_per_split) {
+        /* A ready flag per split CTA (grid x: at most m_blocks x B x Hq), for
+         * a combine that folds each split as soon as its CTA is done. */
+        size_t flag_bytes = (size_t)plan->num_splits * plan->m_blocks * p->batch * p->num_heads * sizeof(int);
         plan->ws_o_offset = 0;
         plan->ws_ml_offset = (o_bytes + 255) / 256 * 256;
-        plan->workspace_bytes = plan->ws_ml_offset + ml_bytes;
+        plan->ws_flag_offset = (plan->ws_ml_offset + ml_bytes + 255) / 256 * 256;
+        plan->workspace_bytes = plan->ws_flag_offset + flag_bytes;
     }
 }
 

@@ -46,6 +46,7 @@ typedef struct fad_plan {
     int packed;          /* 1: fwd_packed_kernel (GQA heads packed into M), else fwd_kernel */
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
+    size_t ws_flag_offset; /* bytes: int32 ready flags, one per split CTA [split][grid x] */
     size_t workspace_bytes;
 } fad_plan;
 

@@ -581,18 +581,23 @@ def test_packed_decode_batch_invariance_gpu(sched):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["packed", "prefill"])
 @pytest.mark.parametrize("D", [128, 200])
 @pytest.mark.parametrize("paged", [False, True])
-def test_packed_many_splits_equal_one_cta_gpu(paged, D):
-    """The packed kernel at many splits (128-key splits over a 6k cache, 16 row blocks: 768
+def test_packed_many_splits_equal_one_cta_gpu(paged, D, kernel, monkeypatch):
+    """The packed kernel at many splits (128-key splits over a 12k cache, 16 row blocks: 1536
     split CTAs, more than the SMs hold at once): the CTA-per-split schedule gives the one-CTA
     schedule's bits and a lone sequence's, for a short sequence in the long cache too, with a
     window, a softcap and 4 query rows, contiguous and paged. The combine streams rows of more
-    than 32 splits through shared memory in chunks of 32: 48 and 33 splits here (a full chunk
-    and a partial one), 24 on the register path; D 200 has two columns a lane, some past D."""
+    than 32 splits through shared memory in chunks of 32: 96, 65 and 33 splits here (full
+    chunks and partial ones), 1 on the register path; D 200 has two columns a lane, some past
+    D. After the packed kernel at one query row and more than 64 splits it polls the split
+    CTAs' ready flags, launched while they run (FAD_COMBINE_POLL); after the prefill kernel
+    (pinned) it waits for the whole grid."""
+    monkeypatch.setenv(KERNEL_ENV, kernel)
     gen = make_gen(90 + paged + D)
-    B, H, Hk, cap = 4, 16, 4, 6144
-    lens = [6144, 100, 4097, 3000]
+    B, H, Hk, cap = 4, 16, 4, 12288
+    lens = [12288, 100, 8193, 4097]
     q = randn(gen, (B, 4, H, D), torch.bfloat16, "cuda")
     k, v = (randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
     if paged:
@@ -626,9 +631,10 @@ def test_packed_many_splits_equal_one_cta_gpu(paged, D):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_packed_many_splits_bad_block_is_nan_gpu():
     """A page outside the cache in the middle of one sequence, on the CTA-per-split schedule at
-    many splits: that sequence's rows are NaN, the other sequences' are finite."""
+    many splits (96: the combine polls the split CTAs' flags): that sequence's rows are NaN,
+    the other sequences' are finite."""
     gen = make_gen(95)
-    B, H, Hk, D, page, cap = 4, 32, 8, 64, 64, 8192
+    B, H, Hk, D, page, cap = 4, 32, 8, 64, 64, 12288
     q = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")
     blocks = B * cap // page
     kc, vc = (randn(gen, (blocks, page, Hk, D), torch.bfloat16, "cuda") for _ in range(2))

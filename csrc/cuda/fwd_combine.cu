@@ -25,9 +25,9 @@ template <int kHeadDim, int kParts> struct combine_cfg {
      * whose 64-bit index math and live tests per split made the fold
      * instruction-bound: at decode B1 131k (256 splits a row) 21.3 us against
      * 11.4 staged (fast mode's 32 splits: 5.3; Nsight Compute, L2 warm;
-     * docs/log/2026-11-26_notebook.md, seventh session). A stage holds the
-     * chunk's (m, l) pairs, then its o values, split by split, kC x 32 a split
-     * (this warp's columns, lane-contiguous). */
+     * docs/log/2026-11-26_notebook.md, seventh session). A stage holds 4
+     * floats a split holding its (m, l) pair, then its o values, split by
+     * split, kC x 32 a split (this warp's columns, lane-contiguous). */
     static constexpr bool kStaged = kParts == 4 && FAD_COMBINE_STAGED;
     /* the register path's batch (2 x kBatch x (kC + 2) registers) */
     static constexpr int kBatch = kC <= 1 ? 16 : kC <= 4 ? 8 : 4;
@@ -38,8 +38,8 @@ template <int kHeadDim, int kParts> struct combine_cfg {
      * shared memory: the staged code beside the register path made B1 8k
      * 3-4% slower). */
     static constexpr bool staged(int num_splits) { return kStaged && num_splits > 2 * kBatch; }
-    static constexpr int kChunk = 32, kStages = 4;
-    static constexpr int kStageFloats = kChunk * (2 + kC * 32);
+    static constexpr int kChunk = 32, kStages = FAD_COMBINE_STAGES;
+    static constexpr int kStageFloats = kChunk * (4 + kC * 32);
     static constexpr size_t kSmemBytes = (size_t)4 * kStages * kStageFloats * sizeof(float);
 };
 
@@ -67,10 +67,18 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             poison_row(p, seq, h, i, lane, 32);
         return;
     }
-    pdl_wait_primary();
+    /* polls (a.ws_flag, staged kernel only): the staged rows fold each chunk
+     * of splits as soon as the packed kernel's split CTAs have flagged it
+     * done, while later splits still run; every other row, and every CTA
+     * before it ends, waits for the whole grid. */
+    const bool polls = kStaged && a.ws_flag;
+    if (!polls)
+        pdl_wait_primary();
     pdl_launch_dependents(); /* the next call's attention kernel, if launched early */
-    if (i >= seq.len_q)
+    if (i >= seq.len_q) {
+        pdl_wait_primary();
         return;
+    }
     const int64_t row = seq.row0 + h * fad_lse_head_stride(&p) + i; /* flat row */
     const size_t split_stride = (size_t)fad_flat_rows(&p);
 
@@ -134,49 +142,125 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
              * instruction with one warp a scheduler: a pointer stepped split by
              * split, and the live tests only in a row's last, partial chunk.) */
             const size_t o_step = split_stride * (size_t)D; /* floats from one split's row to the next's */
+            /* Chunk copies go to L2 only (cp.async.cg, 16 bytes): a chunk the
+             * combine polls for is read while other split CTAs still write
+             * lines it shares (the (m, l) of other rows, o rows where D is not
+             * a multiple of 32), so no stale line may sit in L1. (m, l): lane
+             * u copies the aligned pair of (m, l) pairs holding split c0 + u's
+             * (ws_ml is 256-byte aligned, a split's rows start at an even or
+             * odd pair by split_stride's parity), into 4 floats of the stage.
+             * o: 16 bytes a copy, 8 lanes a 32-column block of one split,
+             * 4 splits an instruction; blocks past D are zero-filled (D is a
+             * multiple of 8). */
+            const int sub = lane % 8, u_off = lane / 8;
             auto issue = [&](int ch) {
                 if (ch < n_chunks) {
                     float *st = ring + (ch % C::kStages) * C::kStageFloats;
                     const int c0 = s0 + ch * C::kChunk, n_live = min(s_end - c0, C::kChunk);
                     static_assert(C::kChunk == 32, "one (m, l) pair a lane");
                     const bool live = lane < n_live;
-                    const size_t ml_at = live ? ((size_t)(c0 + lane) * split_stride + row) * 2 : 0;
-                    cp_async8(st + 2 * lane, a.ws_ml + ml_at, live ? 8 : 0);
+                    const size_t ml_at = live ? (((size_t)(c0 + lane) * split_stride + row) & ~(size_t)1) * 2 : 0;
+                    cp_async16(st + 4 * lane, a.ws_ml + ml_at, live ? 16 : 0);
 #pragma unroll
                     for (int c = 0; c < kC; c++) {
-                        const float *src = a.ws_o + ((size_t)c0 * split_stride + row) * D + col[c];
-                        float *dst = st + 2 * C::kChunk + c * 32 + lane;
-                        if (n_live == C::kChunk && col[c] < D) {
-#pragma unroll 8
-                            for (int u = 0; u < C::kChunk; u++, src += o_step)
-                                cp_async4(dst + u * kC * 32, src, 4);
+                        const int col4 = (part * kC + c) * 32 + 4 * sub;
+                        const float *src = a.ws_o + ((size_t)(c0 + u_off) * split_stride + row) * D + col4;
+                        float *dst = st + 4 * C::kChunk + (u_off * kC + c) * 32 + 4 * sub;
+                        if (n_live == C::kChunk && col4 < D) {
+#pragma unroll
+                            for (int j = 0; j < C::kChunk / 4; j++, src += 4 * o_step)
+                                cp_async16(dst + 4 * j * kC * 32, src, 16);
                         } else {
-#pragma unroll 8
-                            for (int u = 0; u < C::kChunk; u++, src += o_step) {
-                                const bool ok = u < n_live && col[c] < D;
-                                cp_async4(dst + u * kC * 32, ok ? src : a.ws_o, ok ? 4 : 0);
+#pragma unroll
+                            for (int j = 0; j < C::kChunk / 4; j++, src += 4 * o_step) {
+                                const bool ok = 4 * j + u_off < n_live && col4 < D;
+                                cp_async16(dst + 4 * j * kC * 32, ok ? src : a.ws_o, ok ? 16 : 0);
                             }
                         }
                     }
                 }
                 cp_async_commit();
             };
-            for (int ch = 0; ch < C::kStages - 1; ch++)
-                issue(ch);
+            /* Split c0 + u's (m, l) is the half (c0 + u) split_stride + row
+             * (mod 2) of slot u: one half for every even u, the same or the
+             * other for every odd u (split_stride's parity). */
+            const int stride_odd = (int)(split_stride & 1);
+            /* polls: chunk k is issued once the split CTAs of all its splits
+             * have flagged (one relaxed load a lane, a warp vote, then the
+             * acquire fence); the flags of the chunks next in line are
+             * loaded before a chunk's merges and read after them, so the
+             * round trip runs under the merges. Chunks ch + 1 ..
+             * ch + kStages may be in flight once chunk ch is merged. */
+            const int px = ((b * p.num_heads_k + h / (p.num_heads / p.num_heads_k)) * a.plan.m_blocks +
+                            (i * (p.num_heads / p.num_heads_k) + h % (p.num_heads / p.num_heads_k)) /
+                                fad_packed_block_m()); /* the packed kernel's blockIdx.x for this row */
+            const int *flags = polls ? a.ws_flag + px : nullptr;
+            const size_t flag_step = (size_t)a.plan.m_blocks * p.batch * p.num_heads_k; /* its gridDim.x */
+            int issued = 0;                /* chunks issued (polls) */
+            int fv[C::kStages];            /* flags of chunks issued + k, loaded ahead */
+            auto load_flags = [&](int limit) {
+#pragma unroll
+                for (int k = 0; k < C::kStages; k++) {
+                    const int sp = s0 + (issued + k) * C::kChunk + lane;
+                    fv[k] = issued + k < limit && sp < s_end ? ld_relaxed_gpu(flags + (size_t)sp * flag_step)
+                                                             : (issued + k < limit ? 1 : 0);
+                }
+            };
+            auto issue_ready = [&]() { /* the ready prefix of the chunks loaded */
+                int n = 0;
+#pragma unroll
+                for (int k = 0; k < C::kStages; k++)
+                    n += __all_sync(0xffffffffu, fv[k] != 0) && n == k;
+                if (n) {
+                    fence_acquire_gpu();
+                    __syncwarp(); /* (every lane's acquire before any lane's copies) */
+                    for (int k = 0; k < n; k++)
+                        issue(issued++);
+                }
+            };
+            auto wait_chunk = [&](int ch) { /* spins until chunk ch is issued */
+                while (issued <= ch) {
+                    load_flags(min(n_chunks, ch + C::kStages));
+                    issue_ready();
+                    if (issued <= ch)
+                        __nanosleep(256);
+                }
+            };
+            if (polls) {
+                if (n_chunks > 0)
+                    wait_chunk(0);
+            } else {
+                for (int ch = 0; ch < C::kStages - 1; ch++)
+                    issue(ch);
+            }
             for (int ch = 0; ch < n_chunks; ch++) {
-                issue(ch + C::kStages - 1);
-                cp_async_wait<C::kStages - 1>(); /* chunk ch (this lane's copies) */
+                if (polls) {
+                    load_flags(min(n_chunks, ch + 1 + C::kStages));
+                    switch (issued - ch - 1) { /* chunk ch (this lane's copies) */
+                    case 0: cp_async_wait<0>(); break;
+                    case 1: cp_async_wait<1>(); break;
+                    case 2: cp_async_wait<2>(); break;
+                    default: cp_async_wait<3>(); break;
+                    }
+                    static_assert(C::kStages >= 2 && C::kStages <= 4, "the waits above");
+                } else {
+                    issue(ch + C::kStages - 1);
+                    cp_async_wait<C::kStages - 1>(); /* chunk ch (this lane's copies) */
+                }
                 __syncwarp();                    /* (and the other lanes') */
                 const float *st = ring + (ch % C::kStages) * C::kStageFloats;
                 const int c0 = s0 + ch * C::kChunk;
+                const int h0 = (int)(((size_t)c0 * split_stride + row) & 1); /* slot 0's half */
+                const float *ml_even = st + 2 * h0, *ml_odd = st + 2 * (h0 ^ stride_odd);
                 auto merge_chunk = [&](auto all_live) {
 #pragma unroll
                     for (int u = 0; u < C::kChunk; u++) {
                         float ov[kC];
 #pragma unroll
                         for (int c = 0; c < kC; c++)
-                            ov[c] = st[2 * C::kChunk + (u * kC + c) * 32 + lane];
-                        merge_one(reinterpret_cast<const float2 *>(st)[u], ov, all_live || c0 + u < s_end);
+                            ov[c] = st[4 * C::kChunk + (u * kC + c) * 32 + lane];
+                        merge_one(*reinterpret_cast<const float2 *>((u % 2 ? ml_odd : ml_even) + 4 * u), ov,
+                                  all_live || c0 + u < s_end);
                     }
                 };
                 if (c0 + C::kChunk <= s_end)
@@ -184,10 +268,16 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                 else
                     merge_chunk(std::false_type{});
                 __syncwarp(); /* every lane has read the stage before it is refilled */
+                if (polls && ch + 1 < n_chunks) {
+                    issue_ready();
+                    wait_chunk(ch + 1);
+                }
             }
         }
     }
     if (!staged_row) {
+        if (polls)
+            pdl_wait_primary();
         float2 ml_a[kBatch], ml_b[kBatch];
         float ov_a[kBatch][kC], ov_b[kBatch][kC];
         auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
@@ -218,6 +308,15 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         }
     if (lane == 0 && part == 0 && p.softmax_lse)
         p.softmax_lse[row] = poison ? inv : fad_lse(m, l);
+    if (polls)
+        pdl_wait_primary(); /* (this grid never ends before the attention kernel) */
+}
+
+template <int kHeadDim> bool combine_polls(const fwd_args &a)
+{
+    return FAD_COMBINE_POLL && a.plan.packed && a.plan.cta_per_split && FAD_COMBINE_BY_COLS &&
+           a.p.seqlen_q < 4 && combine_cfg<kHeadDim, 4>::staged(a.plan.num_splits) &&
+           a.plan.num_splits > FAD_COMBINE_POLL_MIN_SPLITS;
 }
 
 /* CTA-per-split schedule: the combine kernel, for every (batch, head, query
@@ -236,6 +335,8 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
         return FAD_OK;
     /* Short queries (decode): the 4 warps of a CTA share one row's columns. */
     const bool by_cols = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4;
+    if (a.ws_flag && !combine_polls<kHeadDim>(a))
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: ready flags for a combine that does not poll");
     const int rows_per_cta = by_cols ? 1 : 4;
     const int64_t blocks =
         (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
@@ -257,3 +358,7 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
 
 #define FAD_INST(T, D) template fad_status launch_combine<T, D>(const fwd_args &, cudaStream_t, char *, size_t);
 FAD_FWD_HEAD_DIMS(FAD_INST)
+template bool combine_polls<64>(const fwd_args &);
+template bool combine_polls<128>(const fwd_args &);
+template bool combine_polls<192>(const fwd_args &);
+template bool combine_polls<256>(const fwd_args &);

@@ -72,6 +72,17 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
      * launched plainly). Only then may the combine start launching (it waits
      * for us, and reads our inputs before that). */
     pdl_wait_primary();
+    /* a.ws_flag (a combine that polls): this CTA's flag is cleared before the
+     * combine may launch, which is once every CTA of this grid has passed
+     * pdl_launch_dependents, and set once its partials are written. */
+    int *const flag = a.ws_flag ? a.ws_flag + (size_t)blockIdx.z * gridDim.x + blockIdx.x : nullptr;
+    if (flag) {
+        if (threadIdx.x == 0) {
+            *flag = 0;
+            __threadfence();
+        }
+        __syncthreads();
+    }
     pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
@@ -303,6 +314,13 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
                                       cw * kColBlocks * 16, cw == 0);
                 }
             }
+        }
+        if (flag) { /* every warp's partials, then the flag (warp_active is CTA-uniform) */
+            static_assert(C::kRowWarps == 1, "every warp of the CTA reaches the flag");
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0)
+                st_release_gpu(flag, 1);
         }
         return;
     }

@@ -58,8 +58,11 @@ static bool ws_allowed()
 }
 
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
-static fad_status launch(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, size_t msg_len)
 {
+    fwd_args a = a_in;
+    if (!combine_polls<kHeadDim>(a)) /* (else the packed kernel marks each split CTA done) */
+        a.ws_flag = nullptr;
     if (a.plan.packed) {
         fad_status st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
         if (st != FAD_OK)
@@ -136,6 +139,7 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.plan = *plan;
     a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
     a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
+    a.ws_flag = plan->cta_per_split ? (int *)((char *)workspace + plan->ws_flag_offset) : nullptr;
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

@@ -20,6 +20,11 @@ struct fwd_args {
     fad_plan plan;
     float *ws_o;  /* partial o, CTA-per-split schedule only */
     float *ws_ml; /* partial (m, l) */
+    /* Per split CTA of the packed kernel (index blockIdx.z * gridDim.x +
+     * blockIdx.x): 1 once its partials are written, so that a staged combine
+     * launched early folds each split as soon as it is done
+     * (FAD_COMBINE_POLL); nullptr: the combine waits for the whole grid. */
+    int *ws_flag;
 };
 
 /* The compile-time variants, X(T, kHeadDim, kMod, kPaged): dtype x head-dim
@@ -44,6 +49,10 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
 /* fwd_combine.cu: combine_kernel (nothing to do unless the plan is CTA-per-split). */
 template <typename T, int kHeadDim>
 fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+/* fwd_combine.cu: whether launch_combine will poll the packed kernel's ready
+ * flags (a.ws_flag) for this call: a packed, CTA-per-split plan whose combine
+ * takes the staged kernel. */
+template <int kHeadDim> bool combine_polls(const fwd_args &a);
 /* fwd_launch.cu: kernel<<<grid, block, smem, stream>>>(a), as a programmatic
  * dependent of the kernel before it when pdl is set and the GPU has it. */
 fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,

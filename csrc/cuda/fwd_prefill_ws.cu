@@ -1,8 +1,9 @@
 /*
  * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64,
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
- * warpgroups (two at D128, FAD_WS_D64_CONSUMERS at D64, one at D256: see
- * fwd_ws_cfg) compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
+ * warpgroups (two at D128 -- one, two CTAs an SM, in the narrow variant for
+ * short keys --, FAD_WS_D64_CONSUMERS at D64, one at D256: see fwd_ws_cfg)
+ * compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
  * (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
@@ -46,7 +47,7 @@
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
 
-template <int kHeadDim> struct fwd_ws_cfg {
+template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
     /* D256 (kWide): one consumer, whose o (64 rows x 256 columns) takes 128
      * registers a thread. R's o then lives in shared memory (64 KB), and so
      * does Q (read by SS wgmmas); that leaves room for two stages, whose K and
@@ -54,10 +55,17 @@ template <int kHeadDim> struct fwd_ws_cfg {
     static constexpr bool kWide = kHeadDim > 128;
     static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup */
     static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
-    static constexpr int kConsumers = kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
+    /* kNarrow (D128): one consumer, and two CTAs an SM (kMinBlocks), so
+     * that one CTA's prologue (Q, the ring's first tiles, the first S) and
+     * epilogue (the last P V, the fold, the stores) run under the other's
+     * tiles; for short key ranges, where a CTA walks few tiles and that pays
+     * for each K/V tile feeding 64 rows, not 128 (FAD_WS_NARROW_MAX_SK). */
+    static_assert(!kNarrow || kHeadDim == 128, "the narrow variant is budgeted for D128");
+    static constexpr int kConsumers = kNarrow ? 1 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
+    static constexpr int kMinBlocks = kNarrow ? 2 : 1; /* CTAs an SM (__launch_bounds__) */
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
-    static constexpr int kStages = kWide ? 2 : FAD_WS_STAGES; /* K/V ring depth */
+    static constexpr int kStages = kWide ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
     static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide; /* Q's A fragments held by the consumers */
     static constexpr bool kRSmem = kWide;              /* R's o in shared memory, not in registers */
     /* kKVApart: a stage's K and V halves have barriers of their own. A
@@ -71,8 +79,10 @@ template <int kHeadDim> struct fwd_ws_cfg {
     static constexpr bool kKVApart = kWide;
     /* (kWide: 256 threads may each hold 255 registers; no setmaxnreg) */
     static constexpr bool kSetMaxNReg = !kWide;
-    static constexpr int kProducerRegs = kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
-    static constexpr int kConsumerRegs = kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
+    static constexpr int kProducerRegs = kNarrow ? FAD_WS_NARROW_PRODUCER_REGS
+                                         : kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
+    static constexpr int kConsumerRegs = kNarrow ? FAD_WS_NARROW_CONSUMER_REGS
+                                         : kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
     static constexpr size_t kRBytes = kRSmem ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
@@ -81,26 +91,29 @@ template <int kHeadDim> struct fwd_ws_cfg {
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
     static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
-    static_assert((kHeadDim == 128 && kConsumers == 2) || (kHeadDim == 64 && kConsumers >= 2) ||
+    static_assert((kHeadDim == 128 && kConsumers == 2) || (kNarrow && kConsumers == 1) || (kHeadDim == 64 && kConsumers >= 2) ||
                       (kHeadDim == 256 && kConsumers == 1),
                   "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one)");
     /* setmaxnreg moves registers inside the CTA's allocation, which
-     * __launch_bounds__(kThreads, 1) sets to (65536 / kThreads) per thread,
-     * rounded down to a multiple of 8 (168 here): a consumer's alloc would
-     * wait forever for registers the producer never freed. */
-    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+     * __launch_bounds__(kThreads, kMinBlocks) sets to (65536 / kThreads /
+     * kMinBlocks) per thread, rounded down to a multiple of 8 (168 for two
+     * consumers, 128 narrow): a consumer's alloc would wait forever for
+     * registers the producer never freed. */
+    static constexpr int kLaunchRegs = 65536 / kThreads / kMinBlocks / 8 * 8;
     static_assert(!kSetMaxNReg ||
                       (kProducerRegs + kConsumerRegs * kConsumers) * 128 <= kLaunchRegs * kThreads,
                   "setmaxnreg: the registers the producer frees must cover the consumers'");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+    /* (each CTA also takes 1 KB the system reserves, of an SM's 228) */
+    static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocks, "shared memory for kMinBlocks CTAs an SM");
 };
 
-template <typename T, int kHeadDim, bool kDrop>
-__global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim>::kThreads, 1)
+template <typename T, int kHeadDim, bool kNarrow, bool kDrop>
+__global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kNarrow>::kThreads, fwd_ws_cfg<kHeadDim, kNarrow>::kMinBlocks)
 fwd_ws_kernel(const __grid_constant__ fwd_args a)
 {
     pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
-    using C = fwd_ws_cfg<kHeadDim>;
+    using C = fwd_ws_cfg<kHeadDim, kNarrow>;
     constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages;
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
@@ -462,13 +475,13 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                          kDrop ? drop.rp : 1.f);
 }
 
-template <typename T, int kHeadDim>
-fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+template <typename T, int kHeadDim, bool kNarrow>
+static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    using C = fwd_ws_cfg<kHeadDim>;
+    using C = fwd_ws_cfg<kHeadDim, kNarrow>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(fwd_args) = drop ? fwd_ws_kernel<T, kHeadDim, true> : fwd_ws_kernel<T, kHeadDim, false>;
+    void (*kernel)(fwd_args) = drop ? fwd_ws_kernel<T, kHeadDim, kNarrow, true> : fwd_ws_kernel<T, kHeadDim, kNarrow, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -478,6 +491,19 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
               a.plan.cta_per_split ? a.plan.num_splits : 1);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
+}
+
+/* D128: the narrow variant where no row sees more than FAD_WS_NARROW_MAX_SK
+ * keys (seqlen_k: the longest sequence's), where a CTA's prologue and
+ * epilogue weigh against its few tiles. Each row gets the same bits from
+ * either (the same consumer code on its 64 rows). */
+template <typename T, int kHeadDim>
+fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
+        if (a.p.seqlen_k <= FAD_WS_NARROW_MAX_SK)
+            return launch_ws<T, kHeadDim, true>(a, stream, msg, msg_len);
+    return launch_ws<T, kHeadDim, false>(a, stream, msg, msg_len);
 }
 
 template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);

@@ -93,18 +93,6 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(src_bytes));
 }
-/* 4- and 8-byte async copies (through L1: .cg takes 16 bytes only); src_bytes
- * 0 zero-fills the destination. */
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async8(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 /* A barrier of one warpgroup (128 threads) on named barrier `id` (1..15: 0 is
  * __syncthreads'), so one warpgroup syncs without stalling the others. */
@@ -129,6 +117,21 @@ __device__ __forceinline__ void pdl_wait_primary()
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+/* A flag between grids that run at once (gpu scope): the writer's release
+ * orders its earlier writes (and, after a barrier, its CTA's) before the
+ * flag; a relaxed poll that sees it, then fence_acquire_gpu (which also
+ * drops L1's lines), orders the reader's later reads after them. */
+__device__ __forceinline__ void st_release_gpu(int *p, int v)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_relaxed_gpu(const int *p)
+{
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fence_acquire_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 /* Waits until at most N of this thread's commit groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
