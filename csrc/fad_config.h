@@ -109,9 +109,9 @@
  * stages, setmaxnreg FAD_WS_NARROW_PRODUCER_REGS / _CONSUMER_REGS: P + C <=
  * 2 * 128) for calls whose seqlen_k is at most this (0: never); the same
  * bits. Against the two-consumer kernel (H100, bf16): 1.02-1.14x at L512,
- * 0.95x at L1k, 0.85-0.90x at L2k-16k, where each K/V tile feeding half the
- * rows costs more than the overlap gains (docs/log/2026-11-26_notebook.md,
- * eighth session). */
+ * 0.90-1.00x at L1k-2k, 0.84-0.93x at L4k-16k, where each K/V tile feeding
+ * half the rows costs more than the overlap gains
+ * (docs/log/2026-11-26_notebook.md, eighth session). */
 #ifndef FAD_WS_NARROW_MAX_SK
 #define FAD_WS_NARROW_MAX_SK 512
 #endif
