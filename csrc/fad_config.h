@@ -192,8 +192,8 @@
  * CTA flags its partials done and the combine, launched early
  * (FAD_COMBINE_PDL), folds each chunk of splits as soon as it is flagged,
  * while later splits still run (0: it waits for the whole grid). At 64
- * splits (32k keys) polling measured 0.5-1% slower at B 4 and 8, at 256
- * 2-3% faster at B1 (docs/log/2026-11-26_notebook.md, eighth session). */
+ * splits (32k keys) polling measured 0.8-1.3% slower at B 4 and 8, at 256
+ * 2-3% faster at B1 (H100; docs/log/2026-11-26_notebook.md, eighth session). */
 #ifndef FAD_COMBINE_POLL
 #define FAD_COMBINE_POLL 1
 #endif
