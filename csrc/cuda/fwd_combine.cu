@@ -191,11 +191,9 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
              * loaded before a chunk's merges and read after them, so the
              * round trip runs under the merges. Chunks ch + 1 ..
              * ch + kStages may be in flight once chunk ch is merged. */
-            const int px = ((b * p.num_heads_k + h / (p.num_heads / p.num_heads_k)) * a.plan.m_blocks +
-                            (i * (p.num_heads / p.num_heads_k) + h % (p.num_heads / p.num_heads_k)) /
-                                fad_packed_block_m()); /* the packed kernel's blockIdx.x for this row */
-            const int *flags = polls ? a.ws_flag + px : nullptr;
-            const size_t flag_step = (size_t)a.plan.m_blocks * p.batch * p.num_heads_k; /* its gridDim.x */
+            const int G = p.num_heads / p.num_heads_k;
+            const int *flags = polls ? a.ws_flag + packed_cta_x(a, b, h / G, i * G + h % G) : nullptr;
+            const size_t flag_step = (size_t)packed_grid_x(a); /* split s's flag: + s flag_step */
             int issued = 0;                /* chunks issued (polls) */
             int fv[C::kStages];            /* flags of chunks issued + k, loaded ahead */
             auto load_flags = [&](int limit) {

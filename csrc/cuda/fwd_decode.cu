@@ -91,7 +91,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const int S = a.plan.split_size;
     const int G = p.num_heads / p.num_heads_k;
 
-    const int m_block = blockIdx.x % a.plan.m_blocks;
+    const int m_block = blockIdx.x % a.plan.m_blocks; /* (packed_cta_x, fwd_launch.h, inverted) */
     const int bh = blockIdx.x / a.plan.m_blocks;
     const int b = bh / p.num_heads_k, hk = bh % p.num_heads_k;
     const fad_seq seq = fad_get_seq(&p, b);
@@ -355,7 +355,7 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    dim3 grid((unsigned)((int64_t)plan.m_blocks * a.p.batch * a.p.num_heads_k), 1,
+    dim3 grid((unsigned)packed_grid_x(a), 1,
               plan.cta_per_split ? plan.num_splits : 1);
     return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
                          C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);

@@ -27,6 +27,20 @@ struct fwd_args {
     int *ws_flag;
 };
 
+/* The packed kernel's grid: x = (sequence b, kv head hk, block of
+ * fad_packed_block_m() packed rows), the row block fastest; z = the split of
+ * a CTA-per-split plan. packed_cta_x: the x of packed row pr (query row i of
+ * head hk G + g is pr = i G + g); fwd_packed_kernel decodes its blockIdx.x
+ * the other way. */
+__host__ __device__ inline int64_t packed_grid_x(const fwd_args &a)
+{
+    return (int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads_k;
+}
+__host__ __device__ inline int packed_cta_x(const fwd_args &a, int b, int hk, int pr)
+{
+    return (b * a.p.num_heads_k + hk) * a.plan.m_blocks + pr / fad_packed_block_m();
+}
+
 /* The compile-time variants, X(T, kHeadDim, kMod, kPaged): dtype x head-dim
  * class x whether scores need a mod (softcap/ALiBi) x paged KV. */
 #define FAD_FWD_VARIANTS_D(X, T, D) X(T, D, false, false) X(T, D, false, true) X(T, D, true, false) X(T, D, true, true)
