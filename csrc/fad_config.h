@@ -183,10 +183,6 @@
 #ifndef FAD_COMBINE_BY_COLS
 #define FAD_COMBINE_BY_COLS 1
 #endif
-/* Knob that never changes a bit: 1 = that by-columns combine streams the
- * partials of rows longer than 32 splits through shared memory (a kernel of
- * its own: cp.async, 128 splits in flight a warp; 0: two register batches of
- * 16, 32 in flight, for every row). */
 /* Knob that never changes a bit: 1 = where the staged combine follows the
  * packed kernel over more than FAD_COMBINE_POLL_MIN_SPLITS splits, each split
  * CTA flags its partials done and the combine, launched early
@@ -206,6 +202,10 @@
 #ifndef FAD_COMBINE_STAGES
 #define FAD_COMBINE_STAGES 2
 #endif
+/* Knob that never changes a bit: 1 = that by-columns combine streams the
+ * partials of rows longer than 32 splits through shared memory (a kernel of
+ * its own: cp.async, FAD_COMBINE_STAGES chunks of 32 splits in flight a warp;
+ * 0: two register batches of 16, 32 in flight, for every row). */
 #ifndef FAD_COMBINE_STAGED
 #define FAD_COMBINE_STAGED 1
 #endif

@@ -21,8 +21,8 @@ template <int kHeadDim, int kParts> struct combine_cfg {
     static constexpr int kC = (kHeadDim + 32 * kParts - 1) / (32 * kParts); /* columns per lane */
     /* kStaged (kParts 4, decode): each warp streams its row's partials through
      * shared memory, kChunk splits a cp.async group, kStages groups in flight
-     * (128 splits), in place of two register batches of kBatch (32 splits),
-     * whose 64-bit index math and live tests per split made the fold
+     * (FAD_COMBINE_STAGES: 2, 64 splits), in place of two register batches of
+     * kBatch (32 splits), whose 64-bit index math and live tests per split made the fold
      * instruction-bound: at decode B1 131k (256 splits a row) 21.3 us against
      * 11.4 staged (fast mode's 32 splits: 5.3; Nsight Compute, L2 warm;
      * docs/log/2026-11-26_notebook.md, seventh session). A stage holds 4
