@@ -77,6 +77,11 @@
 #ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
 #define FAD_WS_Q_REGS 1
 #endif
+/* FAD_WS_TMA: 1 = the warp-specialized kernel's producer copies whole K/V
+ * tiles with the bulk tensor copy engine (tma.cuh; D128), 0 = cp.async. */
+#ifndef FAD_WS_TMA
+#define FAD_WS_TMA 1
+#endif
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif

@@ -293,6 +293,43 @@ def _variant_outputs_in(tmp_path, **env):
     return torch.load(path)
 
 
+def _tma_outputs():
+    """The warp-specialized kernel's layouts (its producer copies whole K/V tiles through tensor
+    maps, FLASH_ATTN_DET_WS_TMA): _VARIANT_CASES, then varlen sequences whose ends cut tiles,
+    a KV cache read through cache_batch_idx and cache_leftpad, K/V views of a wider tensor (row
+    stride 3 H D + 8), and K/V whose batch stride is no whole number of rows (cp.async then)."""
+    import flash_attn_det as fad
+    outs = _variant_outputs()
+    g = make_gen(77)
+    H, Hk, D = 8, 2, 128
+    for causal in (False, True):
+        lens = [1000, 64, 777, 128, 1]
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+        q = torch.randn(sum(lens), H, D, generator=g).to("cuda", torch.bfloat16)
+        k = torch.randn(sum(lens), Hk, D, generator=g).to("cuda", torch.bfloat16)
+        v = torch.randn(sum(lens), Hk, D, generator=g).to("cuda", torch.bfloat16)
+        out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
+                                                 return_attn_probs=True)
+        outs.append((out.cpu(), lse.cpu()))
+    kc = torch.randn(4, 2048, Hk, D, generator=g).to("cuda", torch.float16)
+    vc = torch.randn(4, 2048, Hk, D, generator=g).to("cuda", torch.float16)
+    q = torch.randn(3, 300, H, D, generator=g).to("cuda", torch.float16)
+    seqlens = torch.tensor([1000, 2000, 450], dtype=torch.int32, device="cuda")
+    for kw in (dict(cache_batch_idx=torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")),
+               dict(cache_leftpad=torch.tensor([0, 37, 5], dtype=torch.int32, device="cuda"))):
+        out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True,
+                                               return_softmax_lse=True, **kw)
+        outs.append((out.cpu(), lse.cpu()))
+    wide = torch.randn(2, 1500, 3 * H * D + 8, generator=g).to("cuda", torch.bfloat16)
+    q, k, v = (wide[:, :, i * H * D:(i + 1) * H * D].unflatten(-1, (H, D)) for i in range(3))
+    outs.append(tuple(t.cpu() for t in both(q, k[:, :, :Hk], v[:, :, :Hk], causal=True)))
+    flat = torch.randn(2 * (1500 * Hk * D + 64), generator=g).to("cuda", torch.bfloat16)
+    k, v = (flat.as_strided((2, 1500, Hk, D), (1500 * Hk * D + 64, Hk * D, D, 1), off)
+            for off in (0, 8))
+    outs.append(tuple(t.cpu() for t in both(q, k, v)))
+    return outs
+
+
 @requires_cuda
 def test_wgmma_and_mma_sync_variants_bit_equal(tmp_path):
     theirs = _variant_outputs_in(tmp_path, FLASH_ATTN_DET_WGMMA="0")
@@ -300,3 +337,23 @@ def test_wgmma_and_mma_sync_variants_bit_equal(tmp_path):
     assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES)
     for i, ((o, l), (o2, l2)) in enumerate(zip(mine, theirs)):
         assert torch.equal(o, o2) and torch.equal(l, l2), f"case {i // 2} {('one_cta', 'cta_per_split')[i % 2]}"
+
+
+@requires_cuda
+def test_ws_tma_and_cp_async_bit_equal(tmp_path):
+    """Whole K/V tiles through the copy engine (default) or cp.async (FLASH_ATTN_DET_WS_TMA=0):
+    the same bytes in shared memory, so the same bits, on every layout the kernel takes."""
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "tma.pt"
+    code = ("import sys, torch; sys.path.insert(0, %r); import test_contract; "
+            "torch.save(test_contract._tma_outputs(), %r)" % (os.path.dirname(__file__), str(path)))
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FLASH_ATTN_DET_WS_TMA="0"),
+                   check=True)
+    theirs = torch.load(path)
+    mine = _tma_outputs()
+    assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES) + 6
+    for i, ((o, l), (o2, l2)) in enumerate(zip(mine, theirs)):
+        assert torch.isfinite(o).all(), f"output {i}"
+        assert torch.equal(o, o2) and torch.equal(l, l2), f"output {i}"

@@ -46,6 +46,15 @@
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
+#include "tma.cuh"
+
+/* The kernel's argument: fwd_args, and where tma is set, the tensor maps of K
+ * and V (tma.cuh) through which the producer copies whole tiles. */
+struct fwd_ws_args {
+    fwd_args a;
+    fad_tensor_map k_map, v_map;
+    int tma;
+};
 
 template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
     /* D256 (kWide): one consumer, whose o (64 rows x 256 columns) takes 128
@@ -110,8 +119,9 @@ template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
 
 template <typename T, int kHeadDim, bool kNarrow, bool kDrop>
 __global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kNarrow>::kThreads, fwd_ws_cfg<kHeadDim, kNarrow>::kMinBlocks)
-fwd_ws_kernel(const __grid_constant__ fwd_args a)
+fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 {
+    const fwd_args &a = wa.a;
     pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
     using C = fwd_ws_cfg<kHeadDim, kNarrow>;
     constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages;
@@ -239,6 +249,57 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
             mbar_arrive(pending);
             return;
         }
+        /* Tile t0's K and V into the stage at sK by cp.async, zero-filled
+         * past the sequence's end: one commit group. */
+        auto copy_tile = [&](T *sK, int t0) {
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
+                                                           (int)p.k_row_stride, len_k - t0, D);
+            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
+                                                           v_g + (int64_t)t0 * p.v_row_stride,
+                                                           (int)p.v_row_stride, len_k - t0, D);
+            cp_async_commit();
+        };
+        if (wa.tma) {
+            /* A whole tile (inside the sequence) is four boxes of the copy
+             * engine (K's and V's two 64-column blocks), issued by thread 0,
+             * whose arrival expects their bytes; the other threads arrive at
+             * once (the barrier counts 128). The phase completes when the
+             * bytes have landed, so nothing is announced late and nobody
+             * fences (the engine writes through the async proxy that wgmma
+             * reads through). A tile that the sequence's end cuts -- only the
+             * walk's last can be -- goes by cp.async as below, zero-filled
+             * past the end, and is announced once it has landed. */
+            const int64_t k_row0 = seq.k_off / p.k_row_stride, v_row0 = seq.v_off / p.v_row_stride;
+            uint64_t *pending = nullptr;
+            for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
+                const int st = i % kStages;
+                ring_wait_empty(&empty[st], i, kStages);
+                T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
+                if (t0 + kBlockN <= len_k) {
+                    if (tid == 0) {
+                        mbar_arrive_expect_tx(&full[st], 2 * (uint32_t)C::kTileBytes);
+#pragma unroll
+                        for (int cb = 0; cb < kHeadDim / 64; cb++) {
+                            tma_load_box(sK + cb * kBlockN * 64, &wa.k_map, cb * 64, hk, (int)(k_row0 + t0),
+                                         &full[st]);
+                            tma_load_box(sK + kBlockN * kHeadDim + cb * kBlockN * 64, &wa.v_map, cb * 64, hk,
+                                         (int)(v_row0 + t0), &full[st]);
+                        }
+                    } else {
+                        mbar_arrive(&full[st]);
+                    }
+                } else {
+                    copy_tile(sK, t0);
+                    pending = &full[st];
+                }
+            }
+            cp_async_wait_all();
+            if (pending) {
+                fence_async_smem();
+                mbar_arrive(pending);
+            }
+            return;
+        }
         /* A tile's copies are one commit group. The thread announces tile
          * i - 1 once it has issued tile i: it waits for tile i - 1's group to
          * land, fences its writes for the async proxy that wgmma reads
@@ -249,13 +310,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
         for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
             const int st = i % kStages;
             ring_wait_empty(&empty[st], i, kStages); /* the consumers are done with the tile kStages back */
-            T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
-                                                           (int)p.k_row_stride, len_k - t0, D);
-            load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
-                                                           v_g + (int64_t)t0 * p.v_row_stride,
-                                                           (int)p.v_row_stride, len_k - t0, D);
-            cp_async_commit();
+            copy_tile(sKV + (size_t)st * 2 * kBlockN * kHeadDim, t0);
             if (i > 0) {
                 cp_async_wait<1>();
                 fence_async_smem();
@@ -475,13 +530,35 @@ fwd_ws_kernel(const __grid_constant__ fwd_args a)
                          kDrop ? drop.rp : 1.f);
 }
 
+/* Whether the producer may copy whole K/V tiles through tensor maps
+ * (FAD_WS_TMA, and FLASH_ATTN_DET_WS_TMA=0 in the environment, read once,
+ * turns it off: an A/B knob; the bits are the same). Each sequence's first
+ * row must be a whole map row (tma.cuh): always for varlen batches, for
+ * batched ones where the batch stride is a multiple of the row stride. Paged
+ * caches do not come here. */
+static bool fwd_ws_tma_ok(const fad_fwd_params &p)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("FLASH_ATTN_DET_WS_TMA");
+        env = FAD_WS_TMA && !(e && e[0] == '0');
+    }
+    if (!env || p.block_table)
+        return false;
+    if (p.cu_seqlens_k)
+        return true;
+    return p.k_row_stride > 0 && p.v_row_stride > 0 && p.k_batch_stride % p.k_row_stride == 0 &&
+           p.v_batch_stride % p.v_row_stride == 0;
+}
+
 template <typename T, int kHeadDim, bool kNarrow>
 static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = fwd_ws_cfg<kHeadDim, kNarrow>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(fwd_args) = drop ? fwd_ws_kernel<T, kHeadDim, kNarrow, true> : fwd_ws_kernel<T, kHeadDim, kNarrow, false>;
+    void (*kernel)(fwd_ws_args) =
+        drop ? fwd_ws_kernel<T, kHeadDim, kNarrow, true> : fwd_ws_kernel<T, kHeadDim, kNarrow, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -489,7 +566,12 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
      * plan's row blocks only size the grid of fwd_kernel) */
     dim3 grid((unsigned)((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads), 1,
               a.plan.cta_per_split ? a.plan.num_splits : 1);
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    fwd_ws_args wa;
+    wa.a = a;
+    wa.tma = !C::kKVApart && fwd_ws_tma_ok(a.p) &&
+             fad_make_kv_map(&wa.k_map, a.p.k, a.p.head_dim, a.p.num_heads_k, a.p.k_row_stride, a.p.k_head_stride) &&
+             fad_make_kv_map(&wa.v_map, a.p.v, a.p.head_dim, a.p.num_heads_k, a.p.v_row_stride, a.p.v_head_stride);
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);
     return FAD_OK;
 }
 

@@ -1,0 +1,110 @@
+/*
+ * tma.cuh — the bulk tensor copy engine (TMA) of sm_90: a tensor map built
+ * on the host for a key or value tensor, and the device side that copies one
+ * 64-row, 64-column box of it into shared memory and completes an mbarrier
+ * phase by its byte count. Used by fwd_ws_kernel's producer for the whole
+ * K/V tiles of a walk (fwd_prefill_ws.cu); a tile that a sequence's end cuts
+ * stays on cp.async, whose zero-fill stops at the sequence, where a map's
+ * bounds are the tensor's.
+ *
+ * Map: 3-D, (D columns, H heads, R rows) of 16-bit elements, strides (head,
+ * row) in bytes; a box is 64 columns x 1 head x 64 rows, written with the
+ * 128-byte swizzle, which is swz128's layout (wgmma.cuh): 64 rows x 128 bytes,
+ * chunk c of row r at chunk c ^ (r % 8). Columns past D (a head dim below the
+ * kernel's) are outside the map and land as zeros, as cp.async's zero-fill
+ * gives them. Row r of the map is the element offset r * row_stride from the
+ * tensor's base, so a sequence's rows start at k_off / row_stride: exact for
+ * varlen batches (cu_seqlens rows) and for batched ones whose batch stride
+ * is a whole number of rows (fwd_ws_tma_ok checks that on the host).
+ */
+#ifndef FAD_TMA_CUH
+#define FAD_TMA_CUH
+
+#include <stdint.h>
+
+#include "wgmma.cuh"
+
+/* ---- host: the map ---- */
+
+/* cuda.h's CUtensorMap and cuTensorMapEncodeTiled's signature, spelled here
+ * so that the build needs no driver header (the CUDA compiler wheels may lack
+ * one); the enum values are the driver ABI's (cuda.h, CUDA 12.0 on). */
+struct alignas(64) fad_tensor_map {
+    uint64_t opaque[16];
+};
+enum {
+    FAD_TMAP_UINT16 = 1,        /* CU_TENSOR_MAP_DATA_TYPE_UINT16 */
+    FAD_TMAP_INTERLEAVE_NONE = 0,
+    FAD_TMAP_SWIZZLE_128B = 3,  /* CU_TENSOR_MAP_SWIZZLE_128B */
+    FAD_TMAP_L2_256B = 3,       /* CU_TENSOR_MAP_L2_PROMOTION_L2_256B */
+    FAD_TMAP_OOB_ZERO = 0,      /* CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros */
+};
+typedef int (*fad_encode_tiled_fn)(fad_tensor_map *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+                                   const uint32_t *, const uint32_t *, int, int, int, int);
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (looked up
+ * once; nullptr where the driver has none, and then no map is made). */
+static inline fad_encode_tiled_fn fad_encode_tiled()
+{
+    static fad_encode_tiled_fn fn = nullptr;
+    static int looked = 0;
+    if (!looked) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (fad_encode_tiled_fn)f;
+        else
+            (void)cudaGetLastError(); /* (a failed lookup leaves no sticky error behind) */
+        looked = 1;
+    }
+    return fn;
+}
+
+/* The (D, H, rows) map of a 16-bit tensor at base with the given element
+ * strides, 64 x 1 x 64 boxes; false where the copy engine cannot take it
+ * (alignment: base and strides multiples of 16 bytes) or no encoder exists. */
+static inline bool fad_make_kv_map(fad_tensor_map *map, const void *base, int d, int heads, int64_t row_stride,
+                                   int64_t head_stride)
+{
+    const fad_encode_tiled_fn enc = fad_encode_tiled();
+    if (!enc || !base || ((uintptr_t)base & 15) || row_stride <= 0 || head_stride <= 0 || (row_stride * 2) % 16 ||
+        (head_stride * 2) % 16 || d <= 0 || heads <= 0)
+        return false;
+    /* Rows: the map never bounds a copy (only whole tiles inside a sequence
+     * are copied through it), so its row extent is the largest the engine
+     * takes. */
+    const uint64_t dims[3] = {(uint64_t)d, (uint64_t)heads, (uint64_t)0x7fffffff};
+    const uint64_t strides[2] = {(uint64_t)head_stride * 2, (uint64_t)row_stride * 2};
+    const uint32_t box[3] = {64, 1, 64}, elem[3] = {1, 1, 1};
+    return enc(map, FAD_TMAP_UINT16, 3, const_cast<void *>(base), dims, strides, box, elem, FAD_TMAP_INTERLEAVE_NONE,
+               FAD_TMAP_SWIZZLE_128B, FAD_TMAP_L2_256B, FAD_TMAP_OOB_ZERO) == 0; /* CUDA_SUCCESS */
+}
+
+/* ---- device: one box, and the barrier that counts its bytes ---- */
+
+#if FAD_HAS_WGMMA
+/* An arrival that also expects `bytes` more to land (complete_tx) before the
+ * phase can complete. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+/* Box (c0 .. c0 + 63, head, row .. row + 63) of map into dst (1024-byte
+ * aligned), its bytes counted on bar. */
+__device__ __forceinline__ void tma_load_box(void *dst, const fad_tensor_map *map, int c0, int head, int row,
+                                             uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(head), "r"(row), "r"(smem_addr(bar))
+                 : "memory");
+}
+#else
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *, uint32_t) {}
+__device__ __forceinline__ void tma_load_box(void *, const fad_tensor_map *, int, int, int, uint64_t *) {}
+#endif
+
+#endif /* FAD_TMA_CUH */
