@@ -203,6 +203,24 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         }
         const T *k_g = (const T *)p.k + seq.k_off + hk * p.k_head_stride;
         const T *v_g = (const T *)p.v + seq.v_off + hk * p.v_head_stride;
+        /* wa.tma: a whole tile's K or V half (inside the sequence) is
+         * kHeadDim / 64 boxes of the copy engine, issued by thread 0, whose
+         * arrival on the half's full barrier expects their bytes; the other
+         * threads arrive at once (the barrier counts 128). The phase
+         * completes when the bytes have landed: nothing is announced late and
+         * nobody fences (the engine writes through the async proxy that wgmma
+         * reads through). A tile that the sequence's end cuts -- only the
+         * walk's last can be -- goes by cp.async, zero-filled past the end,
+         * and is announced once it has landed. */
+        const int64_t k_row0 = wa.tma ? seq.k_off / p.k_row_stride : 0;
+        const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
+        auto whole = [&](int t0) { return wa.tma && t0 + kBlockN <= len_k; };
+        auto tma_half = [&](T *dst, bool is_v, int t0, uint64_t *bar) { /* (thread 0) */
+#pragma unroll
+            for (int cb = 0; cb < kHeadDim / 64; cb++)
+                tma_load_box(dst + cb * kBlockN * 64, is_v ? &wa.v_map : &wa.k_map, cb * 64, hk,
+                             (int)((is_v ? v_row0 : k_row0) + t0), bar);
+        };
         if constexpr (C::kKVApart) {
             /* Each half once the consumers released its slot, K one tile
              * ahead of V: K(0), K(1), V(0), K(2), V(1), ... A consumer needs
@@ -222,6 +240,22 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 const int st = i % kStages, t0 = u_first + i * kBlockN;
                 T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
                 ring_wait_empty(is_v ? &empty_v[st] : &empty[st], i, kStages);
+                if (whole(t0)) {
+                    uint64_t *bar = is_v ? &full_v[st] : &full[st];
+                    if (tid == 0) {
+                        mbar_arrive_expect_tx(bar, (uint32_t)C::kTileBytes);
+                        tma_half(is_v ? sK + kBlockN * kHeadDim : sK, is_v, t0, bar);
+                    } else {
+                        mbar_arrive(bar);
+                    }
+                    if (pending) { /* (the last tile's K half, cut by the sequence's end) */
+                        cp_async_wait_all();
+                        fence_async_smem();
+                        mbar_arrive(pending);
+                        pending = nullptr;
+                    }
+                    return;
+                }
                 if (is_v)
                     load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
                                                                    v_g + (int64_t)t0 * p.v_row_stride,
@@ -245,8 +279,10 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 load_half(i, true);
             }
             cp_async_wait_all();
-            fence_async_smem();
-            mbar_arrive(pending);
+            if (pending) {
+                fence_async_smem();
+                mbar_arrive(pending);
+            }
             return;
         }
         /* Tile t0's K and V into the stage at sK by cp.async, zero-filled
@@ -259,32 +295,17 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                                                            (int)p.v_row_stride, len_k - t0, D);
             cp_async_commit();
         };
-        if (wa.tma) {
-            /* A whole tile (inside the sequence) is four boxes of the copy
-             * engine (K's and V's two 64-column blocks), issued by thread 0,
-             * whose arrival expects their bytes; the other threads arrive at
-             * once (the barrier counts 128). The phase completes when the
-             * bytes have landed, so nothing is announced late and nobody
-             * fences (the engine writes through the async proxy that wgmma
-             * reads through). A tile that the sequence's end cuts -- only the
-             * walk's last can be -- goes by cp.async as below, zero-filled
-             * past the end, and is announced once it has landed. */
-            const int64_t k_row0 = seq.k_off / p.k_row_stride, v_row0 = seq.v_off / p.v_row_stride;
+        if (wa.tma) { /* (one barrier per stage: K's and V's boxes on it) */
             uint64_t *pending = nullptr;
             for (int t0 = u_first, i = 0; t0 < u_last; t0 += kBlockN, i++) {
                 const int st = i % kStages;
                 ring_wait_empty(&empty[st], i, kStages);
                 T *sK = sKV + (size_t)st * 2 * kBlockN * kHeadDim;
-                if (t0 + kBlockN <= len_k) {
+                if (whole(t0)) {
                     if (tid == 0) {
                         mbar_arrive_expect_tx(&full[st], 2 * (uint32_t)C::kTileBytes);
-#pragma unroll
-                        for (int cb = 0; cb < kHeadDim / 64; cb++) {
-                            tma_load_box(sK + cb * kBlockN * 64, &wa.k_map, cb * 64, hk, (int)(k_row0 + t0),
-                                         &full[st]);
-                            tma_load_box(sK + kBlockN * kHeadDim + cb * kBlockN * 64, &wa.v_map, cb * 64, hk,
-                                         (int)(v_row0 + t0), &full[st]);
-                        }
+                        tma_half(sK, false, t0, &full[st]);
+                        tma_half(sK + kBlockN * kHeadDim, true, t0, &full[st]);
                     } else {
                         mbar_arrive(&full[st]);
                     }
@@ -568,7 +589,7 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
               a.plan.cta_per_split ? a.plan.num_splits : 1);
     fwd_ws_args wa;
     wa.a = a;
-    wa.tma = !C::kKVApart && fwd_ws_tma_ok(a.p) &&
+    wa.tma = fwd_ws_tma_ok(a.p) &&
              fad_make_kv_map(&wa.k_map, a.p.k, a.p.head_dim, a.p.num_heads_k, a.p.k_row_stride, a.p.k_head_stride) &&
              fad_make_kv_map(&wa.v_map, a.p.v, a.p.head_dim, a.p.num_heads_k, a.p.v_row_stride, a.p.v_head_stride);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);
