@@ -266,21 +266,25 @@ def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
     import os
     import subprocess
     import sys
+    # (the wgmma kernels' producers copy whole tiles by TMA unless FLASH_ATTN_DET_WS_TMA=0)
+    settings = {"0": dict(FLASH_ATTN_DET_WGMMA="0"), "force": dict(FLASH_ATTN_DET_WGMMA="force"),
+                "force, cp.async": dict(FLASH_ATTN_DET_WGMMA="force", FLASH_ATTN_DET_WS_TMA="0"),
+                None: {}}
     results = {}
-    for setting in ("0", "force", None):
-        path = tmp_path / f"grads_{setting}.pt"
+    for setting, extra in settings.items():
+        path = tmp_path / f"grads_{len(results)}.pt"
         code = ("import sys, torch; sys.path.insert(0, %r); import test_backward; "
                 "torch.save(test_backward._bwd_variant_grads(), %r)" % (os.path.dirname(__file__),
                                                                          str(path)))
         env = dict(os.environ)
         env.pop("FLASH_ATTN_DET_WGMMA", None)
-        if setting is not None:
-            env["FLASH_ATTN_DET_WGMMA"] = setting
+        env.pop("FLASH_ATTN_DET_WS_TMA", None)
+        env.update(extra)
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
         results[setting] = torch.load(path)
     mma_sync = results["0"]
     assert len(mma_sync) == len(_BWD_VARIANT_CASES) + 1
-    for setting in ("force", None):
+    for setting in ("force", "force, cp.async", None):
         for i, (a, b) in enumerate(zip(results[setting], mma_sync)):
             for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
                 assert torch.equal(x, y), f"case {i}: {name} differs ({setting} vs mma.sync)"

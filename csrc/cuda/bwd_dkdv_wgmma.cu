@@ -82,8 +82,9 @@ template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
 
 template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod>
 __global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
-dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
+dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 {
+    const bwd_args &a = wa.a;
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
     using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;
@@ -112,8 +113,11 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
     constexpr int kLoaders = kWs ? 128 : C::kDkdvThreads;
     const int ltid = threadIdx.x % kLoaders;
 
-    auto load_step = [&](int step, int st) {
-        const int h = hk * group + step / mt_count, m0 = (mt_first + step % mt_count) * kM;
+    /* step's head and first row */
+    auto step_h = [&](int step) { return hk * group + step / mt_count; };
+    auto step_m0 = [&](int step) { return (mt_first + step % mt_count) * kM; };
+    auto load_step_tiles = [&](int step, int st) { /* Q, dO by cp.async (zero-filled past len_q) */
+        const int h = step_h(step), m0 = step_m0(step);
         T *q_s = sQ + st * C::kStepElems;
         load_tile_lean<T, kHeadDim, kM, kLoaders, true>(
             q_s, q_g + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride, (int)p.q_row_stride,
@@ -121,12 +125,19 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
         load_tile_lean<T, kHeadDim, kM, kLoaders, true>(
             q_s + kM * kHeadDim, do_g + (int64_t)m0 * p.out_row_stride + h * p.out_head_stride,
             (int)p.out_row_stride, len_q - m0, D);
+    };
+    auto load_step_rows = [&](int step, int st) { /* the rows' lse (log2 units) and dsum */
+        const int h = step_h(step), m0 = step_m0(step);
         for (int t = ltid; t < kM; t += kLoaders) {
             const int64_t flat = seq.row0 + h * lse_hs + m0 + t;
             const bool exists = m0 + t < len_q;
             sL[st * 2 * kM + t] = lse_log2(p, flat, exists);
             sL[st * 2 * kM + kM + t] = exists ? a.dsum[flat] : 0.f;
         }
+    };
+    auto load_step = [&](int step, int st) {
+        load_step_tiles(step, st);
+        load_step_rows(step, st);
     };
     auto load_kv = [&]() {
         load_tile<T, kHeadDim, kN, kLoaders, true>(
@@ -147,11 +158,31 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_args a)
             setmaxnreg_dec<Shape::kProducerRegs>();
             load_kv();
             mbar_arrive_cp_async(kv_full);
+            /* wa.tma: a step whose rows all lie inside the sequence gets Q and
+             * dO from the copy engine (thread 0's arrival expects their bytes,
+             * the other threads' stands in for their cp.async arrival); the
+             * math warps' fence after the wait is then a no-op for them. */
+            const int64_t q_row0 = wa.tma ? seq.q_off / p.q_row_stride : 0;
+            const int64_t o_row0 = wa.tma ? seq.o_off / p.out_row_stride : 0;
             for (int step = 0; step < steps; step++) {
                 const int st = step % kStages;
                 ring_wait_empty(&empty[st], step, kStages); /* the math warps are done with the step kStages back */
-                load_step(step, st);
-                mbar_arrive_cp_async(&full[st]);
+                const int m0 = step_m0(step);
+                if (wa.tma && m0 + kM <= len_q) {
+                    if (ltid == 0) {
+                        T *q_s = sQ + st * C::kStepElems;
+                        mbar_arrive_expect_tx(&full[st], 2u * kM * kHeadDim * 2);
+                        tma_load_tile<kM, kHeadDim>(q_s, &wa.map0, step_h(step), (int)(q_row0 + m0), &full[st]);
+                        tma_load_tile<kM, kHeadDim>(q_s + kM * kHeadDim, &wa.map1, step_h(step), (int)(o_row0 + m0),
+                                                    &full[st]);
+                    } else {
+                        mbar_arrive(&full[st]);
+                    }
+                } else {
+                    load_step_tiles(step, st);
+                    mbar_arrive_cp_async(&full[st]);
+                }
+                load_step_rows(step, st);
                 mbar_arrive(&full[st]);
             }
             cp_async_wait_all();
@@ -330,13 +361,22 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for a score mod with dropout");
     /* (so no kMod kernel with dropout is built) */
-    void (*kernel)(bwd_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
-                                             : dkdv_wgmma_kernel<T, kHeadDim, true, kWs, false>;
+    void (*kernel)(bwd_ws_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
+                                                : dkdv_wgmma_kernel<T, kHeadDim, true, kWs, false>;
     const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(a);
+    /* (the producer's whole Q/dO tiles through the copy engine where it can) */
+    bwd_ws_args wa;
+    wa.a = a;
+    const fad_fwd_params &p = a.p;
+    constexpr int kM = bwd_wg_cfg<kHeadDim>::kStepM;
+    wa.tma = kWs && fad_tma_rows_ok(p, p.q_batch_stride, p.q_row_stride) &&
+             fad_tma_rows_ok(p, p.out_batch_stride, p.out_row_stride) &&
+             fad_make_map(&wa.map0, p.q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride, kM) &&
+             fad_make_map(&wa.map1, a.dout, p.head_dim, p.num_heads, p.out_row_stride, p.out_head_stride, kM);
+    kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(wa);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -25,8 +25,9 @@ template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
 
 template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod>
 __global__ void __launch_bounds__(dq_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
-dq_wgmma_kernel(const __grid_constant__ bwd_args a)
+dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 {
+    const bwd_args &a = wa.a;
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
@@ -64,11 +65,27 @@ dq_wgmma_kernel(const __grid_constant__ bwd_args a)
                 setmaxnreg_dec<Shape::kProducerRegs>();
             load_q_do<T, kHeadDim, kM, kLoaders, true>(sQ, sdO, a, seq, h, m0);
             mbar_arrive_cp_async(q_full);
+            /* wa.tma: a tile inside the sequence comes from the copy engine
+             * (thread 0's arrival expects its bytes, the other threads' stands
+             * in for their cp.async arrival); one the sequence's end cuts, by
+             * cp.async, zero-filled. */
+            const int64_t k_row0 = wa.tma ? seq.k_off / p.k_row_stride : 0;
+            const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
             for (int t0 = t_first, i = 0; t0 < t_last; t0 += kN, i++) {
                 const int st = i % kStages;
                 ring_wait_empty(&empty[st], i, kStages); /* the math warps are done with the tile kStages back */
-                load_kv(t0, st);
-                mbar_arrive_cp_async(&full[st]);
+                if (wa.tma && t0 + kN <= len_k) {
+                    if (threadIdx.x == 0) {
+                        mbar_arrive_expect_tx(&full[st], 2u * kN * kHeadDim * 2);
+                        tma_load_tile<kN, kHeadDim>(sK + st * C::kKvElems, &wa.map0, hk, (int)(k_row0 + t0), &full[st]);
+                        tma_load_tile<kN, kHeadDim>(sV + st * C::kKvElems, &wa.map1, hk, (int)(v_row0 + t0), &full[st]);
+                    } else {
+                        mbar_arrive(&full[st]);
+                    }
+                } else {
+                    load_kv(t0, st);
+                    mbar_arrive_cp_async(&full[st]);
+                }
             }
             cp_async_wait_all();
             return;
@@ -213,12 +230,21 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dQ for a score mod with dropout");
     /* (so no kMod kernel with dropout is built) */
-    void (*kernel)(bwd_args) = kMod || !drop ? dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
-                                             : dq_wgmma_kernel<T, kHeadDim, true, kWs, false>;
+    void (*kernel)(bwd_ws_args) = kMod || !drop ? dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
+                                                : dq_wgmma_kernel<T, kHeadDim, true, kWs, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, Shape::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    kernel<<<(unsigned)ctas, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+    /* (the producer's whole K/V tiles through the copy engine where it can) */
+    bwd_ws_args wa;
+    wa.a = a;
+    const fad_fwd_params &p = a.p;
+    using C = bwd_wg_cfg<kHeadDim>;
+    wa.tma = kWs && fad_tma_rows_ok(p, p.k_batch_stride, p.k_row_stride) &&
+             fad_tma_rows_ok(p, p.v_batch_stride, p.v_row_stride) &&
+             fad_make_map(&wa.map0, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, C::kTileN) &&
+             fad_make_map(&wa.map1, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, C::kTileN);
+    kernel<<<(unsigned)ctas, Shape::kThreads, Shape::kSmemBytes, stream>>>(wa);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -6,7 +6,17 @@
 #define FAD_BWD_TILE_WGMMA_CUH
 
 #include "bwd_block.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
+
+/* The wgmma kernels' argument: bwd_args, and where tma is set the tensor maps
+ * (tma.cuh) through which their producer copies whole tiles: Q and dO
+ * (dK/dV kernel), K and V (dQ kernel). */
+struct bwd_ws_args {
+    bwd_args a;
+    fad_tensor_map map0, map1;
+    int tma;
+};
 
 /* Descriptor of k16 chunk kk of a K-major swz128 operand: rows 0.. of a tile
  * of kTileRows rows starting at desc0's address (32 bytes per chunk inside a

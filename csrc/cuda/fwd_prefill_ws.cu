@@ -216,10 +216,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
         auto whole = [&](int t0) { return wa.tma && t0 + kBlockN <= len_k; };
         auto tma_half = [&](T *dst, bool is_v, int t0, uint64_t *bar) { /* (thread 0) */
-#pragma unroll
-            for (int cb = 0; cb < kHeadDim / 64; cb++)
-                tma_load_box(dst + cb * kBlockN * 64, is_v ? &wa.v_map : &wa.k_map, cb * 64, hk,
-                             (int)((is_v ? v_row0 : k_row0) + t0), bar);
+            tma_load_tile<kBlockN, kHeadDim>(dst, is_v ? &wa.v_map : &wa.k_map, hk,
+                                             (int)((is_v ? v_row0 : k_row0) + t0), bar);
         };
         if constexpr (C::kKVApart) {
             /* Each half once the consumers released its slot, K one tile
@@ -551,27 +549,6 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                          kDrop ? drop.rp : 1.f);
 }
 
-/* Whether the producer may copy whole K/V tiles through tensor maps
- * (FAD_WS_TMA, and FLASH_ATTN_DET_WS_TMA=0 in the environment, read once,
- * turns it off: an A/B knob; the bits are the same). Each sequence's first
- * row must be a whole map row (tma.cuh): always for varlen batches, for
- * batched ones where the batch stride is a multiple of the row stride. Paged
- * caches do not come here. */
-static bool fwd_ws_tma_ok(const fad_fwd_params &p)
-{
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("FLASH_ATTN_DET_WS_TMA");
-        env = FAD_WS_TMA && !(e && e[0] == '0');
-    }
-    if (!env || p.block_table)
-        return false;
-    if (p.cu_seqlens_k)
-        return true;
-    return p.k_row_stride > 0 && p.v_row_stride > 0 && p.k_batch_stride % p.k_row_stride == 0 &&
-           p.v_batch_stride % p.v_row_stride == 0;
-}
-
 template <typename T, int kHeadDim, bool kNarrow>
 static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -589,9 +566,12 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
               a.plan.cta_per_split ? a.plan.num_splits : 1);
     fwd_ws_args wa;
     wa.a = a;
-    wa.tma = fwd_ws_tma_ok(a.p) &&
-             fad_make_kv_map(&wa.k_map, a.p.k, a.p.head_dim, a.p.num_heads_k, a.p.k_row_stride, a.p.k_head_stride) &&
-             fad_make_kv_map(&wa.v_map, a.p.v, a.p.head_dim, a.p.num_heads_k, a.p.v_row_stride, a.p.v_head_stride);
+    /* (the producer's whole K/V tiles through the copy engine where it can) */
+    const fad_fwd_params &p = a.p;
+    wa.tma = fad_tma_rows_ok(p, p.k_batch_stride, p.k_row_stride) &&
+             fad_tma_rows_ok(p, p.v_batch_stride, p.v_row_stride) &&
+             fad_make_map(&wa.k_map, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, C::kBlockN) &&
+             fad_make_map(&wa.v_map, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, C::kBlockN);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);
     return FAD_OK;
 }

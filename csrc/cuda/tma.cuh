@@ -21,6 +21,7 @@
 #define FAD_TMA_CUH
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "wgmma.cuh"
 
@@ -62,11 +63,30 @@ static inline fad_encode_tiled_fn fad_encode_tiled()
     return fn;
 }
 
+/* Whether the copy engine may take a layout's whole tiles: FAD_WS_TMA, and
+ * FLASH_ATTN_DET_WS_TMA=0 in the environment (read once) turns it off -- an
+ * A/B knob; the bits are the same --, no page table, and each sequence's
+ * first row a whole map row: always for varlen batches (cu_seqlens_q and _k
+ * come together), for batched tensors where the batch stride is a multiple
+ * of the row stride. */
+static inline bool fad_tma_rows_ok(const fad_fwd_params &p, int64_t batch_stride, int64_t row_stride)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("FLASH_ATTN_DET_WS_TMA");
+        env = FAD_WS_TMA && !(e && e[0] == '0');
+    }
+    if (!env || p.block_table || row_stride <= 0)
+        return false;
+    return p.cu_seqlens_k || batch_stride % row_stride == 0;
+}
+
 /* The (D, H, rows) map of a 16-bit tensor at base with the given element
- * strides, 64 x 1 x 64 boxes; false where the copy engine cannot take it
- * (alignment: base and strides multiples of 16 bytes) or no encoder exists. */
-static inline bool fad_make_kv_map(fad_tensor_map *map, const void *base, int d, int heads, int64_t row_stride,
-                                   int64_t head_stride)
+ * strides, boxes of 64 columns x 1 head x box_rows rows; false where the copy
+ * engine cannot take it (alignment: base and strides multiples of 16 bytes)
+ * or no encoder exists. */
+static inline bool fad_make_map(fad_tensor_map *map, const void *base, int d, int heads, int64_t row_stride,
+                                int64_t head_stride, int box_rows)
 {
     const fad_encode_tiled_fn enc = fad_encode_tiled();
     if (!enc || !base || ((uintptr_t)base & 15) || row_stride <= 0 || head_stride <= 0 || (row_stride * 2) % 16 ||
@@ -77,7 +97,7 @@ static inline bool fad_make_kv_map(fad_tensor_map *map, const void *base, int d,
      * takes. */
     const uint64_t dims[3] = {(uint64_t)d, (uint64_t)heads, (uint64_t)0x7fffffff};
     const uint64_t strides[2] = {(uint64_t)head_stride * 2, (uint64_t)row_stride * 2};
-    const uint32_t box[3] = {64, 1, 64}, elem[3] = {1, 1, 1};
+    const uint32_t box[3] = {64, 1, (uint32_t)box_rows}, elem[3] = {1, 1, 1};
     return enc(map, FAD_TMAP_UINT16, 3, const_cast<void *>(base), dims, strides, box, elem, FAD_TMAP_INTERLEAVE_NONE,
                FAD_TMAP_SWIZZLE_128B, FAD_TMAP_L2_256B, FAD_TMAP_OOB_ZERO) == 0; /* CUDA_SUCCESS */
 }
@@ -92,8 +112,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
 }
-/* Box (c0 .. c0 + 63, head, row .. row + 63) of map into dst (1024-byte
- * aligned), its bytes counted on bar. */
+/* Box (c0 .. c0 + 63, head, row .. row + box rows - 1) of map into dst
+ * (1024-byte aligned), its bytes counted on bar. */
 __device__ __forceinline__ void tma_load_box(void *dst, const fad_tensor_map *map, int c0, int head, int row,
                                              uint64_t *bar)
 {
@@ -106,5 +126,16 @@ __device__ __forceinline__ void tma_load_box(void *dst, const fad_tensor_map *ma
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *, uint32_t) {}
 __device__ __forceinline__ void tma_load_box(void *, const fad_tensor_map *, int, int, int, uint64_t *) {}
 #endif
+
+/* A kRows x kCols tile of map (head, rows row ..) into dst in swz128's layout
+ * (kCols / 64 column blocks of kRows x 128 bytes): one box per block, its
+ * bytes counted on bar; the map's boxes are kRows rows. (One thread.) */
+template <int kRows, int kCols>
+__device__ __forceinline__ void tma_load_tile(void *dst, const fad_tensor_map *map, int head, int row, uint64_t *bar)
+{
+#pragma unroll
+    for (int cb = 0; cb < kCols / 64; cb++)
+        tma_load_box(static_cast<unsigned char *>(dst) + cb * kRows * 128, map, cb * 64, head, row, bar);
+}
 
 #endif /* FAD_TMA_CUH */
