@@ -101,24 +101,31 @@
 /* FAD_WS_D64_CONSUMERS: at D64 the warp-specialized kernel runs this many
  * consumer warpgroups (0: D64 stays on fwd_kernel's wgmma variant), with
  * FAD_WS_D64_PRODUCER_REGS / FAD_WS_D64_CONSUMER_REGS (P + n * C <= (n + 1) *
- * the registers __launch_bounds__ gives each of (n + 1) * 128 threads). Three
- * measured 0.80-0.83x of fwd_kernel's variant at L1k, 0.94-0.98x at L4k,
- * 1.00-1.03x at L16k (H100, dev/ab_fwd_ws.sh; docs/log/2026-11-26_notebook.md,
- * fourth session): one CTA of 12 math warps per SM against two of 8 that
- * overlap one's prologue and epilogue with the other's tiles. */
+ * the registers __launch_bounds__ gives each of (n + 1) * 128 threads), for
+ * calls whose seqlen_k is at least FAD_WS_D64_MIN_SK. Three, with the TMA
+ * producer, against fwd_kernel's variant (H100, bf16): 0.81-0.84x at L512,
+ * 0.85-0.91x at L1k, 0.97-1.01x at L2k, 1.03-1.04x at L4k, 1.09x at L8k,
+ * 1.12x at L16k (docs/log/2026-11-26_notebook.md, ninth session): one CTA of
+ * 12 math warps per SM against two of 8, which overlap one's prologue and
+ * epilogue with the other's tiles, so short walks stay on fwd_kernel. (With
+ * the cp.async producer three measured 0.80-1.03x and were off.) */
 #ifndef FAD_WS_D64_CONSUMERS
-#define FAD_WS_D64_CONSUMERS 0
+#define FAD_WS_D64_CONSUMERS 3
+#endif
+#ifndef FAD_WS_D64_MIN_SK
+#define FAD_WS_D64_MIN_SK 4096
 #endif
 /* FAD_WS_NARROW_MAX_SK: at D128 the warp-specialized kernel runs its narrow
  * variant (one consumer warpgroup, two CTAs an SM, FAD_WS_NARROW_STAGES K/V
  * stages, setmaxnreg FAD_WS_NARROW_PRODUCER_REGS / _CONSUMER_REGS: P + C <=
  * 2 * 128) for calls whose seqlen_k is at most this (0: never); the same
- * bits. Against the two-consumer kernel (H100, bf16): 1.02-1.14x at L512,
- * 0.90-1.00x at L1k-2k, 0.84-0.93x at L4k-16k, where each K/V tile feeding
- * half the rows costs more than the overlap gains
- * (docs/log/2026-11-26_notebook.md, eighth session). */
+ * bits. Against the two-consumer kernel (H100, bf16), with cp.async
+ * producers: 1.02-1.14x at L512, 0.90-1.00x at L1k-2k, 0.84-0.93x at
+ * L4k-16k, where each K/V tile feeding half the rows costs more than the
+ * overlap gains (eighth session); with TMA producers 1.05-1.07x at L1k and
+ * 0.98-1.05x at L2k (docs/log/2026-11-26_notebook.md, ninth session). */
 #ifndef FAD_WS_NARROW_MAX_SK
-#define FAD_WS_NARROW_MAX_SK 512
+#define FAD_WS_NARROW_MAX_SK 1024
 #endif
 #ifndef FAD_WS_NARROW_STAGES
 #define FAD_WS_NARROW_STAGES 3
