@@ -44,7 +44,9 @@
  * is a producer that streams the tiles through a ring of mbarrier-guarded
  * stages, and the warpgroups above ("w" here counts from the first math one)
  * only compute: no copy and no CTA barrier per step, so the two math
- * warpgroups run out of step. The whole backward measured 1.04-1.13x faster
+ * warpgroups run out of step. Whole tiles (Q and dO here, K and V in the dQ
+ * kernel) come by the bulk tensor copy engine where a tensor map can be made
+ * (tma.cuh; bwd_ws_args carries the maps), the rest by cp.async. The whole backward measured 1.04-1.13x faster
  * with it at D128 (docs/log/2026-11-26_notebook.md, fourth session).
  */
 #include "bwd_tile_wgmma.cuh"

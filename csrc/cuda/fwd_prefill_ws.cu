@@ -9,11 +9,14 @@
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
  * 128 (n + 1) threads:
- *   warpgroup 0, the producer: Q of all n blocks, then every K/V tile the
- *     blocks walk, into a ring of kStages stages (cp.async, one commit
- *     group per tile -- per K or V half at D256; once a tile has landed the
- *     producer fences it for the async proxy and arrives on the stage's
- *     `full` mbarrier);
+ *   warpgroup 0, the producer: Q of all n blocks (cp.async), then every
+ *     K/V tile the blocks walk, into a ring of kStages stages: a whole tile
+ *     by the bulk tensor copy engine (TMA, tma.cuh; thread 0's arrival on
+ *     the stage's `full` mbarrier expects its bytes), a tile that the
+ *     sequence's end cuts -- and every tile where no tensor map can be made
+ *     -- by cp.async (one commit group per tile, per K or V half at D256;
+ *     once it has landed the producer fences it for the async proxy and
+ *     arrives);
  *   warpgroups 1 .. n, the consumers: one 64-row block each, each exactly
  *     fwd_kernel's wgmma variant on its 64 rows -- its own tile walk
  *     (tile_walk), its own split folds, the same softmax_max / softmax_exp /
