@@ -300,7 +300,8 @@ def _tma_outputs():
     """The warp-specialized kernel's layouts (its producer copies whole K/V tiles through tensor
     maps, FLASH_ATTN_DET_WS_TMA): _VARIANT_CASES, then varlen sequences whose ends cut tiles,
     a KV cache read through cache_batch_idx and cache_leftpad, K/V views of a wider tensor (row
-    stride 3 H D + 8), and K/V whose batch stride is no whole number of rows (cp.async then)."""
+    stride 3 H D + 8), K/V whose batch stride is no whole number of rows (cp.async then), and one
+    batch entry whose (unused) batch stride is none either."""
     import flash_attn_det as fad
     outs = _variant_outputs()
     g = make_gen(77)
@@ -330,6 +331,9 @@ def _tma_outputs():
     k, v = (flat.as_strided((2, 1500, Hk, D), (1500 * Hk * D + 64, Hk * D, D, 1), off)
             for off in (0, 8))
     outs.append(tuple(t.cpu() for t in both(q, k, v)))
+    # one batch entry: its batch stride (here no whole number of rows) is never used
+    k1, v1 = (t.as_strided((1, 1500, Hk, D), (7, Hk * D, D, 1), t.storage_offset()) for t in (k, v))
+    outs.append(tuple(t.cpu() for t in both(q[:1], k1, v1, causal=True)))
     return outs
 
 
@@ -356,7 +360,7 @@ def test_ws_tma_and_cp_async_bit_equal(tmp_path):
                    check=True)
     theirs = torch.load(path)
     mine = _tma_outputs()
-    assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES) + 6
+    assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES) + 7
     for i, ((o, l), (o2, l2)) in enumerate(zip(mine, theirs)):
         assert torch.isfinite(o).all(), f"output {i}"
         assert torch.equal(o, o2) and torch.equal(l, l2), f"output {i}"

@@ -374,8 +374,8 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     wa.a = a;
     const fad_fwd_params &p = a.p;
     constexpr int kM = bwd_wg_cfg<kHeadDim>::kStepM;
-    wa.tma = kWs && fad_tma_rows_ok(p, p.q_batch_stride, p.q_row_stride) &&
-             fad_tma_rows_ok(p, p.out_batch_stride, p.out_row_stride) &&
+    wa.tma = kWs && fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.q_batch_stride, p.q_row_stride) &&
+             fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.out_batch_stride, p.out_row_stride) &&
              fad_make_map(&wa.map0, p.q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride, kM) &&
              fad_make_map(&wa.map1, a.dout, p.head_dim, p.num_heads, p.out_row_stride, p.out_head_stride, kM);
     kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(wa);

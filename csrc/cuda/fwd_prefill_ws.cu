@@ -571,8 +571,8 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     wa.a = a;
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
-    wa.tma = fad_tma_rows_ok(p, p.k_batch_stride, p.k_row_stride) &&
-             fad_tma_rows_ok(p, p.v_batch_stride, p.v_row_stride) &&
+    wa.tma = fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.k_batch_stride, p.k_row_stride) &&
+             fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.v_batch_stride, p.v_row_stride) &&
              fad_make_map(&wa.k_map, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, C::kBlockN) &&
              fad_make_map(&wa.v_map, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, C::kBlockN);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);

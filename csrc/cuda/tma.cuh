@@ -63,13 +63,16 @@ static inline fad_encode_tiled_fn fad_encode_tiled()
     return fn;
 }
 
-/* Whether the copy engine may take a layout's whole tiles: FAD_WS_TMA, and
- * FLASH_ATTN_DET_WS_TMA=0 in the environment (read once) turns it off -- an
- * A/B knob; the bits are the same --, no page table, and each sequence's
- * first row a whole map row: always for varlen batches (cu_seqlens_q and _k
- * come together), for batched tensors where the batch stride is a multiple
- * of the row stride. */
-static inline bool fad_tma_rows_ok(const fad_fwd_params &p, int64_t batch_stride, int64_t row_stride)
+/* Whether the copy engine may take the whole tiles of a tensor of `entries`
+ * batch entries of `rows` rows: FAD_WS_TMA, and FLASH_ATTN_DET_WS_TMA=0 in the
+ * environment (read once) turns it off -- an A/B knob; the bits are the
+ * same --, no page table, each sequence's first row a whole map row (always
+ * for varlen batches, whose cu_seqlens_q and _k come together; for batched
+ * tensors where the batch stride is a non-negative multiple of the row
+ * stride, or there is one entry), and every row a copy names inside the
+ * engine's int32 coordinate (varlen rows are int32 offsets already). */
+static inline bool fad_tma_rows_ok(const fad_fwd_params &p, int entries, int rows, int64_t batch_stride,
+                                   int64_t row_stride)
 {
     static int env = -1;
     if (env < 0) {
@@ -78,8 +81,15 @@ static inline bool fad_tma_rows_ok(const fad_fwd_params &p, int64_t batch_stride
     }
     if (!env || p.block_table || row_stride <= 0)
         return false;
-    return p.cu_seqlens_k || batch_stride % row_stride == 0;
+    if (p.cu_seqlens_k)
+        return true;
+    if (entries > 1 && (batch_stride < 0 || batch_stride % row_stride))
+        return false;
+    const int64_t entry_rows = entries > 1 ? batch_stride / row_stride : 0;
+    return (int64_t)(entries - 1) * entry_rows + rows <= 0x7fffffff;
 }
+/* The entries of k/v: the cache's with a KV cache, else the batch's. */
+static inline int fad_kv_entries(const fad_fwd_params &p) { return p.cache_seqlens ? p.kv_batch : p.batch; }
 
 /* The (D, H, rows) map of a 16-bit tensor at base with the given element
  * strides, boxes of 64 columns x 1 head x box_rows rows; false where the copy
