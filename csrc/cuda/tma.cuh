@@ -1,21 +1,22 @@
 /*
  * tma.cuh — the bulk tensor copy engine (TMA) of sm_90: a tensor map built
- * on the host for a key or value tensor, and the device side that copies one
- * 64-row, 64-column box of it into shared memory and completes an mbarrier
- * phase by its byte count. Used by fwd_ws_kernel's producer for the whole
- * K/V tiles of a walk (fwd_prefill_ws.cu); a tile that a sequence's end cuts
- * stays on cp.async, whose zero-fill stops at the sequence, where a map's
- * bounds are the tensor's.
+ * on the host for a 16-bit (rows, heads, head dim) tensor, and the device side
+ * that copies a tile of it into shared memory and completes an mbarrier phase
+ * by its byte count. Used by the producers of fwd_ws_kernel (K/V tiles,
+ * fwd_prefill_ws.cu) and of the backward's wgmma kernels (Q/dO, K/V); a tile
+ * that a sequence's end cuts stays on cp.async, whose zero-fill stops at the
+ * sequence, where a map's bounds are the tensor's.
  *
- * Map: 3-D, (D columns, H heads, R rows) of 16-bit elements, strides (head,
- * row) in bytes; a box is 64 columns x 1 head x 64 rows, written with the
- * 128-byte swizzle, which is swz128's layout (wgmma.cuh): 64 rows x 128 bytes,
+ * Map: 3-D, (D columns, H heads, R rows), strides (head, row) in bytes; a box
+ * is 64 columns x 1 head x box_rows rows, written with the 128-byte swizzle,
+ * which is swz128's layout (wgmma.cuh): rows x 128 bytes per 64-column block,
  * chunk c of row r at chunk c ^ (r % 8). Columns past D (a head dim below the
  * kernel's) are outside the map and land as zeros, as cp.async's zero-fill
  * gives them. Row r of the map is the element offset r * row_stride from the
- * tensor's base, so a sequence's rows start at k_off / row_stride: exact for
- * varlen batches (cu_seqlens rows) and for batched ones whose batch stride
- * is a whole number of rows (fwd_ws_tma_ok checks that on the host).
+ * tensor's base, so a sequence's rows start at its offset / row_stride: exact
+ * for varlen batches (cu_seqlens rows) and for batched tensors whose batch
+ * stride is a whole number of rows (fad_tma_rows_ok checks that, and the
+ * int32 range of the coordinates, on the host).
  */
 #ifndef FAD_TMA_CUH
 #define FAD_TMA_CUH
