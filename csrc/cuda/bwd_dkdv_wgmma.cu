@@ -44,10 +44,11 @@
  * is a producer that streams the tiles through a ring of mbarrier-guarded
  * stages, and the warpgroups above ("w" here counts from the first math one)
  * only compute: no copy and no CTA barrier per step, so the two math
- * warpgroups run out of step. Whole tiles (Q and dO here, K and V in the dQ
- * kernel) come by the bulk tensor copy engine where a tensor map can be made
- * (tma.cuh; bwd_ws_args carries the maps), the rest by cp.async. The whole backward measured 1.04-1.13x faster
- * with it at D128 (docs/log/2026-11-26_notebook.md, fourth session).
+ * warpgroups run out of step. The whole backward measured 1.04-1.13x faster
+ * with it at D128 (docs/log/2026-11-26_notebook.md, fourth session). Whole
+ * tiles (Q and dO here, K and V in the dQ kernel) come by the bulk tensor
+ * copy engine where a tensor map can be made (tma.cuh; bwd_ws_args carries
+ * the maps), the rest by cp.async: 0.99-1.04x more (ninth session).
  */
 #include "bwd_tile_wgmma.cuh"
 
@@ -163,7 +164,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             /* wa.tma: a step whose rows all lie inside the sequence gets Q and
              * dO from the copy engine (thread 0's arrival expects their bytes,
              * the other threads' stands in for their cp.async arrival); the
-             * math warps' fence after the wait is then a no-op for them. */
+             * math warps' fence after the wait is then unneeded for it, and
+             * kept for the steps cp.async still copies. */
             const int64_t q_row0 = wa.tma ? seq.q_off / p.q_row_stride : 0;
             const int64_t o_row0 = wa.tma ? seq.o_off / p.out_row_stride : 0;
             for (int step = 0; step < steps; step++) {
