@@ -376,10 +376,10 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     wa.a = a;
     const fad_fwd_params &p = a.p;
     constexpr int kM = bwd_wg_cfg<kHeadDim>::kStepM;
-    wa.tma = kWs && fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.q_batch_stride, p.q_row_stride) &&
-             fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.out_batch_stride, p.out_row_stride) &&
-             fad_make_map(&wa.map0, p.q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride, kM) &&
-             fad_make_map(&wa.map1, a.dout, p.head_dim, p.num_heads, p.out_row_stride, p.out_head_stride, kM);
+    wa.tma = kWs && fad_make_maps(p, p.batch, p.seqlen_q, p.num_heads, kM,
+                                  {p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
+                                  {a.dout, p.out_batch_stride, p.out_row_stride, p.out_head_stride}, &wa.map0,
+                                  &wa.map1);
     kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(wa);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;

@@ -240,10 +240,7 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     wa.a = a;
     const fad_fwd_params &p = a.p;
     using C = bwd_wg_cfg<kHeadDim>;
-    wa.tma = kWs && fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.k_batch_stride, p.k_row_stride) &&
-             fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.v_batch_stride, p.v_row_stride) &&
-             fad_make_map(&wa.map0, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, C::kTileN) &&
-             fad_make_map(&wa.map1, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, C::kTileN);
+    wa.tma = kWs && fad_make_kv_maps(p, C::kTileN, &wa.map0, &wa.map1);
     kernel<<<(unsigned)ctas, Shape::kThreads, Shape::kSmemBytes, stream>>>(wa);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;

@@ -42,7 +42,9 @@
  * 1.24-1.32x: docs/log/2026-11-26_notebook.md. Made by the producer
  * warpgroup into shared memory beside the stage's K/V, with a second arrival
  * on its full barrier, they measured 1.28-1.32x against 1.23-1.24x:
- * docs/log/2026-11-26_notebook.md, third session. Drawn for the next tile
+ * docs/log/2026-11-26_notebook.md, third session; and 1.30-1.54x against
+ * 1.17-1.37x with the TMA producer otherwise idle:
+ * docs/log/2026-11-27_notebook.md. Drawn for the next tile
  * while the consumer waits for its S, they kept 8 registers live across
  * the softmax: 112 B of spill against 28 B, and the D128 forward at p = 0.1
  * took 1.14-1.20x longer: fifth session.)
@@ -571,10 +573,7 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     wa.a = a;
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
-    wa.tma = fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.k_batch_stride, p.k_row_stride) &&
-             fad_tma_rows_ok(p, fad_kv_entries(p), p.seqlen_k, p.v_batch_stride, p.v_row_stride) &&
-             fad_make_map(&wa.k_map, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, C::kBlockN) &&
-             fad_make_map(&wa.v_map, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, C::kBlockN);
+    wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);
     return FAD_OK;
 }

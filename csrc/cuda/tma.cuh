@@ -113,6 +113,34 @@ static inline bool fad_make_map(fad_tensor_map *map, const void *base, int d, in
                FAD_TMAP_SWIZZLE_128B, FAD_TMAP_L2_256B, FAD_TMAP_OOB_ZERO) == 0; /* CUDA_SUCCESS */
 }
 
+/* One tensor a kernel reads through a map: its base and element strides. */
+struct fad_map_src {
+    const void *base;
+    int64_t batch_stride, row_stride, head_stride;
+};
+
+/* The maps of two tensors of one shape (entries x rows x heads x head_dim)
+ * that a producer copies together -- K and V, or Q and dO --, boxes of
+ * box_rows rows: false, and the kernel's copies stay on cp.async, unless
+ * both take the copy engine (fad_tma_rows_ok, fad_make_map). */
+static inline bool fad_make_maps(const fad_fwd_params &p, int entries, int rows, int heads, int box_rows,
+                                 const fad_map_src &a, const fad_map_src &b, fad_tensor_map *map_a,
+                                 fad_tensor_map *map_b)
+{
+    return fad_tma_rows_ok(p, entries, rows, a.batch_stride, a.row_stride) &&
+           fad_tma_rows_ok(p, entries, rows, b.batch_stride, b.row_stride) &&
+           fad_make_map(map_a, a.base, p.head_dim, heads, a.row_stride, a.head_stride, box_rows) &&
+           fad_make_map(map_b, b.base, p.head_dim, heads, b.row_stride, b.head_stride, box_rows);
+}
+/* K's and V's maps (the rows of a KV cache's entries, or of the batch's). */
+static inline bool fad_make_kv_maps(const fad_fwd_params &p, int box_rows, fad_tensor_map *k_map,
+                                    fad_tensor_map *v_map)
+{
+    return fad_make_maps(p, fad_kv_entries(p), p.seqlen_k, p.num_heads_k, box_rows,
+                         {p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+                         {p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride}, k_map, v_map);
+}
+
 /* ---- device: one box, and the barrier that counts its bytes ---- */
 
 #if FAD_HAS_WGMMA
