@@ -4,6 +4,7 @@ Exact command (repository root, after `FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setu
 build_ext --inplace`):
 
     python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
+    python3 benchmarks/bench_bwd.py --preset gqa     # bf16, GQA 32/8 D128, L 2k/8k/16k
 
 Protocol as bench_fwd.py (benchmarks/METHOD.md): fresh random inputs, the same
 for every impl (SDPA also on contiguous (B, H, L, D) copies, its dout too; the ratios
@@ -37,6 +38,9 @@ def preset_configs(name):
                 for causal in (False, True):
                     out.append(Config("bf16", max(1, 32768 // L), L, L, H, H, D, causal))
         return out
+    if name == "gqa":  # issue 21's GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
+        return [Config("bf16", max(1, 32768 // L), L, L, 32, 8, 128, causal)
+                for L in (2048, 8192, 16384) for causal in (False, True)]
     if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes
         return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
                 Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
@@ -100,12 +104,12 @@ def measure_bwd_rounds(impls, cfg, device, iters, warmup, rounds):
 def markdown(records, env):
     by_cfg = {}
     for r in records:
-        by_cfg.setdefault((r["D"], r["L"], r["B"], r["H"], r["causal"]), {})[r["impl"]] = r
+        by_cfg.setdefault((r["D"], r["L"], r["B"], r["H"], r["Hkv"], r["causal"]), {})[r["impl"]] = r
     impls = [i for i in IMPLS if any(i in v for v in by_cfg.values())]
-    headers = ["D", "L", "B", "H", "causal"] + [f"{i} TFLOP/s" for i in impls] + \
+    headers = ["D", "L", "B", "H", "Hkv", "causal"] + [f"{i} TFLOP/s" for i in impls] + \
         ["det / sdpa_flash", "det / cudnn", "det vs fast"]  # (a peer's faster layout: best_of)
     rows = []
-    for (D, L, B, H, causal), rs in sorted(by_cfg.items()):
+    for (D, L, B, H, Hkv, causal), rs in sorted(by_cfg.items()):
         tf = {i: rs[i].get("tflops") for i in impls if i in rs}
         for peer in common.PEER_LAYOUTS:
             best = common.best_of(rs, peer)
@@ -114,7 +118,7 @@ def markdown(records, env):
                               if tf.get(a) and tf.get("best " + b) else "-")
         det_fast = (f"{rs['fad_det']['ms'] / rs['fad_fast']['ms'] - 1:+.1%}"
                     if tf.get("fad_det") and tf.get("fad_fast") else "-")
-        rows.append([D, L, B, H, causal] + [tf.get(i) if tf.get(i) else
+        rows.append([D, L, B, H, Hkv, causal] + [tf.get(i) if tf.get(i) else
                                             rs.get(i, {}).get("error", "-")[:40] for i in impls] +
                     [ratio("fad_det", "sdpa_flash"), ratio("fad_det", "sdpa_cudnn"), det_fast])
     return (f"# Backward, {env.get('device', '?')}, torch {env.get('torch', '?')}, "
@@ -123,7 +127,7 @@ def markdown(records, env):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="quick", choices=["quick", "dq", "issue", "cpu-smoke"])
+    ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "dq", "issue", "cpu-smoke"])
     ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
     ap.add_argument("--rounds", type=int, default=4,

@@ -249,7 +249,8 @@ def parse_args(argv=None):
                          "is over all rounds' calls (default 5)")
     ap.add_argument("--impls", help="comma-separated subset of: " + ",".join(common.IMPL_ORDER))
     ap.add_argument("--filter", help="only configs whose label contains this text, "
-                                     "e.g. 'D128' or 'L4096 B8'")
+                                     "e.g. 'D128' or 'L4096 B8'; '&' joins texts that must "
+                                     "all appear, '|' joins alternatives: 'bf16&D256|bf16&GQA'")
     ap.add_argument("--split-size", type=int, help="flash_attn_det split_size for both modes "
                                                    "(default: the library's, 512)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
@@ -263,6 +264,11 @@ def parse_args(argv=None):
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
         ap.error("--iters and --rounds must be >= 1 and --warmup >= 0")
     return args
+
+
+def label_matches(spec, label):
+    """--filter: any '|' alternative whose '&'-joined texts all appear in the label."""
+    return any(all(t in label for t in alt.split("&")) for alt in spec.split("|"))
 
 
 def main(argv=None):
@@ -294,7 +300,7 @@ def main(argv=None):
 
     configs = preset_configs(preset)
     if args.filter:
-        configs = [c for c in configs if args.filter in c.label()]
+        configs = [c for c in configs if label_matches(args.filter, c.label())]
         if not configs:
             log(f"--filter {args.filter!r} matches no config of preset {preset}")
             return 2
