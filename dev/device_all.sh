@@ -3,9 +3,12 @@
 # test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).
-#   dev/device_all.sh [stage ...]   stages: build probe quick test ncu decode fwd bwd train verify
-#                                       overhead dropout dropprof fa_kvcache fa_rest
+#   dev/device_all.sh [stage ...]   stages: build probe quick test test1 test2 ncu decode fwd bwd
+#                                       train verify overhead dropout dropprof fa_kvcache fa_rest
 #                                       (default: build test decode fwd bwd train verify overhead)
+# test1 / test2: the suite in two parts that each fit one call beside a build (the whole suite
+# takes ~560 s on an H100, the call at most 600): contract, kvcache, varlen and backward (~2 min),
+# then the rest (~7.5 min).
 # dropout: dev/bench_dropout.py with the wgmma kernels and again with FLASH_ATTN_DET_WGMMA=0.
 # dropprof: dev/prof_dropout.py, each kernel's time at p = 0 and 0.1 (where dropout's cost goes).
 # fa_kvcache / fa_rest: flash_attn's file (tests/fa_compat, carry tests/fa_compat/.cache), 50 per
@@ -36,6 +39,10 @@ has probe && { nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc 
 has quick && { python3 dev/quick_perf.py 2>&1 | tee "$run/quick_wgmma.txt";
     FLASH_ATTN_DET_WGMMA=0 python3 dev/quick_perf.py 2>&1 | tee "$run/quick_mma_sync.txt"; }
 has test && { python3 -m pytest -q tests 2>&1 | tee "$run/pytest.log" | tail -3; }
+part1="tests/test_contract.py tests/test_kvcache.py tests/test_varlen.py tests/test_backward.py"
+has test1 && { python3 -m pytest -q -x -p no:randomly $part1 2>&1 | tee "$run/pytest_part1.log" | tail -3; }
+has test2 && { python3 -m pytest -q -x -p no:randomly tests $(printf -- '--ignore=%s ' $part1) 2>&1 \
+    | tee "$run/pytest_part2.log" | tail -3; }
 has ncu && { ncu --clock-control none --profile-from-start off --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section Occupancy --section LaunchStats python3 dev/ncu_fwd.py > "$run/ncu_fwd.txt" 2>&1;
