@@ -108,12 +108,21 @@
  * 1.12x at L16k (docs/log/2026-11-26_notebook.md, ninth session): one CTA of
  * 12 math warps per SM against two of 8, which overlap one's prologue and
  * epilogue with the other's tiles, so short walks stay on fwd_kernel. (With
- * the cp.async producer three measured 0.80-1.03x and were off.) */
+ * the cp.async producer three measured 0.80-1.03x and were off.)
+ * FAD_WS_D64_LEAN_MAX_SK: below this many keys (from FAD_WS_D64_MIN_SK) D64
+ * runs the lean variant instead (0: never): four consumers with R and Q in
+ * shared memory, setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against
+ * fwd_kernel at L2k and three consumers from L4k (H100, bf16): 1.03-1.06x at
+ * L2k, 1.03-1.09x at L4k, 0.96-1.00x at L16k (docs/log/2026-11-27_notebook.md,
+ * tenth and eleventh sessions). */
 #ifndef FAD_WS_D64_CONSUMERS
 #define FAD_WS_D64_CONSUMERS 3
 #endif
 #ifndef FAD_WS_D64_MIN_SK
-#define FAD_WS_D64_MIN_SK 4096
+#define FAD_WS_D64_MIN_SK 2048
+#endif
+#ifndef FAD_WS_D64_LEAN_MAX_SK
+#define FAD_WS_D64_LEAN_MAX_SK 8192
 #endif
 /* FAD_WS_NARROW_MAX_SK: at D128 the warp-specialized kernel runs its narrow
  * variant (one consumer warpgroup, two CTAs an SM, FAD_WS_NARROW_STAGES K/V
@@ -141,6 +150,12 @@
 #endif
 #ifndef FAD_WS_D64_CONSUMER_REGS
 #define FAD_WS_D64_CONSUMER_REGS 160
+#endif
+#ifndef FAD_WS_LEAN_PRODUCER_REGS
+#define FAD_WS_LEAN_PRODUCER_REGS 24
+#endif
+#ifndef FAD_WS_LEAN_CONSUMER_REGS
+#define FAD_WS_LEAN_CONSUMER_REGS 112
 #endif
 
 /* ---------------- forward: the packed (decode) kernel (fwd_decode.cu) ---------------- */

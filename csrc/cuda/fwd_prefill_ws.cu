@@ -2,8 +2,8 @@
  * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64,
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
  * warpgroups (two at D128 -- one, two CTAs an SM, in the narrow variant for
- * short keys --, FAD_WS_D64_CONSUMERS at D64, one at D256: see fwd_ws_cfg)
- * compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
+ * short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
+ * mid-length keys --, one at D256: see fwd_ws_cfg) compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
  * (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
@@ -61,7 +61,13 @@ struct fwd_ws_args {
     int tma;
 };
 
-template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
+/* The kernel's shapes: ws_main (two consumers at D128, FAD_WS_D64_CONSUMERS
+ * at D64, one at D256), ws_narrow (D128, short keys) and ws_lean (D64,
+ * mid-length keys), chosen by launch_prefill_ws; every shape runs the same
+ * consumer code on its 64-row blocks, so each row gets the same bits. */
+enum ws_shape { ws_main, ws_narrow, ws_lean };
+
+template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     /* D256 (kWide): one consumer, whose o (64 rows x 256 columns) takes 128
      * registers a thread. R's o then lives in shared memory (64 KB), and so
      * does Q (read by SS wgmmas); that leaves room for two stages, whose K and
@@ -74,14 +80,22 @@ template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
      * epilogue (the last P V, the fold, the stores) run under the other's
      * tiles; for short key ranges, where a CTA walks few tiles and that pays
      * for each K/V tile feeding 64 rows, not 128 (FAD_WS_NARROW_MAX_SK). */
+    static constexpr bool kNarrow = kShape == ws_narrow;
     static_assert(!kNarrow || kHeadDim == 128, "the narrow variant is budgeted for D128");
-    static constexpr int kConsumers = kNarrow ? 1 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
+    /* kLean (D64, FAD_WS_D64_LEAN_MAX_SK): four consumers, each with 112
+     * registers (setmaxnreg 24 / 112 in 640 threads), so R's o lives in
+     * shared memory and S = Q K^T reads Q there (16 KB each a consumer), as at
+     * D256. More consumer warps pay at mid-length walks; at long ones the
+     * SS reads of Q and R's shared-memory fold cost more than they bring. */
+    static constexpr bool kLean = kShape == ws_lean;
+    static_assert(!kLean || kHeadDim == 64, "the lean variant is budgeted for D64");
+    static constexpr int kConsumers = kNarrow ? 1 : kLean ? 4 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
     static constexpr int kMinBlocks = kNarrow ? 2 : 1; /* CTAs an SM (__launch_bounds__) */
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kStages = kWide ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
-    static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide; /* Q's A fragments held by the consumers */
-    static constexpr bool kRSmem = kWide;              /* R's o in shared memory, not in registers */
+    static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide && !kLean; /* Q's A fragments held by the consumers */
+    static constexpr bool kRSmem = kWide || kLean;     /* R's o in shared memory, not in registers */
     /* kKVApart: a stage's K and V halves have barriers of their own. A
      * consumer releases K once S = Q K^T has retired, V once O += P V has:
      * with two stages K of tile i + 2 then loads during tile i + 1's softmax,
@@ -94,8 +108,10 @@ template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
     /* (kWide: 256 threads may each hold 255 registers; no setmaxnreg) */
     static constexpr bool kSetMaxNReg = !kWide;
     static constexpr int kProducerRegs = kNarrow ? FAD_WS_NARROW_PRODUCER_REGS
+                                         : kLean ? FAD_WS_LEAN_PRODUCER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
     static constexpr int kConsumerRegs = kNarrow ? FAD_WS_NARROW_CONSUMER_REGS
+                                         : kLean ? FAD_WS_LEAN_CONSUMER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
@@ -122,13 +138,13 @@ template <int kHeadDim, bool kNarrow = false> struct fwd_ws_cfg {
     static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocks, "shared memory for kMinBlocks CTAs an SM");
 };
 
-template <typename T, int kHeadDim, bool kNarrow, bool kDrop>
-__global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kNarrow>::kThreads, fwd_ws_cfg<kHeadDim, kNarrow>::kMinBlocks)
+template <typename T, int kHeadDim, ws_shape kShape, bool kDrop>
+__global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kShape>::kThreads, fwd_ws_cfg<kHeadDim, kShape>::kMinBlocks)
 fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 {
     const fwd_args &a = wa.a;
     pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
-    using C = fwd_ws_cfg<kHeadDim, kNarrow>;
+    using C = fwd_ws_cfg<kHeadDim, kShape>;
     constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages;
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
@@ -554,14 +570,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                          kDrop ? drop.rp : 1.f);
 }
 
-template <typename T, int kHeadDim, bool kNarrow>
+template <typename T, int kHeadDim, ws_shape kShape>
 static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    using C = fwd_ws_cfg<kHeadDim, kNarrow>;
+    using C = fwd_ws_cfg<kHeadDim, kShape>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
     void (*kernel)(fwd_ws_args) =
-        drop ? fwd_ws_kernel<T, kHeadDim, kNarrow, true> : fwd_ws_kernel<T, kHeadDim, kNarrow, false>;
+        drop ? fwd_ws_kernel<T, kHeadDim, kShape, true> : fwd_ws_kernel<T, kHeadDim, kShape, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -578,17 +594,21 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     return FAD_OK;
 }
 
-/* D128: the narrow variant where no row sees more than FAD_WS_NARROW_MAX_SK
- * keys (seqlen_k: the longest sequence's), where a CTA's prologue and
- * epilogue weigh against its few tiles. Each row gets the same bits from
- * either (the same consumer code on its 64 rows). */
+/* The shape by the longest sequence's keys (seqlen_k): D128's narrow variant
+ * up to FAD_WS_NARROW_MAX_SK, where a CTA's prologue and epilogue weigh
+ * against its few tiles; D64's lean variant below FAD_WS_D64_LEAN_MAX_SK
+ * (the launcher sends D64 here from FAD_WS_D64_MIN_SK). Each row gets the
+ * same bits from any shape (the same consumer code on its 64 rows). */
 template <typename T, int kHeadDim>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
         if (a.p.seqlen_k <= FAD_WS_NARROW_MAX_SK)
-            return launch_ws<T, kHeadDim, true>(a, stream, msg, msg_len);
-    return launch_ws<T, kHeadDim, false>(a, stream, msg, msg_len);
+            return launch_ws<T, kHeadDim, ws_narrow>(a, stream, msg, msg_len);
+    if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
+        if (a.p.seqlen_k < FAD_WS_D64_LEAN_MAX_SK)
+            return launch_ws<T, kHeadDim, ws_lean>(a, stream, msg, msg_len);
+    return launch_ws<T, kHeadDim, ws_main>(a, stream, msg, msg_len);
 }
 
 template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
