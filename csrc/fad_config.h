@@ -151,6 +151,29 @@
 #ifndef FAD_WS_D64_CONSUMER_REGS
 #define FAD_WS_D64_CONSUMER_REGS 160
 #endif
+/* FAD_WS_D256_CONSUMERS (1 or 2): consumer warpgroups at D256; two keep
+ * R's o in global memory (kRGlobal: a slot of FAD_WS_R_SLOT_FLOATS floats a
+ * consumer warp, 64 rows x 256 columns over 4 warps, from a pool of
+ * 4 x FAD_WS_D256_CONSUMERS x SMs slots in the call's workspace: 16.5 MB on
+ * 132 SMs), with setmaxnreg FAD_WS_D256_PRODUCER_REGS / _CONSUMER_REGS (one:
+ * 255 registers a thread, no setmaxnreg, R in shared memory). Two against
+ * one (H100, bf16, 512-16k keys): 1.09-1.26x non-causal, 1.03-1.19x causal
+ * (docs/log/2026-11-27_notebook.md, eleventh session). */
+#ifndef FAD_WS_D256_CONSUMERS
+#define FAD_WS_D256_CONSUMERS 2
+#endif
+#define FAD_WS_R_SLOT_FLOATS (16 * 256)
+/* FAD_WS_RG_BATCH: n8 blocks of R's o in global memory loaded ahead of their
+ * merges in a fold (kRGlobal). */
+#ifndef FAD_WS_RG_BATCH
+#define FAD_WS_RG_BATCH 4
+#endif
+#ifndef FAD_WS_D256_PRODUCER_REGS
+#define FAD_WS_D256_PRODUCER_REGS 24
+#endif
+#ifndef FAD_WS_D256_CONSUMER_REGS
+#define FAD_WS_D256_CONSUMER_REGS 240
+#endif
 #ifndef FAD_WS_LEAN_PRODUCER_REGS
 #define FAD_WS_LEAN_PRODUCER_REGS 24
 #endif

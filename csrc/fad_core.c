@@ -257,6 +257,18 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
         plan->ws_flag_offset = (plan->ws_ml_offset + ml_bytes + 255) / 256 * 256;
         plan->workspace_bytes = plan->ws_flag_offset + flag_bytes;
     }
+#if FAD_WS_D256_CONSUMERS > 1
+    /* Hopper's D256 prefill kernel keeps each consumer warp's merged result
+     * R in a slot of global memory, from a pool with one slot for every
+     * consumer warp that can be resident (one CTA an SM). Reserved wherever
+     * a GPU call could run that kernel (R is folded only by one-CTA plans). */
+    if (!plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192) {
+        plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
+        plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
+        plan->ws_r_flag_offset = plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
+        plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
+    }
+#endif
 }
 
 fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes, char *msg,

@@ -47,6 +47,9 @@ typedef struct fad_plan {
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
     size_t ws_flag_offset; /* bytes: int32 ready flags, one per split CTA [split][grid x] */
+    int r_slots;           /* R slots (D256 on Hopper: fwd_prefill_ws.cu's kRGlobal), 0: none */
+    size_t ws_r_offset;    /* bytes: fp32 R slots [r_slots][FAD_WS_R_SLOT_FLOATS] */
+    size_t ws_r_flag_offset; /* bytes: uint32 taken flags [r_slots] (zeroed by the launch) */
     size_t workspace_bytes;
 } fad_plan;
 

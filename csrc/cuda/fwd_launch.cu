@@ -142,6 +142,8 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_o = (float *)((char *)workspace + plan->ws_o_offset);
     a.ws_ml = (float *)((char *)workspace + plan->ws_ml_offset);
     a.ws_flag = plan->cta_per_split ? (int *)((char *)workspace + plan->ws_flag_offset) : nullptr;
+    a.ws_r = plan->r_slots ? (float *)((char *)workspace + plan->ws_r_offset) : nullptr;
+    a.ws_r_flag = plan->r_slots ? (unsigned *)((char *)workspace + plan->ws_r_flag_offset) : nullptr;
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

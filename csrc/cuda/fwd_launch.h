@@ -25,6 +25,10 @@ struct fwd_args {
      * launched early folds each split as soon as it is done
      * (FAD_COMBINE_POLL); nullptr: the combine waits for the whole grid. */
     int *ws_flag;
+    /* R slots (plan.r_slots of FAD_WS_R_SLOT_FLOATS floats) and their taken
+     * flags: fwd_prefill_ws.cu's kRGlobal; nullptr where the plan has none. */
+    float *ws_r;
+    unsigned *ws_r_flag;
 };
 
 /* The packed kernel's grid: x = (sequence b, kv head hk, block of

@@ -3,8 +3,8 @@
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
  * warpgroups (two at D128 -- one, two CTAs an SM, in the narrow variant for
  * short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
- * mid-length keys --, one at D256: see fwd_ws_cfg) compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
- * (fwd_prefill.cu).
+ * mid-length keys --, FAD_WS_D256_CONSUMERS at D256: see fwd_ws_cfg) compute. It
+ * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
@@ -68,10 +68,13 @@ struct fwd_ws_args {
 enum ws_shape { ws_main, ws_narrow, ws_lean };
 
 template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
-    /* D256 (kWide): one consumer, whose o (64 rows x 256 columns) takes 128
-     * registers a thread. R's o then lives in shared memory (64 KB), and so
-     * does Q (read by SS wgmmas); that leaves room for two stages, whose K and
-     * V halves are filled and released apart (kKVApart, below). */
+    /* D256 (kWide): a consumer's o (64 rows x 256 columns) takes 128
+     * registers a thread, so R's o is not in registers and Q is read by SS
+     * wgmmas from shared memory; two stages, whose K and V halves are filled
+     * and released apart (kKVApart, below). With one consumer R's o lives in
+     * shared memory (64 KB); with two (FAD_WS_D256_CONSUMERS, the default:
+     * one consumer left the tensor cores idle through every softmax, 47% busy)
+     * in global memory (kRGlobal), and setmaxnreg gives each 240. */
     static constexpr bool kWide = kHeadDim > 128;
     static constexpr int kBlockM = 64;                 /* rows per consumer warpgroup */
     static constexpr int kBlockN = 64;                 /* keys per tile: fwd_kernel's walk */
@@ -89,13 +92,21 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
      * SS reads of Q and R's shared-memory fold cost more than they bring. */
     static constexpr bool kLean = kShape == ws_lean;
     static_assert(!kLean || kHeadDim == 64, "the lean variant is budgeted for D64");
-    static constexpr int kConsumers = kNarrow ? 1 : kLean ? 4 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS : kWide ? 1 : 2; /* consumer warpgroups */
+    static constexpr int kConsumers = kNarrow ? 1 : kLean ? 4 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS
+                                      : kWide ? FAD_WS_D256_CONSUMERS : 2; /* consumer warpgroups */
     static constexpr int kMinBlocks = kNarrow ? 2 : 1; /* CTAs an SM (__launch_bounds__) */
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kStages = kWide ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
     static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide && !kLean; /* Q's A fragments held by the consumers */
-    static constexpr bool kRSmem = kWide || kLean;     /* R's o in shared memory, not in registers */
+    static constexpr bool kRSmem = kWide || kLean;     /* R's o not in registers: in shared memory or (kRGlobal) global */
+    /* kRGlobal (D256, two consumers): no room for R's 64 KB a consumer beside
+     * Q and two stages, so R's o lives in global memory (L2, written and read
+     * back once a split): each consumer warp takes a slot of the plan's pool
+     * at its first fold and gives it back after its last (below). */
+    static constexpr bool kRGlobal = kWide && kConsumers > 1;
+    static_assert(!kRGlobal || kBlockM * kHeadDim / 4 == FAD_WS_R_SLOT_FLOATS,
+                  "a warp's R fills one slot of the plan's pool (fad_make_plan)");
     /* kKVApart: a stage's K and V halves have barriers of their own. A
      * consumer releases K once S = Q K^T has retired, V once O += P V has:
      * with two stages K of tile i + 2 then loads during tile i + 1's softmax,
@@ -105,25 +116,27 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
      * the consumers fencing after each wait, measured 1.01-1.10x slower at
      * D256: their fence.proxy.async is a MEMBAR.ALL.CTA.) */
     static constexpr bool kKVApart = kWide;
-    /* (kWide: 256 threads may each hold 255 registers; no setmaxnreg) */
-    static constexpr bool kSetMaxNReg = !kWide;
+    /* (kWide with one consumer: 256 threads may each hold 255 registers; no setmaxnreg) */
+    static constexpr bool kSetMaxNReg = !kWide || kConsumers > 1;
     static constexpr int kProducerRegs = kNarrow ? FAD_WS_NARROW_PRODUCER_REGS
                                          : kLean ? FAD_WS_LEAN_PRODUCER_REGS
+                                         : kWide ? FAD_WS_D256_PRODUCER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
     static constexpr int kConsumerRegs = kNarrow ? FAD_WS_NARROW_CONSUMER_REGS
                                          : kLean ? FAD_WS_LEAN_CONSUMER_REGS
+                                         : kWide ? FAD_WS_D256_CONSUMER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
-    static constexpr size_t kRBytes = kRSmem ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
+    static constexpr size_t kRBytes = kRSmem && !kRGlobal ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
     static constexpr size_t kROffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
     static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
     static_assert((kHeadDim == 128 && kConsumers == 2) || (kNarrow && kConsumers == 1) || (kHeadDim == 64 && kConsumers >= 2) ||
-                      (kHeadDim == 256 && kConsumers == 1),
-                  "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one)");
+                      (kHeadDim == 256 && kConsumers <= 2),
+                  "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one or two)");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, kMinBlocks) sets to (65536 / kThreads /
      * kMinBlocks) per thread, rounded down to a multiple of 8 (168 for two
@@ -395,13 +408,51 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     float mR[2], lR[2], m_s[2], l_s[2];
     float oR[1][C::kRSmem ? 1 : kHeadDim / 8][4] = {}; /* R's o in registers: the empty state's */
     float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes); /* (kRSmem) */
+    /* kRGlobal: this warp's slot (r_lane: its lane's first value; until its
+     * first fold, a valid address that no fold reads, R being empty). The
+     * pool holds a slot for every consumer warp that can be resident at once
+     * (this kernel's shared memory keeps it to one CTA an SM), so a free one
+     * always exists and the scan, lane 0's compare-and-swaps, ends. It starts
+     * at the slot of this SM (%smid) and warp, which the CTA that ran here
+     * before gave back before it ended: one compare-and-swap as a rule.
+     * (Started by the CTA's index instead, with nearly every slot held, the
+     * scans took longer than the folds: 0.78-0.80x at L4k-16k.) */
+    int r_slot = -1;
+    float *r_lane = a.ws_r + lane;
+    auto take_slot = [&]() {
+        if (lane == 0) {
+            const unsigned n = (unsigned)a.plan.r_slots;
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            unsigned sl = (sm * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4)) % n;
+            while (atomicCAS(&a.ws_r_flag[sl], 0u, 1u) != 0u)
+                sl = sl + 1 == n ? 0u : sl + 1;
+            r_slot = (int)sl;
+        }
+        r_slot = __shfl_sync(0xffffffffu, r_slot, 0);
+        r_lane = a.ws_r + (size_t)r_slot * FAD_WS_R_SLOT_FLOATS + lane;
+    };
+    auto give_slot = [&]() { /* after the last fold's reads */
+        __syncwarp();
+        if (lane == 0 && r_slot >= 0) {
+            __threadfence(); /* (this warp's reads and writes of the slot before it is free) */
+            atomicExch(&a.ws_r_flag[r_slot], 0u);
+        }
+    };
     float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
 #pragma unroll
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
     auto fold = [&](bool to_R) {
-        if constexpr (C::kRSmem)
+        if constexpr (C::kRGlobal) {
+            if (to_R && r_slot < 0)
+                take_slot();
+            fold_split(acc, m_s, l_s, mR, lR, r_in_global<1, kHeadDim / 8, 32, FAD_WS_RG_BATCH>{r_lane}, have_R,
+                       to_R);
+            if (!to_R)
+                give_slot();
+        } else if constexpr (C::kRSmem)
             fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
         else
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
@@ -440,7 +491,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
             warp_arrive(&empty[r.stage], lane);
     };
     auto release = [&](ring_pos r) { warp_arrive(C::kKVApart ? &empty_v[r.stage] : &empty[r.stage], lane); };
-    auto skip = [&](ring_pos r) { wait_full(r), wait_v(r), release_k(r), release(r); };
+    /* (K released before V is waited for: a skipping consumer must hold K
+     * no longer than a walking one, whose K(i) goes once S(i) retires, since
+     * the producer announces a cp.async half only once it has issued the
+     * next, and K(i + 2)'s slot waits for K(i)'s release: holding K(i) until
+     * V(i) landed deadlocked at D256 with two consumers and cp.async.) */
+    auto skip = [&](ring_pos r) { wait_full(r), release_k(r), wait_v(r), release(r); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
     /* Q's copies arrive on q_full as they land (the producer does not wait
@@ -590,6 +646,12 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
     wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
+    if constexpr (C::kRGlobal)
+        if (!a.plan.cta_per_split) { /* the R slots' pool, all free */
+            if (!a.ws_r || a.plan.r_slots < C::kConsumers * 4)
+                return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no R slots in the plan at D256");
+            CUDA_TRY(cudaMemsetAsync(a.ws_r_flag, 0, (size_t)a.plan.r_slots * sizeof(unsigned), stream));
+        }
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(wa);
     return FAD_OK;
 }

@@ -365,14 +365,29 @@ template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
     int t; /* the thread's index among the kThreads that share sR */
     static constexpr bool kSmem = true;
+    static constexpr int kBatch = 1; /* (n8 blocks loaded ahead of their merges: fold_split) */
     __device__ __forceinline__ float &at(int mt, int nb, int e) const
     {
         return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
     }
 };
+/* R's o in global memory (kBatch n8 blocks loaded ahead of their merges):
+ * r_in_smem's layout, from the thread's own base pointer, so that every
+ * element is a constant offset from it (a 64-bit address per element, made
+ * ahead, spilled the loop). */
+template <int kMT, int kDB, int kThreads, int kBatch_> struct r_in_global {
+    float *base; /* the slot + the thread's index among the kThreads that share it */
+    static constexpr bool kSmem = true;
+    static constexpr int kBatch = kBatch_;
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const
+    {
+        return base[((mt * kDB + nb) * 4 + e) * kThreads];
+    }
+};
 template <int kMT, int kDB> struct r_in_regs {
     float (&o)[kMT][kDB][4];
     static constexpr bool kSmem = false;
+    static constexpr int kBatch = 1;
     __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
 };
 
@@ -414,26 +429,54 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
             scale_rows(R.o, wa);
         }
     }
+    constexpr int kB = RO::kBatch;
+    static_assert(kDB % kB == 0, "whole batches");
+    if constexpr (kB == 1) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; mt++)
+        for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
+            for (int nb = 0; nb < kDB; nb++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float &slot = R.at(mt, nb, e);
-                const fad_merge_w &we = w[2 * mt + e / 2];
-                const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
-                                          : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
-                if (to_R)
-                    slot = v;
-                else
-                    acc[mt][nb][e] = v;
+                for (int e = 0; e < 4; e++) {
+                    float &slot = R.at(mt, nb, e);
+                    const fad_merge_w &we = w[2 * mt + e / 2];
+                    const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
+                                              : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
+                    if (to_R)
+                        slot = v;
+                    else
+                        acc[mt][nb][e] = v;
+                }
+                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+                 * ahead of the FMAs (that many live registers spill the loop). */
+                if (RO::kSmem)
+                    __syncwarp();
             }
-            /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-             * ahead of the FMAs (that many live registers spill the loop). */
-            if (RO::kSmem)
-                __syncwarp();
-        }
+    } else { /* (R in memory: a batch's loads are issued before its merges) */
+        static_assert(RO::kSmem, "R in registers needs no batches");
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb0 = 0; nb0 < kDB; nb0 += kB) {
+                float rv[kB][4];
+#pragma unroll
+                for (int u = 0; u < kB; u++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        rv[u][e] = have_R ? R.at(mt, nb0 + u, e) : 0.f;
+#pragma unroll
+                for (int u = 0; u < kB; u++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float v = fad_merge_value(rv[u][e], acc[mt][nb0 + u][e], w[2 * mt + e / 2]);
+                        if (to_R)
+                            R.at(mt, nb0 + u, e) = v;
+                        else
+                            acc[mt][nb0 + u][e] = v;
+                    }
+                __syncwarp(); /* (as above: one batch's values live at a time) */
+            }
+    }
     have_R = true;
 }
 
