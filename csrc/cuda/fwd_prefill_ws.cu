@@ -448,7 +448,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         if constexpr (C::kRGlobal) {
             if (to_R && r_slot < 0)
                 take_slot();
-            fold_split(acc, m_s, l_s, mR, lR, r_in_global<1, kHeadDim / 8, 32, FAD_WS_RG_BATCH>{r_lane}, have_R,
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 32, FAD_WS_RG_BATCH>{r_lane, 0}, have_R,
                        to_R);
             if (!to_R)
                 give_slot();

@@ -359,29 +359,24 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 
 /* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
  * element of the thread). In shared memory: thread-private slots, slot-major
- * so that a warp's accesses hit 32 banks. In registers (the sm_90a prefill
- * variant at D128): no shared-memory round trip per split. */
-template <int kMT, int kDB, int kThreads> struct r_in_smem {
+ * so that a warp's accesses hit 32 banks; r_in_smem also serves R in global
+ * memory (the sm_90a D256 kernel's per-warp slots: a warp's accesses are
+ * then one 128-byte line). In registers (the sm_90a prefill variant at
+ * D128): no shared-memory round trip per split. */
+template <int kMT, int kDB, int kThreads, int kBatch_ = 1> struct r_in_smem {
     float *sR;
     int t; /* the thread's index among the kThreads that share sR */
     static constexpr bool kSmem = true;
-    static constexpr int kBatch = 1; /* (n8 blocks loaded ahead of their merges: fold_split) */
-    __device__ __forceinline__ float &at(int mt, int nb, int e) const
-    {
-        return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
-    }
-};
-/* R's o in global memory (kBatch n8 blocks loaded ahead of their merges):
- * r_in_smem's layout, from the thread's own base pointer, so that every
- * element is a constant offset from it (a 64-bit address per element, made
- * ahead, spilled the loop). */
-template <int kMT, int kDB, int kThreads, int kBatch_> struct r_in_global {
-    float *base; /* the slot + the thread's index among the kThreads that share it */
-    static constexpr bool kSmem = true;
+    /* n8 blocks fold_split loads ahead of their merges: 1 in shared memory;
+     * more where sR is global memory (the D256 kernel's slots), whose round
+     * trip is longer. There sR is the thread's own base and t = 0, so that
+     * every element is a constant offset from it (an index with the thread
+     * in it made ptxas build a 64-bit address per element ahead of the loop
+     * and spill). */
     static constexpr int kBatch = kBatch_;
     __device__ __forceinline__ float &at(int mt, int nb, int e) const
     {
-        return base[((mt * kDB + nb) * 4 + e) * kThreads];
+        return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
     }
 };
 template <int kMT, int kDB> struct r_in_regs {
