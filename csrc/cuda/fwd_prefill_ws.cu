@@ -62,7 +62,7 @@ struct fwd_ws_args {
 };
 
 /* The kernel's shapes: ws_main (two consumers at D128, FAD_WS_D64_CONSUMERS
- * at D64, one at D256), ws_narrow (D128, short keys) and ws_lean (D64,
+ * at D64, FAD_WS_D256_CONSUMERS at D256), ws_narrow (D128, short keys) and ws_lean (D64,
  * mid-length keys), chosen by launch_prefill_ws; every shape runs the same
  * consumer code on its 64-row blocks, so each row gets the same bits. */
 enum ws_shape { ws_main, ws_narrow, ws_lean };
@@ -424,6 +424,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
             const unsigned n = (unsigned)a.plan.r_slots;
             unsigned sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            /* (consumer warps are 4 .. 4 kConsumers + 3, after the producer's
+             * 4; fad_make_plan's 4 x FAD_WS_D256_CONSUMERS slots an SM) */
             unsigned sl = (sm * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4)) % n;
             while (atomicCAS(&a.ws_r_flag[sl], 0u, 1u) != 0u)
                 sl = sl + 1 == n ? 0u : sl + 1;

@@ -447,7 +447,9 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
                 if (RO::kSmem)
                     __syncwarp();
             }
-    } else { /* (R in memory: a batch's loads are issued before its merges) */
+    } else { /* (R in global memory: a batch's loads are issued before its
+              * merges. Kept apart from the loop above, whose kernels this
+              * form gave other register allocations than the ones measured.) */
         static_assert(RO::kSmem, "R in registers needs no batches");
 #pragma unroll
         for (int mt = 0; mt < kMT; mt++)
