@@ -168,6 +168,26 @@
 #ifndef FAD_WS_RG_BATCH
 #define FAD_WS_RG_BATCH 4
 #endif
+/* FAD_WS_D256_LONG_MIN_SK (two consumers): from this many keys (seqlen_k) the
+ * D256 kernel's long variant, which keeps the first FAD_WS_RG_SMEM_NB n8
+ * blocks of each consumer warp's R (of 32: 64 rows x 256 columns over 4
+ * warps) in the shared memory its ring and Q leave free (4 KB a warp at 8,
+ * 32 KB a CTA) and the rest in its slot: a quarter fewer bytes through L2 at
+ * each fold, which both consumers run at a split's end while the tensor
+ * cores idle. Its fold loads FAD_WS_RG_LONG_BATCH n8 blocks ahead. Against
+ * R wholly in its slot (H100, bf16): 1.01-1.09x at 2k-8k keys and 1.10-1.17x
+ * at 16k, but 0.92-0.98x at 512-1k, where a row folds at most once and the
+ * larger shared memory only costs (docs/log/2026-11-27_notebook.md, twelfth
+ * session). */
+#ifndef FAD_WS_D256_LONG_MIN_SK
+#define FAD_WS_D256_LONG_MIN_SK 2048
+#endif
+#ifndef FAD_WS_RG_SMEM_NB
+#define FAD_WS_RG_SMEM_NB 8
+#endif
+#ifndef FAD_WS_RG_LONG_BATCH
+#define FAD_WS_RG_LONG_BATCH 8
+#endif
 #ifndef FAD_WS_D256_PRODUCER_REGS
 #define FAD_WS_D256_PRODUCER_REGS 24
 #endif

@@ -257,34 +257,48 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
         plan->ws_flag_offset = (plan->ws_ml_offset + ml_bytes + 255) / 256 * 256;
         plan->workspace_bytes = plan->ws_flag_offset + flag_bytes;
     }
+}
+
+/* A GPU call's plan: fad_make_plan on the current device, plus the pool of R
+ * slots of Hopper's D256 prefill kernel, which keeps each consumer warp's
+ * merged result R in a slot of global memory (one slot for every consumer
+ * warp that can be resident: one CTA an SM). Only where that kernel can run
+ * and folds (fwd_launch.cu's kWs256: wgmma on, no softcap, ALiBi or pages;
+ * a one-CTA plan). The workspace query and the call both plan here, so they
+ * agree. */
+static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *msg, size_t msg_len)
+{
+    int num_sms = 0, wgmma = 0;
+    fad_status st = fad_cuda_num_sms(&num_sms, msg, msg_len);
+    if (st == FAD_OK)
+        st = fad_use_wgmma(&wgmma, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    fad_make_plan(p, num_sms, plan);
 #if FAD_WS_D256_CONSUMERS > 1
-    /* Hopper's D256 prefill kernel keeps each consumer warp's merged result
-     * R in a slot of global memory, from a pool with one slot for every
-     * consumer warp that can be resident (one CTA an SM). Reserved wherever
-     * a GPU call could run that kernel (R is folded only by one-CTA plans). */
-    if (!plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192) {
+    if (wgmma && !plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192 &&
+        !(p->softcap > 0.f) && !p->alibi_slopes && !p->block_table) {
         plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
         plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
         plan->ws_r_flag_offset = plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
         plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
     }
 #endif
+    return FAD_OK;
 }
 
 fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes, char *msg,
                                   size_t msg_len)
 {
-    int num_sms = 0;
     fad_plan plan;
     fad_status st = fad_fwd_check(p, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (!bytes)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "bytes: NULL");
-    st = fad_cuda_num_sms(&num_sms, msg, msg_len);
+    st = make_gpu_plan(p, &plan, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    fad_make_plan(p, num_sms, &plan);
     *bytes = plan.workspace_bytes;
     return FAD_OK;
 }
@@ -340,15 +354,13 @@ fad_status fad_fwd_check_call(const fad_fwd_params *p, int on_gpu, char *msg, si
 fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspace_bytes,
                         struct CUstream_st *stream, char *msg, size_t msg_len)
 {
-    int num_sms = 0;
     fad_plan plan;
     fad_status st = fad_fwd_check_call(p, 1, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    st = fad_cuda_num_sms(&num_sms, msg, msg_len);
+    st = make_gpu_plan(p, &plan, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    fad_make_plan(p, num_sms, &plan);
     if (plan.workspace_bytes && (!workspace || workspace_bytes < plan.workspace_bytes))
         return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,
                         "workspace: needs %zu bytes, got %zu (ask fad_fwd_workspace_size)",

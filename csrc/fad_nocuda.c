@@ -38,6 +38,13 @@ fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *strea
 
 int fad_has_cuda(void) { return 0; }
 
+fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    *use = 0;
+    return FAD_OK;
+}
+
 fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len)
 {
     (void)p;

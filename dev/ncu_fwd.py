@@ -7,12 +7,14 @@
 deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (flash_attn_det).
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
 `python3 dev/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
-fast mode on one non-causal prefill shape (where the two modes' costs differ);
+fast mode on one non-causal prefill shape (where the two modes' costs differ), and with PEER=cudnn
+SDPA cuDNN on it too;
 `python3 dev/ncu_fwd.py decode [B L]` only the decode call (B1 L8k by default), in
 deterministic and fast mode, beside SDPA cuDNN's on the same cache;
 `python3 dev/ncu_fwd.py dropout D L B H` one forward + backward at dropout_p 0 and at 0.1
 (deterministic mode, non-causal), to see where dropout's cost goes in each kernel.
 """
+import os
 import sys
 
 import torch
@@ -40,6 +42,10 @@ def det_vs_fast(D, L, B, H):
         fad.set_deterministic_mode(det)
         profiled(f"prefill D{D} L{L} B{B} H{H} {'det' if det else 'fast'}",
                  lambda: fad.flash_attn_func(q, k, v))
+    if os.environ.get("PEER") == "cudnn":  # SDPA cuDNN on the same shape, in its own (B, H, L, D) layout
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            profiled(f"prefill D{D} L{L} B{B} H{H} sdpa cudnn", lambda: F.scaled_dot_product_attention(qt, kt, vt))
 
 
 def dropout(D, L, B, H):

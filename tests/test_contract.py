@@ -256,9 +256,10 @@ _VARIANT_CASES = [
     dict(D=64, Sq=700, Sk=3000, causal=False, dtype="bfloat16", dropout_p=0.1),
     dict(D=128, Sq=900, Sk=2500, causal=True, dtype="float16", dropout_p=0.17, window_size=(300, 40)),
     dict(D=96, Sq=513, Sk=2100, causal=False, dtype="bfloat16", dropout_p=0.3),
-    # D256 (193 .. 256): the warp-specialized kernel with one consumer, R's o and Q in shared
-    # memory, K and V halves released apart; padded head dims, windows, rows with no key, a
-    # ramp (rescales), dropout
+    # D256 (193 .. 256): the warp-specialized kernel with two consumers, R's o in global memory
+    # (from FAD_WS_D256_LONG_MIN_SK keys, 2048, a quarter of it in shared memory) and Q in
+    # shared memory, K and V halves released apart; padded head dims, windows, rows with no
+    # key, a ramp (rescales), dropout
     dict(D=256, Sq=700, Sk=3000, causal=False, dtype="bfloat16"),
     dict(D=256, Sq=900, Sk=2500, causal=True, dtype="float16", window_size=(300, 40)),
     dict(D=200, Sq=600, Sk=200, causal=True, dtype="bfloat16"),

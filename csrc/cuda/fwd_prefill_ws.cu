@@ -3,7 +3,8 @@
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
  * warpgroups (two at D128 -- one, two CTAs an SM, in the narrow variant for
  * short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
- * mid-length keys --, FAD_WS_D256_CONSUMERS at D256: see fwd_ws_cfg) compute. It
+ * mid-length keys --, FAD_WS_D256_CONSUMERS at D256 -- part of R in shared
+ * memory in the long variant for long keys --: see fwd_ws_cfg) compute. It
  * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill.cu).
  *
  * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
@@ -62,10 +63,10 @@ struct fwd_ws_args {
 };
 
 /* The kernel's shapes: ws_main (two consumers at D128, FAD_WS_D64_CONSUMERS
- * at D64, FAD_WS_D256_CONSUMERS at D256), ws_narrow (D128, short keys) and ws_lean (D64,
- * mid-length keys), chosen by launch_prefill_ws; every shape runs the same
+ * at D64, FAD_WS_D256_CONSUMERS at D256), ws_narrow (D128, short keys), ws_lean (D64,
+ * mid-length keys) and ws_long (D256, long keys), chosen by launch_prefill_ws; every shape runs the same
  * consumer code on its 64-row blocks, so each row gets the same bits. */
-enum ws_shape { ws_main, ws_narrow, ws_lean };
+enum ws_shape { ws_main, ws_narrow, ws_lean, ws_long };
 
 template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     /* D256 (kWide): a consumer's o (64 rows x 256 columns) takes 128
@@ -103,10 +104,18 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     /* kRGlobal (D256, two consumers): no room for R's 64 KB a consumer beside
      * Q and two stages, so R's o lives in global memory (L2, written and read
      * back once a split): each consumer warp takes a slot of the plan's pool
-     * at its first fold and gives it back after its last (below). */
+     * at its first fold and gives it back after its last (below). kLong
+     * (FAD_WS_D256_LONG_MIN_SK): the shared memory left over holds a quarter
+     * of it (kRSmemNB n8 blocks a warp), so the fold, which both consumers
+     * run at a split's end while the tensor cores idle, waits on L2 for the
+     * rest only; its slot's last quarter goes unused. */
+    static constexpr bool kLong = kShape == ws_long;
+    static_assert(!kLong || kHeadDim == 256, "the long variant is D256's");
     static constexpr bool kRGlobal = kWide && kConsumers > 1;
+    static constexpr int kRSmemNB = kRGlobal && kLong ? FAD_WS_RG_SMEM_NB : 0; /* R's n8 blocks in shared memory */
+    static constexpr int kRBatch = kLong ? FAD_WS_RG_LONG_BATCH : FAD_WS_RG_BATCH; /* (kRGlobal) fold_split's */
     static_assert(!kRGlobal || kBlockM * kHeadDim / 4 == FAD_WS_R_SLOT_FLOATS,
-                  "a warp's R fills one slot of the plan's pool (fad_make_plan)");
+                  "a warp's R fits one slot of the plan's pool (fad_make_plan)");
     /* kKVApart: a stage's K and V halves have barriers of their own. A
      * consumer releases K once S = Q K^T has retired, V once O += P V has:
      * with two stages K of tile i + 2 then loads during tile i + 1's softmax,
@@ -128,7 +137,9 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
                                          : kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
     static constexpr size_t kTileBytes = (size_t)kBlockN * kHeadDim * 2; /* one K or V tile */
     static constexpr size_t kQBytes = (size_t)kBlockM * kHeadDim * 2;    /* one consumer's Q */
-    static constexpr size_t kRBytes = kRSmem && !kRGlobal ? (size_t)kBlockM * kHeadDim * 4 : 0; /* one consumer's R */
+    /* one consumer's R (kRGlobal: its shared part) */
+    static constexpr size_t kRBytes = kRGlobal ? (size_t)kBlockM * kRSmemNB * 8 * 4
+                                      : kRSmem ? (size_t)kBlockM * kHeadDim * 4 : 0;
     static constexpr size_t kROffset = kConsumers * kQBytes + kStages * 2 * kTileBytes;
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
@@ -408,6 +419,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     float mR[2], lR[2], m_s[2], l_s[2];
     float oR[1][C::kRSmem ? 1 : kHeadDim / 8][4] = {}; /* R's o in registers: the empty state's */
     float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes); /* (kRSmem) */
+    /* (kRGlobal) this lane's first value in its warp's shared part */
+    float *sR_lane = sR + (warp % 4) * (C::kRBytes / 4 / sizeof(float)) + lane;
     /* kRGlobal: this warp's slot (r_lane: its lane's first value; until its
      * first fold, a valid address that no fold reads, R being empty). The
      * pool holds a slot for every consumer warp that can be resident at once
@@ -450,7 +463,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         if constexpr (C::kRGlobal) {
             if (to_R && r_slot < 0)
                 take_slot();
-            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 32, FAD_WS_RG_BATCH>{r_lane, 0}, have_R,
+            fold_split(acc, m_s, l_s, mR, lR,
+                       r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane}, have_R,
                        to_R);
             if (!to_R)
                 give_slot();
@@ -661,8 +675,10 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
 /* The shape by the longest sequence's keys (seqlen_k): D128's narrow variant
  * up to FAD_WS_NARROW_MAX_SK, where a CTA's prologue and epilogue weigh
  * against its few tiles; D64's lean variant below FAD_WS_D64_LEAN_MAX_SK
- * (the launcher sends D64 here from FAD_WS_D64_MIN_SK). Each row gets the
- * same bits from any shape (the same consumer code on its 64 rows). */
+ * (the launcher sends D64 here from FAD_WS_D64_MIN_SK); D256's long variant
+ * from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each row gets the
+ * same bits from any shape (the same consumer code on its 64 rows, and the
+ * same operations on R wherever it lives). */
 template <typename T, int kHeadDim>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
@@ -672,6 +688,9 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
     if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
         if (a.p.seqlen_k < FAD_WS_D64_LEAN_MAX_SK)
             return launch_ws<T, kHeadDim, ws_lean>(a, stream, msg, msg_len);
+    if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0)
+        if (a.p.seqlen_k >= FAD_WS_D256_LONG_MIN_SK)
+            return launch_ws<T, kHeadDim, ws_long>(a, stream, msg, msg_len);
     return launch_ws<T, kHeadDim, ws_main>(a, stream, msg, msg_len);
 }
 

@@ -359,24 +359,34 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 
 /* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
  * element of the thread). In shared memory: thread-private slots, slot-major
- * so that a warp's accesses hit 32 banks; r_in_smem also serves R in global
- * memory (the sm_90a D256 kernel's per-warp slots: a warp's accesses are
- * then one 128-byte line). In registers (the sm_90a prefill variant at
- * D128): no shared-memory round trip per split. */
-template <int kMT, int kDB, int kThreads, int kBatch_ = 1> struct r_in_smem {
+ * so that a warp's accesses hit 32 banks. In shared and global memory
+ * (r_in_smem_global: the sm_90a D256 kernel's, a warp's first kSN n8 blocks
+ * in shared memory and the rest in its global slot, where a warp's accesses
+ * are one 128-byte line). In registers (the sm_90a prefill variant at D128):
+ * no shared-memory round trip per split. */
+template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
     int t; /* the thread's index among the kThreads that share sR */
     static constexpr bool kSmem = true;
-    /* n8 blocks fold_split loads ahead of their merges: 1 in shared memory;
-     * more where sR is global memory (the D256 kernel's slots), whose round
-     * trip is longer. There sR is the thread's own base and t = 0, so that
-     * every element is a constant offset from it (an index with the thread
-     * in it made ptxas build a 64-bit address per element ahead of the loop
-     * and spill). */
-    static constexpr int kBatch = kBatch_;
+    static constexpr int kBatch = 1; /* (n8 blocks fold_split loads ahead of their merges) */
     __device__ __forceinline__ float &at(int mt, int nb, int e) const
     {
         return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
+    }
+};
+/* kBatch n8 blocks loaded ahead of their merges: global memory's round trip
+ * is long. sR and gR are the lane's own bases, so that every element is a
+ * constant offset from one (an index with the thread in it made ptxas build a
+ * 64-bit address per element ahead of the loop and spill). */
+template <int kMT, int kDB, int kSN, int kBatch_> struct r_in_smem_global {
+    float *sR, *gR; /* this lane's bases: n8 blocks [0, kSN) in shared memory, [kSN, kDB) global */
+    static constexpr bool kSmem = true;
+    /* (fold_split's batches of loads, each wholly in one of the two parts) */
+    static constexpr int kBatch = kBatch_;
+    static_assert(kSN % kBatch == 0 && kSN <= kDB, "batches inside a part");
+    __device__ __forceinline__ float &at(int mt, int nb, int e) const
+    {
+        return nb < kSN ? sR[((mt * kSN + nb) * 4 + e) * 32] : gR[((mt * (kDB - kSN) + nb - kSN) * 4 + e) * 32];
     }
 };
 template <int kMT, int kDB> struct r_in_regs {
