@@ -36,45 +36,76 @@
 #include "bwd_block.cuh"
 
 /* ------------------------------------------------------------------------ */
-/* D_i = dout_i . out_i: one warp per row, a fixed-order reduction             */
+/* D_i = dout_i . out_i: a fixed-order reduction per row                        */
 /* ------------------------------------------------------------------------ */
 
-template <typename T>
-__global__ void __launch_bounds__(128) dsum_kernel(const __grid_constant__ bwd_args a)
+/* The CTA's rows: kDsumRows consecutive query rows of one (sequence, head). */
+constexpr int kDsumRows = 64, kDsumWarps = 8;
+
+/* Row i's sum is taken by a group of kL lanes, lane l of it holding the 16-byte
+ * chunk of 8 elements at column 8 l (kL: the head dim's chunks rounded up to a
+ * power of two; none where 8 l >= D), so a warp sums 32 / kL rows at once and
+ * a CTA kDsumRows, its loads issued before any sum. The order: each lane's FMA
+ * chain over its chunk, then, with kL < 32, a + 0 (the first steps of a
+ * 32-lane xor tree whose other lanes hold +0: the kernel's bits before it
+ * took one warp per row; only -0 changes), then the xor tree over the group. */
+template <typename T, int kL>
+__global__ void __launch_bounds__(kDsumWarps * 32) dsum_kernel(const __grid_constant__ bwd_args a)
 {
+    constexpr int kGroups = kDsumWarps * 32 / kL;   /* rows a pass */
+    constexpr int kPasses = kDsumRows / kGroups;
     const fad_fwd_params &p = a.p;
     const int lane = threadIdx.x % 32, D = p.head_dim;
-    const int q_blocks = (p.seqlen_q + 3) / 4; /* blocks of 4 rows per (batch, head) */
+    const int q_blocks = (p.seqlen_q + kDsumRows - 1) / kDsumRows;
     const int bh = blockIdx.x / q_blocks, b = bh / p.num_heads, h = bh % p.num_heads;
-    const int i = (blockIdx.x % q_blocks) * 4 + threadIdx.x / 32;
     const fad_seq seq = fad_get_seq(&p, b);
-    if (i >= seq.len_q)
-        return;
-    const int64_t at = seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
+    const int i0 = (blockIdx.x % q_blocks) * kDsumRows + threadIdx.x / kL, c = (lane % kL) * 8;
+    const int64_t at = seq.o_off + h * p.out_head_stride + c;
     const T *o = (const T *)p.out + at, *g = (const T *)a.dout + at;
-    float s = 0.f;
-    for (int c = lane * 8; c < D; c += 256) { /* 16-byte chunks, 8 elements each */
-        const uint4 ov = *reinterpret_cast<const uint4 *>(o + c);
-        const uint4 gv = *reinterpret_cast<const uint4 *>(g + c);
-        const T *oe = reinterpret_cast<const T *>(&ov), *ge = reinterpret_cast<const T *>(&gv);
+    uint4 ov[kPasses], gv[kPasses];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            s = FAD_FMA((float)oe[e], (float)ge[e], s);
+    for (int k = 0; k < kPasses; k++) {
+        const int i = i0 + k * kGroups;
+        if (i < seq.len_q && c < D) {
+            ov[k] = *reinterpret_cast<const uint4 *>(o + (int64_t)i * p.out_row_stride);
+            gv[k] = *reinterpret_cast<const uint4 *>(g + (int64_t)i * p.out_row_stride);
+        } else {
+            ov[k] = gv[k] = make_uint4(0u, 0u, 0u, 0u); /* (+0: the sum a lane without a chunk holds) */
+        }
     }
+    float *dsum = a.dsum + seq.row0 + h * fad_lse_head_stride(&p);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-        s = FAD_ADD(s, __shfl_xor_sync(0xffffffffu, s, off));
-    if (lane == 0)
-        a.dsum[seq.row0 + h * fad_lse_head_stride(&p) + i] = s;
+    for (int k = 0; k < kPasses; k++) {
+        const T *oe = reinterpret_cast<const T *>(&ov[k]), *ge = reinterpret_cast<const T *>(&gv[k]);
+        float s = 0.f;
+        if (c < D)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                s = FAD_FMA((float)oe[e], (float)ge[e], s);
+        if (kL < 32)
+            s = FAD_ADD(s, 0.f);
+#pragma unroll
+        for (int off = kL / 2; off > 0; off /= 2)
+            s = FAD_ADD(s, __shfl_xor_sync(0xffffffffu, s, off));
+        const int i = i0 + k * kGroups;
+        if (lane % kL == 0 && i < seq.len_q)
+            dsum[i] = s;
+    }
 }
 
 template <typename T>
-fad_status launch_dsum(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
+fad_status launch_dsum(const bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    dsum_kernel<T><<<(unsigned)ctas, 128, 0, stream>>>(a);
+    const fad_fwd_params &p = a.p;
+    const int64_t ctas = (int64_t)(p.seqlen_q + kDsumRows - 1) / kDsumRows * p.batch * p.num_heads;
+    if (ctas == 0)
+        return FAD_OK;
+    void (*kernel)(bwd_args) = p.head_dim <= 64 ? dsum_kernel<T, 8> : p.head_dim <= 128 ? dsum_kernel<T, 16>
+                                                                                          : dsum_kernel<T, 32>;
+    kernel<<<(unsigned)ctas, kDsumWarps * 32, 0, stream>>>(a);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }
 
-template fad_status launch_dsum<__half>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
-template fad_status launch_dsum<__nv_bfloat16>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+template fad_status launch_dsum<__half>(const bwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_dsum<__nv_bfloat16>(const bwd_args &, cudaStream_t, char *, size_t);

@@ -56,8 +56,7 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     }
     if (st != FAD_OK)
         return st;
-    const int64_t rows4 = (int64_t)(p.seqlen_q + 3) / 4 * p.batch * p.num_heads;
-    st = launch_dsum<T>(a, rows4, stream, msg, msg_len);
+    st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (wgmma)

@@ -32,9 +32,10 @@ struct bwd_args {
 #define FAD_BWD_VARIANTS(X) FAD_BWD_VARIANTS_T(X, __half) FAD_BWD_VARIANTS_T(X, __nv_bfloat16)
 #define FAD_BWD_WGMMA_VARIANTS(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
 
-/* Each launches its kernel on a grid of `ctas` CTAs (a.n_blocks, a.m_blocks set). */
+/* launch_dsum sizes its own grid (kDsumRows rows a CTA, bwd_dsum.cu); the others
+ * launch their kernel on a grid of `ctas` CTAs (a.n_blocks, a.m_blocks set). */
 template <typename T>
-fad_status launch_dsum(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+fad_status launch_dsum(const bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 template <typename T, int kHeadDim, bool kMod>
