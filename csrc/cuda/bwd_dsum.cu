@@ -43,8 +43,8 @@
 constexpr int kDsumRows = 64, kDsumWarps = 8;
 
 /* Row i's sum is taken by a group of kL lanes, lane l of it holding the 16-byte
- * chunk of 8 elements at column 8 l (kL: the head dim's chunks rounded up to a
- * power of two; none where 8 l >= D), so a warp sums 32 / kL rows at once and
+ * chunk of 8 elements at column 8 l (kL: 8, 16 or 32, the first that covers the
+ * head dim's chunks; none where 8 l >= D), so a warp sums 32 / kL rows at once and
  * a CTA kDsumRows, its loads issued before any sum. The order: each lane's FMA
  * chain over its chunk, then, with kL < 32, a + 0 (the first steps of a
  * 32-lane xor tree whose other lanes hold +0: the kernel's bits before it
