@@ -270,21 +270,26 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
 {
     int num_sms = 0, wgmma = 0;
     fad_status st = fad_cuda_num_sms(&num_sms, msg, msg_len);
-    if (st == FAD_OK)
-        st = fad_use_wgmma(&wgmma, msg, msg_len);
     if (st != FAD_OK)
         return st;
     fad_make_plan(p, num_sms, plan);
 #if FAD_WS_D256_CONSUMERS > 1
-    if (wgmma && !plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192 &&
-        !(p->softcap > 0.f) && !p->alibi_slopes && !p->block_table) {
-        plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
-        plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
-        plan->ws_r_flag_offset = plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
-        plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
+    /* (the device is asked last, so that other calls, decode's among them, skip it) */
+    if (!plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192 && !(p->softcap > 0.f) &&
+        !p->alibi_slopes && !p->block_table) {
+        st = fad_use_wgmma(&wgmma, msg, msg_len);
+        if (st == FAD_OK && wgmma) {
+            plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
+            plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
+            plan->ws_r_flag_offset =
+                plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
+            plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
+        }
     }
+#else
+    (void)wgmma;
 #endif
-    return FAD_OK;
+    return st;
 }
 
 fad_status fad_fwd_workspace_size(const fad_fwd_params *p, size_t *bytes, char *msg,
