@@ -73,8 +73,9 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
          * spills around in-flight wgmma are the suspect in the D64 failure
          * (docs/design.md, "wgmma-limits"). */
         constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
-        /* D256 has the warp-specialized kernel only (one consumer warpgroup;
-         * fwd_kernel's wgmma variant is for D 64 and 128) */
+        /* D256 has the warp-specialized kernel only (fwd_kernel's wgmma
+         * variant is for D 64 and 128); fad_core.c's make_gpu_plan reserves
+         * its R pool under the same condition */
         constexpr bool kWs256 = kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
         int wgmma = 0;
         fad_status st = kHasWgmma || kWs256 ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
