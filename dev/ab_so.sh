@@ -6,13 +6,19 @@
 # SDPA flash beside), or bench_decode (BENCH=decode: fad_det and SDPA cuDNN, graph and eager us,
 # ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16), N turns (default 2), ${FILTER} as
 # bench_fwd's --filter, ${PRESET} its preset (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
-# that order each turn (default "base new").
+# that order in odd turns and in reverse in even ones (default "base new"; in the twelfth session one
+# pair of backward builds read 0.95-1.00x at D128 8k-16k taken in one order, 0.97-1.06x in the other).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}/run
 mkdir -p "$out"
+builds=(${BUILDS:-base new})
 for turn in $(seq 1 "${1:-2}"); do
-    for b in ${BUILDS:-base new}; do
+    # (even turns take the builds in reverse order, so that a drift within a turn -- clocks,
+    # temperature -- does not always fall on the same build)
+    order=("${builds[@]}")
+    [ $((turn % 2)) -eq 0 ] && order=($(printf '%s\n' "${builds[@]}" | tac))
+    for b in "${order[@]}"; do
         cp "dev/abi/_C_$b.abi3.so" flash_attn_det/_C.abi3.so
         if [ "${BENCH:-fwd}" = decode ]; then
             python3 benchmarks/bench_decode.py --lens "${LENS:-8192,32768,131072}" \
@@ -32,7 +38,6 @@ for turn in $(seq 1 "${1:-2}"); do
         fi
     done
 done
-last=(${BUILDS:-base new})
-cp "dev/abi/_C_${last[-1]}.abi3.so" flash_attn_det/_C.abi3.so
+cp "dev/abi/_C_${builds[-1]}.abi3.so" flash_attn_det/_C.abi3.so
 rm -f "$out"/ab_*.jsonl "$out"/decode_ab_*.jsonl
 for f in "$out"/ab_*_*.md; do echo "== $f"; grep -E '^\| (bf16|fp16|[0-9]|B[0-9]|L[0-9])' "$f" | cut -c1-110; done
