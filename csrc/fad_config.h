@@ -132,7 +132,9 @@
  * producers: 1.02-1.14x at L512, 0.90-1.00x at L1k-2k, 0.84-0.93x at
  * L4k-16k, where each K/V tile feeding half the rows costs more than the
  * overlap gains (eighth session); with TMA producers 1.05-1.07x at L1k and
- * 0.98-1.05x at L2k (docs/log/2026-11-26_notebook.md, ninth session). */
+ * 0.98-1.05x at L2k (docs/log/2026-11-26_notebook.md, ninth session), and at
+ * 2048-4096 keys (MHA, GQA) within the spread, 0.94-1.07x (thirteenth
+ * session: benchmarks/results/2026-11-27_h100_ab_fwd_narrow_more_shapes.md). */
 #ifndef FAD_WS_NARROW_MAX_SK
 #define FAD_WS_NARROW_MAX_SK 1024
 #endif
