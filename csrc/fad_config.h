@@ -297,8 +297,10 @@
 #ifndef FAD_BWD_WG_DKDV_WGS
 #define FAD_BWD_WG_DKDV_WGS 2
 #endif
+/* (D64: two since the dQ kernel got its producer there, thirteenth session;
+ * before, without one, two measured 3-5% slower: docs/log/2026-11-22_notebook.md) */
 #ifndef FAD_BWD_WG_DQ_WGS_D64
-#define FAD_BWD_WG_DQ_WGS_D64 1
+#define FAD_BWD_WG_DQ_WGS_D64 2
 #endif
 #ifndef FAD_BWD_WG_DQ_WGS_D128
 #define FAD_BWD_WG_DQ_WGS_D128 2
@@ -320,10 +322,13 @@
 #endif
 /* FAD_BWD_WG_DQ_WS_MIN_D: the same for the wgmma dQ kernel (its ring: its
  * kDqStages) at head dims from this one. At D128 (two math warpgroups) the
- * backward measured 1.04-1.12x with it, at D64 (one) 0.88-0.95x
- * (benchmarks/results/2026-11-26_h100_ab_bwd_dq_ws.md). */
+ * backward measured 1.04-1.12x with it, at D64 with one 0.88-0.95x
+ * (benchmarks/results/2026-11-26_h100_ab_bwd_dq_ws.md); at D64 with two
+ * (FAD_BWD_WG_DQ_WGS_D64 = 2) the dQ kernel took 8-19% less time and the
+ * backward measured 1.02-1.15x (thirteenth session:
+ * benchmarks/results/2026-11-27_h100_ab_bwd_dq_d64_ws2.md). */
 #ifndef FAD_BWD_WG_DQ_WS_MIN_D
-#define FAD_BWD_WG_DQ_WS_MIN_D 128
+#define FAD_BWD_WG_DQ_WS_MIN_D 64
 #endif
 #ifndef FAD_BWD_WG_DKDV_WS_STAGES
 #define FAD_BWD_WG_DKDV_WS_STAGES 2

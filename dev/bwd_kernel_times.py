@@ -6,11 +6,16 @@ harness's 32k-token shapes (D128 H16 and D64 H32, L 2k and 8k, causal and not):
 Prints one line per config (TAG, config, {kernel: us}) and writes the dict to OUT.json.
 (Used for the thirteenth session's fused-dQ probe, dev/wip/dq_fused_ws_probe.patch, whose
 dK/dV kernel is timed beside the dQ pass it would replace.)"""
-import sys, json
-from collections import defaultdict
+import json
+import os
+import sys
+
 import torch
-from torch.profiler import ProfilerActivity, profile
+
 import flash_attn_det as fad
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_kernels import kernel_times  # noqa: E402  (torch.profiler, mean per launch)
 
 CFGS = [(128, 2048, 16, 16, 0), (128, 2048, 16, 16, 1), (128, 8192, 4, 16, 0), (128, 8192, 4, 16, 1),
         (64, 2048, 16, 32, 0), (64, 2048, 16, 32, 1), (64, 8192, 4, 32, 0), (64, 8192, 4, 32, 1)]
@@ -20,21 +25,9 @@ for D, L, B, H, causal in CFGS:
     q, k, v, do = (torch.randn(B, L, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = fad.flash_attn_func(q, k, v, causal=bool(causal))
-    fn = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    iters = 10
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    t = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("<")[0].split("(")[0]
-            t[name] += e.device_time_total / iters if hasattr(e, "device_time_total") else e.cuda_time_total / iters
+    times = kernel_times(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), 10)
     key = f"D{D} L{L} B{B} H{H} {'causal' if causal else 'full'}"
-    res[key] = {n: round(x, 1) for n, x in t.items() if x > 5}
+    # kernels by their base name ("void dkdv_wgmma_kernel"): one launch of each per call
+    res[key] = {n.split("<")[0].split("(")[0]: round(t, 1) for n, t in times.items() if t > 5}
     print(sys.argv[1], key, res[key], flush=True)
 json.dump(res, open(sys.argv[2], "w"))
