@@ -273,7 +273,7 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
     if (st != FAD_OK)
         return st;
     fad_make_plan(p, num_sms, plan);
-#if FAD_WS_D256_CONSUMERS > 1
+#if FAD_WS_D256_CONSUMERS > 1 && FAD_WG_WS && FAD_WS_D256 /* (fwd_launch.cu's kWs256) */
     /* (the device is asked last, so that other calls, decode's among them, skip it) */
     if (!plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192 && !(p->softcap > 0.f) &&
         !p->alibi_slopes && !p->block_table) {
