@@ -339,6 +339,11 @@
 #ifndef FAD_BWD_WG_DQ_DEFER
 #define FAD_BWD_WG_DQ_DEFER 1
 #endif
+/* FAD_BWD_DQ_PDL: the wgmma dQ kernel is launched as a programmatic
+ * dependent of the dK/dV kernel (bwd_launch.cu). Changes no bit. */
+#ifndef FAD_BWD_DQ_PDL
+#define FAD_BWD_DQ_PDL 1
+#endif
 /* FAD_BWD_WG_D64_STEP_M / FAD_BWD_WG_D64_TILE_N: at D64, query rows per
  * dkdv step / keys per dq tile (64 or 128: the wgmma N of S^T, dP^T / of S,
  * dP). Changes no bit. */

@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 {
     const bwd_args &a = wa.a;
+    pdl_launch_dependents(); /* the dQ kernel may take the SMs this grid's last wave leaves (bwd_launch.cu) */
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
     using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;

@@ -33,9 +33,15 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
     const fad_fwd_params &p = a.p;
+    /* (pdl: launched as a programmatic dependent of the dK/dV kernel, whose
+     * output it does not read, so that its CTAs take the SMs that kernel's
+     * last wave leaves idle; every exit waits for that kernel to end, so the
+     * two end in stream order: bwd_launch.cu) */
     dq_work w;
-    if (!dq_work_of_cta<kM, kN>(a, &w))
+    if (!dq_work_of_cta<kM, kN>(a, &w)) {
+        pdl_wait_primary();
         return;
+    }
     const fad_seq &seq = w.seq;
     const int b = w.b, h = w.h, hk = w.hk, m0 = w.m0, t_first = w.t_first, t_last = w.t_last;
     const int len_q = seq.len_q, len_k = seq.len_k;
@@ -89,6 +95,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 }
             }
             cp_async_wait_all();
+            pdl_wait_primary();
             return;
         }
         if constexpr (Shape::kRegs)
@@ -219,10 +226,12 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         cp_async_wait_all();
 
     store_dq<T>(dq, a, seq, h, m0 + row0);
+    pdl_wait_primary();
 }
 
 template <typename T, int kHeadDim, bool kMod>
-fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
+fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, int pdl, char *msg,
+                           size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     constexpr bool kWs = kHeadDim >= FAD_BWD_WG_DQ_WS_MIN_D;
@@ -242,12 +251,11 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     const fad_fwd_params &p = a.p;
     using C = bwd_wg_cfg<kHeadDim>;
     wa.tma = kWs && fad_make_kv_maps(p, C::kTileN, &wa.map0, &wa.map1);
-    kernel<<<(unsigned)ctas, Shape::kThreads, Shape::kSmemBytes, stream>>>(wa);
-    CUDA_TRY(cudaGetLastError());
-    return FAD_OK;
+    return launch_kernel(kernel, dim3((unsigned)ctas), Shape::kThreads, Shape::kSmemBytes, stream, pdl, wa, msg,
+                         msg_len);
 }
 
 #define FAD_INST(T, D)                                                                                  \
-    template fad_status launch_dq_wgmma<T, D, false>(const bwd_args &, int64_t, cudaStream_t, char *, size_t); \
-    template fad_status launch_dq_wgmma<T, D, true>(const bwd_args &, int64_t, cudaStream_t, char *, size_t);
+    template fad_status launch_dq_wgmma<T, D, false>(const bwd_args &, int64_t, cudaStream_t, int, char *, size_t); \
+    template fad_status launch_dq_wgmma<T, D, true>(const bwd_args &, int64_t, cudaStream_t, int, char *, size_t);
 FAD_BWD_WGMMA_VARIANTS(FAD_INST)

@@ -24,10 +24,16 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
         const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
         const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
         fad_status st = FAD_OK;
-        if (dkdv_ctas > 0 && a.part != FAD_BWD_DQ)
+        const bool dkdv = dkdv_ctas > 0 && a.part != FAD_BWD_DQ;
+        if (dkdv)
             st = launch_dkdv_wgmma<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
+        /* The dQ kernel reads nothing the dK/dV kernel writes: launched as its
+         * programmatic dependent (FAD_BWD_DQ_PDL), its CTAs take the SMs that
+         * kernel's last wave leaves idle, and it ends after it (each of its
+         * CTAs waits for it before ending). Only right behind it: behind the
+         * dsum kernel it would read dsum early. */
         if (st == FAD_OK && dq_ctas > 0 && a.part != FAD_BWD_DKDV)
-            st = launch_dq_wgmma<T, kHeadDim, kMod>(a, dq_ctas, stream, msg, msg_len);
+            st = launch_dq_wgmma<T, kHeadDim, kMod>(a, dq_ctas, stream, FAD_BWD_DQ_PDL && dkdv, msg, msg_len);
         return st;
     } else {
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma backward for D %d", kHeadDim);

@@ -42,7 +42,9 @@ template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+/* (pdl: the dQ kernel as a programmatic dependent of the dK/dV kernel launched just before it) */
 template <typename T, int kHeadDim, bool kMod>
-fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, int pdl, char *msg,
+                           size_t msg_len);
 
 #endif /* FAD_BWD_LAUNCH_H */

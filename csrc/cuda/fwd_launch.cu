@@ -9,41 +9,6 @@
 #include "fwd_launch.h"
 #include "mma.cuh"
 
-/* Launches kernel<<<grid, block, smem, stream>>>(a), as a programmatic
- * dependent of the kernel ahead of it in the stream when pdl is set and the
- * GPU has it (sm_90 on): its CTAs may then be scheduled while that kernel's
- * last CTAs still run, and wait in griddepcontrol.wait (pdl_wait_primary)
- * before touching what it wrote. */
-fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,
-                                cudaStream_t stream, int pdl, const fwd_args &a, char *msg,
-                                size_t msg_len)
-{
-    if (pdl) {
-        int major = 0;
-        fad_status st = fad_cuda_cc_major(&major, msg, msg_len);
-        if (st != FAD_OK)
-            return st;
-        pdl = major >= 9;
-    }
-    if (!pdl) {
-        kernel<<<grid, block, smem, stream>>>(a);
-        CUDA_TRY(cudaGetLastError());
-        return FAD_OK;
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
-    return FAD_OK;
-}
-
 /* FLASH_ATTN_DET_FWD_WS=0 in the environment (read once) runs fwd_kernel's
  * wgmma variant where the warp-specialized kernel would run (D 64, 128): an
  * A/B knob, like FLASH_ATTN_DET_WGMMA; the bits are the same. */

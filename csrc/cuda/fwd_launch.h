@@ -71,9 +71,5 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
  * flags (a.ws_flag) for this call: a packed, CTA-per-split plan whose combine
  * takes the staged kernel. */
 template <int kHeadDim> bool combine_polls(const fwd_args &a);
-/* fwd_launch.cu: kernel<<<grid, block, smem, stream>>>(a), as a programmatic
- * dependent of the kernel before it when pdl is set and the GPU has it. */
-fad_status launch_kernel(void (*kernel)(fwd_args), dim3 grid, int block, size_t smem,
-                         cudaStream_t stream, int pdl, const fwd_args &a, char *msg, size_t msg_len);
 
 #endif /* FAD_FWD_LAUNCH_H */

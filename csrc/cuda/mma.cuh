@@ -2,7 +2,8 @@
  * fad_mma.cuh — the CUDA primitives every kernel file shares: the error macro,
  * dtype traits (fp32 pair packing and the matching mma.sync.m16n8k16), cp.async,
  * ldmatrix, the XOR-swizzled shared-memory tile layout and its addressing, the
- * global->shared tile copy, and the fixed-order reductions over a row's 4 lanes.
+ * global->shared tile copy, the fixed-order reductions over a row's 4 lanes, and
+ * the launch of a kernel as a programmatic dependent of the one before it.
  *
  * Fragment layout of mma.m16n8k16 (PTX ISA, "row.col"): a thread (lane) holds
  * accumulator elements e = 0..3 at row lane/4 + 8*(e/2), column 2*(lane%4) + e%2.
@@ -117,6 +118,43 @@ __device__ __forceinline__ void pdl_wait_primary()
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+/* Launches kernel<<<grid, block, smem, stream>>>(a), as a programmatic
+ * dependent of the kernel ahead of it in the stream when pdl is set and the
+ * GPU has it (sm_90 on): its CTAs may then be scheduled while that kernel's
+ * last CTAs still run, and wait in griddepcontrol.wait (pdl_wait_primary)
+ * before touching what it wrote (or, like the backward's dQ kernel, which
+ * reads nothing it wrote, only before it ends: then the two grids end in
+ * stream order). */
+template <class Args>
+fad_status launch_kernel(void (*kernel)(Args), dim3 grid, int block, size_t smem, cudaStream_t stream,
+                         int pdl, const Args &a, char *msg, size_t msg_len)
+{
+    if (pdl) {
+        int major = 0;
+        fad_status st = fad_cuda_cc_major(&major, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        pdl = major >= 9;
+    }
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(a);
+        CUDA_TRY(cudaGetLastError());
+        return FAD_OK;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a));
+    return FAD_OK;
+}
+
 /* A flag between grids that run at once (gpu scope): the writer's release
  * orders its earlier writes (and, after a barrier, its CTA's) before the
  * flag; a relaxed poll that sees it, then fence_acquire_gpu (which also
