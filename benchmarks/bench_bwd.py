@@ -5,6 +5,7 @@ build_ext --inplace`):
 
     python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
     python3 benchmarks/bench_bwd.py --preset gqa     # bf16, GQA 32/8 D128, L 2k/8k/16k
+    python3 benchmarks/bench_bwd.py --preset d256    # bf16, D256 H8, L 1k/4k/8k
 
 Protocol as bench_fwd.py (benchmarks/METHOD.md): fresh random inputs, the same
 for every impl (SDPA also on contiguous (B, H, L, D) copies, its dout too; the ratios
@@ -41,6 +42,9 @@ def preset_configs(name):
     if name == "gqa":  # issue 21's GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
         return [Config("bf16", max(1, 32768 // L), L, L, 32, 8, 128, causal)
                 for L in (2048, 8192, 16384) for causal in (False, True)]
+    if name == "d256":  # head dim 256 (the dK/dV kernel's column-split wgmma variant), H8, 32k tokens
+        return [Config("bf16", max(1, 32768 // L), L, L, 8, 8, 256, causal)
+                for L in (1024, 4096, 8192) for causal in (False, True)]
     if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes
         return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
                 Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
@@ -127,7 +131,7 @@ def markdown(records, env):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "dq", "issue", "cpu-smoke"])
+    ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "d256", "dq", "issue", "cpu-smoke"])
     ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
     ap.add_argument("--rounds", type=int, default=4,

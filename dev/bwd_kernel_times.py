@@ -1,7 +1,9 @@
 """Per-kernel mean device time (torch.profiler) of flash_attn_func's backward, bf16, at the
 harness's 32k-token shapes (D128 H16 and D64 H32, L 2k and 8k, causal and not):
 
-    PYTHONPATH=$PWD python3 dev/bwd_kernel_times.py TAG OUT.json
+    PYTHONPATH=$PWD python3 dev/bwd_kernel_times.py TAG OUT.json [d256]
+
+(d256: bench_bwd.py's d256 preset's shapes instead, D256 H8 at 32k tokens, L 1k/4k/8k.)
 
 Prints one line per config (TAG, config, {kernel: us}) and writes the dict to OUT.json.
 (Used for the thirteenth session's fused-dQ probe, dev/wip/dq_fused_ws_probe.patch, whose
@@ -19,6 +21,8 @@ from probe_kernels import kernel_times  # noqa: E402  (torch.profiler, mean per 
 
 CFGS = [(128, 2048, 16, 16, 0), (128, 2048, 16, 16, 1), (128, 8192, 4, 16, 0), (128, 8192, 4, 16, 1),
         (64, 2048, 16, 32, 0), (64, 2048, 16, 32, 1), (64, 8192, 4, 32, 0), (64, 8192, 4, 32, 1)]
+if sys.argv[3:4] == ["d256"]:
+    CFGS = [(256, L, 32768 // L, 8, c) for L in (1024, 4096, 8192) for c in (0, 1)]
 res = {}
 for D, L, B, H, causal in CFGS:
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -42,6 +42,17 @@ def _restore_mode():
     mode._sync()
 
 
+def warm_up_for_capture(step, calls=2):
+    """torch's rule before CUDA graph capture: run `step` a few times on a side stream, then
+    make the current stream wait for it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(calls):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def make_gen(seed):
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)

@@ -8,7 +8,7 @@ import torch
 import flash_attn_det as fad
 from flash_attn_det.testing import attention_ref
 
-from conftest import HAS_CUDA, make_gen, on_devices, randn
+from conftest import HAS_CUDA, make_gen, on_devices, randn, warm_up_for_capture
 
 # Relative error of a gradient (Frobenius norm) against float64 autograd: the inputs are
 # rounded to the dtype and so are the gradients, so a few unit roundoffs.
@@ -211,6 +211,50 @@ def test_gpu_packed_grads_equal_unpacked():
     assert torch.equal(qkv_g.grad, torch.stack((dq, dk, dv), dim=2))
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", [dict(H=16, Hk=8, D=128, causal=True), dict(H=8, Hk=8, D=64)],
+                         ids=["D128-gqa-causal", "D64"])
+def test_gpu_backward_under_graph_capture(case):
+    """A forward + backward captured in a CUDA graph, on a grid of at least one dK/dV CTA per
+    SM (on sm_90: the wgmma kernels, the dQ kernel launched as a programmatic dependent of the
+    dK/dV kernel): each replay on new inputs gives the bits of an eager call on them."""
+    H, Hk, D, causal = case["H"], case["Hk"], case["D"], case.get("causal", False)
+    L = 1100  # 9 blocks of 128 keys a (sequence, kv head)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B = max(2, -(-sms // (9 * Hk)))
+    assert 9 * B * Hk >= sms
+    shapes = [(B, L, H, D), (B, L, Hk, D), (B, L, Hk, D), (B, L, H, D)]
+    static = [t.requires_grad_(i < 3) for i, t in enumerate(_gpu_inputs(45, shapes))]
+    q, k, v, dout = static
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None  # (the captured backward allocates its grads in the graph's pool)
+        out = fad.flash_attn_func(q, k, v, causal=causal)
+        out.backward(dout)
+        return out
+
+    warm_up_for_capture(step)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for seed in (46, 47):
+        fresh = _gpu_inputs(seed, shapes)
+        with torch.no_grad():
+            for t, f in zip(static, fresh):
+                t.copy_(f)
+        torch.cuda.synchronize()
+        static_out.detach().fill_(float("nan"))  # poison: the replay must write every element
+        for t in (q, k, v):
+            t.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = grads(fad.flash_attn_func, *fresh, causal=causal)
+        for name, a, b in zip(("out", "dq", "dk", "dv"),
+                              (static_out.detach(), q.grad, k.grad, v.grad), want):
+            assert torch.equal(a, b), f"replay on inputs {seed}: {name} differs from eager"
+
+
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
 # D <= 128, softcap and ALiBi included, on grids of at least one dK/dV CTA per SM) beside the
 # mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
@@ -235,6 +279,11 @@ _BWD_VARIANT_CASES = [
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, dropout_p=0.1),
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, softcap=30.0,
          dropout_p=0.15),
+    # D256: the dK/dV kernel's column-split variant (its dQ on dq_kernel), D < 256 zero-filled
+    dict(B=2, Sq=300, Sk=333, H=4, Hk=2, D=256, dtype="bfloat16", causal=True),
+    dict(B=1, Sq=200, Sk=260, H=2, Hk=1, D=192, dtype="float16", window_size=(64, 16)),
+    dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=256, dtype="bfloat16", softcap=30.0),
+    dict(B=4, Sq=1100, Sk=1100, H=8, Hk=2, D=256, dtype="bfloat16", causal=True),  # >= 1 wave
 ]
 
 
@@ -302,7 +351,8 @@ _PART_CASES = on_devices(
      dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True),
      dict(B=1, Sq=300, Sk=260, H=2, Hk=1, D=128, softcap=4.0, window_size=(90, 10)),
      dict(B=2, Sq=200, Sk=200, H=2, Hk=2, D=64, dropout=0.2),
-     dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True, dropout=0.1)])
+     dict(B=2, Sq=1100, Sk=1100, H=16, Hk=8, D=128, causal=True, dropout=0.1),
+     dict(B=4, Sq=1100, Sk=1100, H=8, Hk=2, D=256, causal=True)])
 
 
 @pytest.mark.parametrize("device,case", _PART_CASES)

@@ -13,7 +13,7 @@ import flash_attn_det as fad
 from flash_attn_det import dropout as D
 from flash_attn_det.testing import attention_ref, dropout_mask_of, force_schedule
 
-from conftest import DEVICES, HAS_CUDA, make_gen, randn
+from conftest import DEVICES, HAS_CUDA, make_gen, randn, warm_up_for_capture
 
 REL_TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
@@ -382,12 +382,7 @@ def test_gpu_graph_capture_with_dropout_draws_on_replay(monkeypatch):
         return out
 
     torch.manual_seed(5)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch's rule)
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up_for_capture(step)
     assert not pairs, "an eager call drew on the device"
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

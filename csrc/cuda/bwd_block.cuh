@@ -109,10 +109,10 @@ __device__ __forceinline__ void store_dkdv(const float (&dk)[kDB][4], const floa
     store_acc_rows<T>(dv, v_rows, col0, p.head_dim);
 }
 
-/* dQ rows i0 + 8r (r = 0, 1) of this thread, those below len_q. */
+/* dQ rows i0 + 8r (r = 0, 1) of this thread, those below len_q, columns from col0. */
 template <typename T, int kDB>
 __device__ __forceinline__ void store_dq(const float (&dq)[kDB][4], const bwd_args &a,
-                                         const fad_seq &seq, int h, int i0)
+                                         const fad_seq &seq, int h, int i0, int col0 = 0)
 {
     const fad_fwd_params &p = a.p;
     T *rows[2];
@@ -122,7 +122,7 @@ __device__ __forceinline__ void store_dq(const float (&dq)[kDB][4], const bwd_ar
         rows[r] = i < seq.len_q ? (T *)a.dq + seq.q_off + (int64_t)i * p.q_row_stride + h * p.q_head_stride
                                 : nullptr;
     }
-    store_acc_rows<T>(dq, rows, 0, p.head_dim);
+    store_acc_rows<T>(dq, rows, col0, p.head_dim);
 }
 
 /* The work of one dq CTA: query head h (kv head hk) of sequence b, rows

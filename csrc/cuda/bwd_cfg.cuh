@@ -36,16 +36,23 @@ template <int kHeadDim> struct bwd_cfg {
 };
 
 template <int kHeadDim> struct bwd_wg_cfg {
+    /* kSplitCols (D256): 64 x 256 fp32 accumulators do not fit one
+     * warpgroup's registers beside S and dP, so the math warpgroups share the
+     * CTA's 64 keys (dK/dV kernel) or 64 rows (dQ kernel) and each keeps a
+     * kDCols-column slice of the gradients, computing S and dP in full, as
+     * dkdv_kernel's column-split CTAs do (bwd_cfg::kColSplit). */
+    static constexpr bool kSplitCols = kHeadDim > 128;
     static constexpr int kDkdvThreads = FAD_BWD_WG_DKDV_WGS * 128;
     static constexpr int kDqWGs = kHeadDim <= 64 ? FAD_BWD_WG_DQ_WGS_D64 : FAD_BWD_WG_DQ_WGS_D128;
     static constexpr int kDqThreads = kDqWGs * 128;
-    static constexpr int kKeys = FAD_BWD_WG_DKDV_WGS * 64; /* dkdv: keys per CTA */
+    static constexpr int kKeys = kSplitCols ? 64 : FAD_BWD_WG_DKDV_WGS * 64; /* dkdv: keys per CTA */
+    static constexpr int kDCols = kSplitCols ? kHeadDim / FAD_BWD_WG_DKDV_WGS : kHeadDim; /* dkdv: a warpgroup's dK/dV columns */
     static constexpr int kStepM = kHeadDim <= 64 ? FAD_BWD_WG_D64_STEP_M : 64; /* dkdv: query rows per step */
-    static constexpr int kRows = kDqWGs * 64;              /* dq: query rows per CTA */
+    static constexpr int kRows = kSplitCols ? 64 : kDqWGs * 64; /* dq: query rows per CTA */
     static constexpr int kTileN = kHeadDim <= 64 ? FAD_BWD_WG_D64_TILE_N : 64; /* dq: keys per step */
-    static constexpr int kDB = kHeadDim / 8; /* n8 blocks of a dK / dV / dQ row */
+    static constexpr int kDB = kDCols / 8; /* n8 blocks of a warpgroup's dK / dV / dQ row (its slice) */
     static constexpr bool kDkdvDefer = kHeadDim <= FAD_BWD_WG_DKDV_DEFER_MAX_D;
-    static constexpr bool kDqDefer = FAD_BWD_WG_DQ_DEFER;
+    static constexpr bool kDqDefer = FAD_BWD_WG_DQ_DEFER && !kSplitCols; /* (D256: a third stage does not fit) */
     static constexpr int kDkdvStages = kDkdvDefer ? 3 : 2, kDqStages = kDqDefer ? 3 : 2;
     /* dkdv shared memory: sK, sV (kKeys rows), then the stages of (sQ, sdO)
      * (kStepM rows each), then the stages of (lse2, dsum) (kStepM floats each). */
@@ -55,7 +62,8 @@ template <int kHeadDim> struct bwd_wg_cfg {
     /* dq shared memory: sQ, sdO (kRows rows), then the stages of (sK, sV). */
     static constexpr int kKvElems = 2 * kTileN * kHeadDim;
     static constexpr size_t kDqSmem = (size_t)2 * kRows * kHeadDim * 2 + (size_t)kDqStages * kKvElems * 2;
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward: D 64 or 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "wgmma backward: D 64, 128 or 256");
+    static_assert(!kSplitCols || FAD_BWD_WG_DKDV_WGS * kDCols == kHeadDim, "whole 64-column slices");
     static_assert(kDkdvSmem <= 227 * 1024 && kDqSmem <= 227 * 1024, "shared memory");
 };
 #endif /* FAD_BWD_CFG_CUH */

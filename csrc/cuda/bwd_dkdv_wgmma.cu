@@ -93,6 +93,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
     using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kMB = kM / 8, kStages = Shape::kStages;
+    static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     const fad_fwd_params &p = a.p;
     dkdv_work w;
     if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
@@ -205,9 +206,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32;
     const int wg = uniform_warpgroup() - (kWs ? 1 : 0);
 
-    /* This warpgroup's keys: n0 + 64 wg ..; this thread's: n0 + key_row + 8r. */
-    const uint32_t k_addr = smem_addr(sK) + wg * 64 * 128, v_addr = smem_addr(sV) + wg * 64 * 128;
-    const int key_row = warp * 16 + lane / 4, wg_n0 = n0 + wg * 64;
+    /* This warpgroup's keys: n0 + 64 wg ..; this thread's: n0 + key_row + 8r.
+     * (kSplitCols: every warpgroup's keys are the CTA's 64, and its dK/dV
+     * columns col0 ..; K-major tiles keep 64-column blocks of kN or kM rows.) */
+    constexpr int kWgKeys = C::kSplitCols ? 0 : 64;
+    const uint32_t k_addr = smem_addr(sK) + wg * kWgKeys * 128, v_addr = smem_addr(sV) + wg * kWgKeys * 128;
+    const int key_row = (C::kSplitCols ? warp % 4 : warp) * 16 + lane / 4, wg_n0 = n0 + wg * kWgKeys;
+    const int col0 = C::kSplitCols ? wg * C::kDCols : 0;
+    const uint32_t col_bytes = (uint32_t)(col0 / 64) * kM * 128; /* col0's block in sQ, sdO */
     const float scale = p.softmax_scale;
     /* (kMod: dkdv_kernel's mod, bwd_dkdv.cu says why the flag reads so) */
     const fad_score_mod mod = kMod ? fad_make_score_mod(scale, p.softcap, p.alibi_slopes != NULL || kDrop)
@@ -332,8 +338,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             }
             p_fragment<T>(ds, kk, sf[kk]);
         }
-        issue_rs_mn<T, kHeadDim, kM>(dv, pf, do_addr);
-        issue_rs_mn<T, kHeadDim, kM>(dk, sf, q_addr);
+        issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
+        issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
         if constexpr (!C::kDkdvDefer) {
             wgmma_wait<0>();
             wgmma_fence_operand(dv);
@@ -354,7 +360,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, 0);
+    store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
 }
 
 template <typename T, int kHeadDim, bool kMod>
@@ -365,9 +371,12 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for a score mod with dropout");
-    /* (so no kMod kernel with dropout is built) */
+    /* (so no kMod kernel with dropout is built, nor a D256 one) */
+    constexpr bool kDropBuilt = !bwd_wg_cfg<kHeadDim>::kSplitCols;
+    if (!kDropBuilt && drop)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for D %d with dropout", kHeadDim);
     void (*kernel)(bwd_ws_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
-                                                : dkdv_wgmma_kernel<T, kHeadDim, true, kWs, false>;
+                                                : dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false>;
     const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)

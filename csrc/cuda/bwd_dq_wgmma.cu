@@ -32,6 +32,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
+    static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     const fad_fwd_params &p = a.p;
     /* (pdl: launched as a programmatic dependent of the dK/dV kernel, whose
      * output it does not read, so that its CTAs take the SMs that kernel's
@@ -110,15 +111,18 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     const int tid = threadIdx.x - (kWs ? 128 : 0), warp = tid / 32, lane = tid % 32;
     const int wg = uniform_warpgroup() - (kWs ? 1 : 0);
 
-    /* This thread's rows: m0 + row0 + 8r (warp w of the CTA owns rows 16w ..). */
-    const int row0 = warp * 16 + lane / 4;
+    /* This thread's rows: m0 + row0 + 8r (warp w of the CTA owns rows 16w ..;
+     * kSplitCols: warp w of each warpgroup, whose dQ columns start at col0). */
+    constexpr int kWgRows = C::kSplitCols ? 0 : 64;
+    const int row0 = (C::kSplitCols ? warp % 4 : warp) * 16 + lane / 4;
+    const int col0 = C::kSplitCols ? wg * C::kDCols : 0;
     float lse2[2], dsum[2];
     fad_key_range rk[2];
     dq_row_state(a, seq, h, m0 + row0, lse2, dsum, rk);
     /* A tile needs no mask when it lies inside every row of this warpgroup
      * (its last row: the last below len_q, or wg_m0 when it has none; such
      * rows have lse +inf, so their P is 0 whatever the mask). */
-    const int wg_m0 = m0 + wg * 64;
+    const int wg_m0 = m0 + wg * kWgRows;
     const fad_key_range wg_first = fad_row_keys(wg_m0, len_q, len_k, wl, wr);
     const fad_key_range wg_last = fad_row_keys(min(wg_m0 + 64, max(len_q, wg_m0 + 1)) - 1, len_q, len_k, wl, wr);
     const float scale = p.softmax_scale;
@@ -132,7 +136,8 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         drop = fad_dropout_of(&p, b);
         i_pos[0] = m0 + row0 + len_k - len_q, i_pos[1] = i_pos[0] + 8;
     }
-    const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128, do_addr = smem_addr(sdO) + wg * 64 * 128;
+    const uint32_t q_addr = smem_addr(sQ) + wg * kWgRows * 128, do_addr = smem_addr(sdO) + wg * kWgRows * 128;
+    const uint32_t col_bytes = (uint32_t)(col0 / 64) * kN * 128; /* col0's block in sK */
     float dq[kDB][4] = {};
     uint32_t sf[kN / 16][4]; /* dS as A fragments */
 
@@ -209,7 +214,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 #pragma unroll
         for (int kk = 0; kk < kN / 16; kk++)
             p_fragment<T>(ds, kk, sf[kk]);
-        issue_rs_mn<T, kHeadDim, kN>(dq, sf, k_addr);
+        issue_rs_mn<T, C::kDCols, kN>(dq, sf, k_addr + col_bytes);
         if constexpr (!C::kDqDefer) {
             wgmma_wait<0>();
             wgmma_fence_operand(dq);
@@ -225,7 +230,7 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    store_dq<T>(dq, a, seq, h, m0 + row0);
+    store_dq<T>(dq, a, seq, h, m0 + row0, col0);
     pdl_wait_primary();
 }
 
@@ -239,9 +244,12 @@ fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream,
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dQ for a score mod with dropout");
-    /* (so no kMod kernel with dropout is built) */
+    /* (so no kMod kernel with dropout is built, nor a D256 one) */
+    constexpr bool kDropBuilt = !bwd_wg_cfg<kHeadDim>::kSplitCols;
+    if (!kDropBuilt && drop)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dQ for D %d with dropout", kHeadDim);
     void (*kernel)(bwd_ws_args) = kMod || !drop ? dq_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
-                                                : dq_wgmma_kernel<T, kHeadDim, true, kWs, false>;
+                                                : dq_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, Shape::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;

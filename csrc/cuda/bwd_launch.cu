@@ -7,37 +7,34 @@
 #include "bwd_launch.h"
 #include "mma.cuh"
 
-/* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64 and 128, with or without a
- * score mod, where fad_use_wgmma allows them; the same bits as the mma.sync kernels, so
- * which one runs may depend on anything, the grid size included. Their CTAs
- * are twice as large (128 keys for dK/dV), so on a grid of fewer dK/dV CTAs
- * than SMs the mma.sync kernels run instead (measured: a B8 L256 training
- * step, docs/design.md, "backward-order"), unless forced. */
+/* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64, 128 and 256,
+ * with or without a score mod, where fad_use_wgmma allows them; the same bits
+ * as the mma.sync kernels, so which one runs may depend on anything, the grid
+ * size included. Their CTAs are larger (128 keys for dK/dV; at D256 64 keys
+ * and every column), so on a grid of fewer dK/dV CTAs than SMs the mma.sync
+ * kernels run instead (measured: a B8 L256 training step, docs/design.md,
+ * "backward-order"), unless forced. */
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    if constexpr (kHeadDim <= 128) {
-        using C = bwd_wg_cfg<kHeadDim>;
-        const fad_fwd_params &p = a.p;
-        a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
-        a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
-        const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
-        const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
-        fad_status st = FAD_OK;
-        const bool dkdv = dkdv_ctas > 0 && a.part != FAD_BWD_DQ;
-        if (dkdv)
-            st = launch_dkdv_wgmma<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
-        /* The dQ kernel reads nothing the dK/dV kernel writes: launched as its
-         * programmatic dependent (FAD_BWD_DQ_PDL), its CTAs take the SMs that
-         * kernel's last wave leaves idle, and it ends after it (each of its
-         * CTAs waits for it before ending). Only right behind it: behind the
-         * dsum kernel it would read dsum early. */
-        if (st == FAD_OK && dq_ctas > 0 && a.part != FAD_BWD_DKDV)
-            st = launch_dq_wgmma<T, kHeadDim, kMod>(a, dq_ctas, stream, FAD_BWD_DQ_PDL && dkdv, msg, msg_len);
-        return st;
-    } else {
-        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma backward for D %d", kHeadDim);
-    }
+    using C = bwd_wg_cfg<kHeadDim>;
+    const fad_fwd_params &p = a.p;
+    a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
+    a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
+    const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
+    const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
+    fad_status st = FAD_OK;
+    const bool dkdv = dkdv_ctas > 0 && a.part != FAD_BWD_DQ;
+    if (dkdv)
+        st = launch_dkdv_wgmma<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
+    /* The dQ kernel reads nothing the dK/dV kernel writes: launched as its
+     * programmatic dependent (FAD_BWD_DQ_PDL), its CTAs take the SMs that
+     * kernel's last wave leaves idle, and it ends after it (each of its
+     * CTAs waits for it before ending). Only right behind it: behind the
+     * dsum kernel it would read dsum early. */
+    if (st == FAD_OK && dq_ctas > 0 && a.part != FAD_BWD_DKDV)
+        st = launch_dq_wgmma<T, kHeadDim, kMod>(a, dq_ctas, stream, FAD_BWD_DQ_PDL && dkdv, msg, msg_len);
+    return st;
 }
 
 template <typename T, int kHeadDim, bool kMod>
@@ -47,19 +44,18 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     int wgmma = 0;
     fad_status st = FAD_OK;
     /* (a score mod with dropout stays on mma.sync: its dK/dV wgmma build at D64
-     * spilled 1.2 KB, and the pair is rare) */
-    if (kHeadDim <= 128 && !(kMod && a.p.dropout_p > 0.f))
+     * spilled 1.2 KB, and the pair is rare; so does D256 with dropout) */
+    const bool drop = a.p.dropout_p > 0.f;
+    if (!(kMod && drop) && !(bwd_wg_cfg<kHeadDim>::kSplitCols && drop))
         st = fad_use_wgmma(&wgmma, msg, msg_len);
     const fad_fwd_params &p = a.p;
-    if constexpr (kHeadDim <= 128) {
-        int sms = 0;
-        if (st == FAD_OK && wgmma == 1)
-            st = fad_cuda_num_sms(&sms, msg, msg_len);
-        const int64_t ctas = (int64_t)((p.seqlen_k + bwd_wg_cfg<kHeadDim>::kKeys - 1) /
-                                       bwd_wg_cfg<kHeadDim>::kKeys) * p.batch * p.num_heads_k;
-        if (wgmma == 1 && ctas < sms)
-            wgmma = 0;
-    }
+    int sms = 0;
+    if (st == FAD_OK && wgmma == 1)
+        st = fad_cuda_num_sms(&sms, msg, msg_len);
+    const int64_t ctas = (int64_t)((p.seqlen_k + bwd_wg_cfg<kHeadDim>::kKeys - 1) / bwd_wg_cfg<kHeadDim>::kKeys) *
+                         p.batch * p.num_heads_k;
+    if (wgmma == 1 && ctas < sms)
+        wgmma = 0;
     if (st != FAD_OK)
         return st;
     st = launch_dsum<T>(a, stream, msg, msg_len);

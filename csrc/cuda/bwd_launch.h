@@ -25,12 +25,13 @@ struct bwd_args {
 };
 
 /* The compile-time variants, X(T, kHeadDim, kMod): dtype x head-dim class x
- * whether scores carry a mod (softcap/ALiBi). The wgmma kernels exist for
- * D 64 and 128 without a mod: X(T, kHeadDim). */
+ * whether scores carry a mod (softcap/ALiBi). The wgmma kernels, X(T,
+ * kHeadDim), are each built with and without a mod. */
 #define FAD_BWD_VARIANTS_T(X, T) \
     X(T, 64, false) X(T, 64, true) X(T, 128, false) X(T, 128, true) X(T, 256, false) X(T, 256, true)
 #define FAD_BWD_VARIANTS(X) FAD_BWD_VARIANTS_T(X, __half) FAD_BWD_VARIANTS_T(X, __nv_bfloat16)
-#define FAD_BWD_WGMMA_VARIANTS(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
+#define FAD_BWD_WGMMA_VARIANTS(X) \
+    X(__half, 64) X(__half, 128) X(__half, 256) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128) X(__nv_bfloat16, 256)
 
 /* launch_dsum sizes its own grid (kDsumRows rows a CTA, bwd_dsum.cu); the others
  * launch their kernel on a grid of `ctas` CTAs (a.n_blocks, a.m_blocks set). */
