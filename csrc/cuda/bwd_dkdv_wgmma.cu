@@ -31,8 +31,11 @@
  *   dQ (64 rows x D)          += dS K         A: dS registers  B: sK (MN-major)
  * Key tiles from key 0 up.
  *
- * Shapes: kHeadDim 64 or 128 (D <= kHeadDim, the columns beyond D zero-filled
- * in shared memory and never stored). kDrop: dropout, as the mma.sync
+ * Shapes: kHeadDim 64, 128 or 256 (D <= kHeadDim, the columns beyond D
+ * zero-filled in shared memory and never stored). At 256 (bwd_wg_cfg's
+ * kSplitCols) the warpgroups share the CTA's 64 keys (dK/dV) or 64 rows (dQ):
+ * each issues S^T / dP^T (S / dP) in full and its gradient products on its
+ * 128-column slice of dO, Q (K), so each keeps the D128 kernels' registers. kDrop: dropout, as the mma.sync
  * kernels apply it (the same keep rule through dropout.cuh, the same
  * element-wise math), so the bits stay those of the mma.sync variant. kMod:
  * softcap and ALiBi, through the mma.sync kernels' bwd_score (the same logit
