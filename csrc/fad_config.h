@@ -330,6 +330,13 @@
 #ifndef FAD_BWD_WG_DQ_WS_MIN_D
 #define FAD_BWD_WG_DQ_WS_MIN_D 64
 #endif
+/* FAD_BWD_WG_D256_SPLIT_SDP: at head dims above 128 (bwd_wg_cfg::kSplitCols)
+ * each math warpgroup issues S and dP for half of the step's rows (dK/dV) or
+ * keys (dQ) and hands the other its P / dS fragments through shared memory,
+ * rather than both issuing S and dP in full (0). The same chains: the same bits. */
+#ifndef FAD_BWD_WG_D256_SPLIT_SDP
+#define FAD_BWD_WG_D256_SPLIT_SDP 1
+#endif
 #ifndef FAD_BWD_WG_DKDV_WS_STAGES
 #define FAD_BWD_WG_DKDV_WS_STAGES 2
 #endif

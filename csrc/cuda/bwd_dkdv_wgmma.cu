@@ -33,9 +33,12 @@
  *
  * Shapes: kHeadDim 64, 128 or 256 (D <= kHeadDim, the columns beyond D
  * zero-filled in shared memory and never stored). At 256 (bwd_wg_cfg's
- * kSplitCols) the warpgroups share the CTA's 64 keys (dK/dV) or 64 rows (dQ):
- * each issues S^T / dP^T (S / dP) in full and its gradient products on its
- * 128-column slice of dO, Q (K), so each keeps the D128 kernels' registers. kDrop: dropout, as the mma.sync
+ * kSplitCols) the warpgroups share the CTA's 64 keys (dK/dV) or 64 rows (dQ)
+ * and each issues its gradient products on its 128-column slice of dO, Q (K),
+ * so each keeps the D128 kernels' registers; S^T / dP^T (S / dP) each issues
+ * for half of the step's rows (the tile's keys), handing the other its P^T /
+ * dS^T (dS) fragments through shared memory (FAD_BWD_WG_D256_SPLIT_SDP; 0:
+ * both issue them in full). kDrop: dropout, as the mma.sync
  * kernels apply it (the same keep rule through dropout.cuh, the same
  * element-wise math), so the bits stay those of the mma.sync variant. kMod:
  * softcap and ALiBi, through the mma.sync kernels' bwd_score (the same logit
@@ -81,7 +84,14 @@ template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
     static constexpr size_t kDropOffset = kRowOffset + (size_t)kStages * 2 * C::kStepM * 4;
     static constexpr size_t kBarOffset =
         (kDropOffset + (kDrop ? FAD_BWD_WG_DKDV_WGS * Drop::kBytes : 0) + 7) / 8 * 8;
-    static constexpr size_t kBytes = kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0);
+    /* kSplit (FAD_BWD_WG_D256_SPLIT_SDP): warpgroup w issues S^T and dP^T for
+     * rows [kStepM/2 w, kStepM/2 (w + 1)) of a step and the two exchange their
+     * P^T and dS^T fragments (split_store / split_load, bwd_tile_wgmma.cuh)
+     * through kX: per step parity, P^T's then dS^T's kStepM/16 chunks of 128 uint4. */
+    static constexpr bool kSplit = C::kSplitCols && FAD_BWD_WG_D256_SPLIT_SDP && !kDrop; /* (none with dropout is built) */
+    static constexpr size_t kXOffset = (kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0) + 15) / 16 * 16;
+    static constexpr size_t kXChunks = C::kStepM / 16; /* of one operand */
+    static constexpr size_t kBytes = kXOffset + (kSplit ? 2 * 2 * kXChunks * 128 * 16 : 0);
     static_assert(kWs || kDropOffset == C::kDkdvSmem, "bwd_wg_cfg's layout");
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
@@ -95,8 +105,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
     using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;
-    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kMB = kM / 8, kStages = Shape::kStages;
+    constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kStages = Shape::kStages;
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
+    constexpr bool kSplit = Smem::kSplit;
+    constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
     dkdv_work w;
     if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
@@ -249,10 +261,12 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         const uint32_t q_addr = smem_addr(sQ + st * C::kStepElems), do_addr = q_addr + kM * kHeadDim * 2;
         const float *lse2 = sL + st * 2 * kM, *dsum = lse2 + kM;
 
-        /* S^T = K Q^T, then dP^T = V dO^T: two groups in flight. */
-        float pt[kMB][4], ds[kMB][4]; /* written by their first k-chunk */
-        issue_ss<T, kHeadDim, kN, kM>(pt, k_addr, q_addr);
-        issue_ss<T, kHeadDim, kN, kM>(ds, v_addr, do_addr);
+        /* S^T = K Q^T, then dP^T = V dO^T: two groups in flight (kSplit: for
+         * this warpgroup's kMw rows from m0 + rw0). */
+        const int rw0 = kSplit ? wg * kMw : 0;
+        float pt[kMw / 8][4], ds[kMw / 8][4]; /* written by their first k-chunk */
+        issue_ss<T, kHeadDim, kN, kMw, kM>(pt, k_addr, q_addr + (uint32_t)rw0 * 128);
+        issue_ss<T, kHeadDim, kN, kMw, kM>(ds, v_addr, do_addr + (uint32_t)rw0 * 128);
         /* The next step's copies, while the tensor cores run S^T and dP^T. */
         if constexpr (!kWs) {
             if (step + 1 < steps)
@@ -284,9 +298,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         const bool need_mask = wg_n0 < last.lo || wg_n0 + 64 > first.hi;
         if constexpr (!kMod) {
             if (need_mask)
-                scores_to_p<true, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+                scores_to_p<true, kMw / 8>(pt, lse2 + rw0, mod, band, m0 + rw0, n0 + key_row);
             else
-                scores_to_p<false, kMB>(pt, lse2, mod, band, m0, n0 + key_row);
+                scores_to_p<false, kMw / 8>(pt, lse2 + rw0, mod, band, m0 + rw0, n0 + key_row);
         }
 
         /* Dropout: masks of the dropped elements (dropout.cuh), read from the
@@ -303,10 +317,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
 #pragma unroll
-        for (int nb = 0; nb < kMB; nb++)
+        for (int nb = 0; nb < kMw / 8; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
+                const int i_loc = rw0 + nb * 8 + (lane % 4) * 2 + e % 2;
                 float dp = ds[nb][e];
                 if constexpr (kDrop) /* +0 where dropped: the bits of the select it replaces */
                     dp = __uint_as_float(__float_as_uint(FAD_MUL(dp, drop.rp)) & ~dropped.element(nb, e));
@@ -323,23 +337,38 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         /* dV += P^T dO and dK += dS^T Q, P^T and dS^T from the accumulators
          * as A fragments. (Issued together, after dS^T: dV issued before it
          * kept P^T's fragments live beside dS^T, and the D128 build spilled.) */
+        if constexpr (kSplit) { /* this warpgroup's chunks of P^T and dS^T, then both's in row order */
+            uint32_t own_p[kMw / 16][4], own_s[kMw / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < kM / 16; kk++) {
-            if constexpr (kDrop) { /* dV's P^T: rp P^T where kept, +0 where dropped (dkdv_kernel's) */
-                float pv[2][4];
-#pragma unroll
-                for (int n = 0; n < 2; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        pv[n][e] = FAD_MUL(pt[2 * kk + n][e], drop.rp);
-                p_fragment<T>(pv, 0, pf[kk]);
-#pragma unroll
-                for (int r = 0; r < 4; r++) /* (pf[kk][r]: n-block 2 kk + r / 2, keys + 8 (r % 2)) */
-                    pf[kk][r] &= ~dropped.pair(2 * kk + r / 2, r % 2);
-            } else {
-                p_fragment<T>(pt, kk, pf[kk]);
+            for (int kk = 0; kk < kMw / 16; kk++) {
+                p_fragment<T>(pt, kk, own_p[kk]);
+                p_fragment<T>(ds, kk, own_s[kk]);
             }
-            p_fragment<T>(ds, kk, sf[kk]);
+            uint4 *x = reinterpret_cast<uint4 *>(wg_smem + Smem::kXOffset) + (step & 1) * 2 * Smem::kXChunks * 128;
+            split_store(x, own_p, wg, tid % 128);
+            split_store(x + Smem::kXChunks * 128, own_s, wg, tid % 128);
+            split_meet();
+            split_load(x, pf, tid % 128);
+            split_load(x + Smem::kXChunks * 128, sf, tid % 128);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < kM / 16; kk++) {
+                if constexpr (kDrop) { /* dV's P^T: rp P^T where kept, +0 where dropped (dkdv_kernel's) */
+                    float pv[2][4];
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            pv[n][e] = FAD_MUL(pt[2 * kk + n][e], drop.rp);
+                    p_fragment<T>(pv, 0, pf[kk]);
+#pragma unroll
+                    for (int r = 0; r < 4; r++) /* (pf[kk][r]: n-block 2 kk + r / 2, keys + 8 (r % 2)) */
+                        pf[kk][r] &= ~dropped.pair(2 * kk + r / 2, r % 2);
+                } else {
+                    p_fragment<T>(pt, kk, pf[kk]);
+                }
+                p_fragment<T>(ds, kk, sf[kk]);
+            }
         }
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
         issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
@@ -380,7 +409,7 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for D %d with dropout", kHeadDim);
     void (*kernel)(bwd_ws_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
                                                 : dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false>;
-    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, true, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
+    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, kDropBuilt, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;

@@ -18,7 +18,13 @@ template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
     static constexpr bool kRegs = kWs && C::kDqWGs == 2;
     static constexpr int kProducerRegs = 40, kMathRegs = 232;
     static constexpr size_t kBarOffset = C::kDqSmem; /* (a multiple of 8) */
-    static constexpr size_t kSmemBytes = C::kDqSmem + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0);
+    /* kSplit (FAD_BWD_WG_D256_SPLIT_SDP): warpgroup w issues S and dP for keys
+     * [kN/2 w, kN/2 (w + 1)) of a tile and the two exchange their dS fragments
+     * (split_store / split_load, bwd_tile_wgmma.cuh) through kX, two buffers
+     * (step parity) of kN/16 chunks of 128 uint4. */
+    static constexpr bool kSplit = C::kSplitCols && FAD_BWD_WG_D256_SPLIT_SDP;
+    static constexpr size_t kXOffset = (kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0) + 15) / 16 * 16;
+    static constexpr size_t kSmemBytes = kXOffset + (kSplit ? (size_t)2 * (C::kTileN / 16) * 128 * 16 : 0);
     static_assert(!kRegs || (kProducerRegs + 2 * kMathRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
                   "setmaxnreg: the registers the producer frees must cover the math warpgroups'");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -32,6 +38,8 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
+    constexpr bool kSplit = Shape::kSplit;
+    constexpr int kNw = kSplit ? kN / 2 : kN; /* keys of a tile whose S and dP this warpgroup issues */
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     const fad_fwd_params &p = a.p;
     /* (pdl: launched as a programmatic dependent of the dK/dV kernel, whose
@@ -156,10 +164,13 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             __syncthreads();
         const uint32_t k_addr = smem_addr(sK + st * C::kKvElems), v_addr = k_addr + kN * kHeadDim * 2;
 
-        /* S = Q K^T, then dP = dO V^T: two groups in flight. */
-        float pr[kNB][4], ds[kNB][4]; /* written by their first k-chunk */
-        issue_ss<T, kHeadDim, kM, kN>(pr, q_addr, k_addr);
-        issue_ss<T, kHeadDim, kM, kN>(ds, do_addr, v_addr);
+        /* S = Q K^T, then dP = dO V^T: two groups in flight (kSplit: this
+         * warpgroup's kNw keys from tw0, K's and V's rows tw0 - t0 ..). */
+        const int tw0 = t0 + (kSplit ? wg * kNw : 0);
+        const uint32_t kv_row = (uint32_t)(tw0 - t0) * 128;
+        float pr[kNw / 8][4], ds[kNw / 8][4]; /* written by their first k-chunk */
+        issue_ss<T, kHeadDim, kM, kNw, kN>(pr, q_addr, k_addr + kv_row);
+        issue_ss<T, kHeadDim, kM, kNw, kN>(ds, do_addr, v_addr + kv_row);
         /* The next tile's copies, while the tensor cores run S and dP. */
         if constexpr (!kWs) {
             if (t0 + kN < t_last)
@@ -182,26 +193,26 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         const bool need_mask = t0 < wg_last.lo || t0 + kN > wg_first.hi;
         if constexpr (!kMod) {
             if (need_mask)
-                scores_to_p<true>(pr, lse2, rk, mod, t0);
+                scores_to_p<true>(pr, lse2, rk, mod, tw0);
             else
-                scores_to_p<false>(pr, lse2, rk, mod, t0);
+                scores_to_p<false>(pr, lse2, rk, mod, tw0);
         }
         /* dS = P (dP - D) scale, in place in ds. kMod: P here too, element by
          * element as dq_kernel makes it, and dS with its gradient factor. */
         wgmma_wait<0>();
         wgmma_fence_operand(ds);
-        if constexpr (kDrop) /* dP of a kept element times rp, of a dropped one 0 (dq_kernel's) */
+        if constexpr (kDrop) /* dP of a kept element times rp, of a dropped one 0 (dq_kernel's; not kSplit) */
             dropout_walk_drawn<2, kNB>(drop, dbits, t0, [&](int r, int nb, int e, bool kept) {
                 float &x = ds[nb][2 * r + e];
                 x = kept ? FAD_MUL(x, drop.rp) : 0.f;
             });
 #pragma unroll
-        for (int nb = 0; nb < kNB; nb++)
+        for (int nb = 0; nb < kNw / 8; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float g = scale;
                 if constexpr (kMod) {
-                    const int r = e / 2, i = m0 + row0 + 8 * r, j = t0 + nb * 8 + (lane % 4) * 2 + e % 2;
+                    const int r = e / 2, i = m0 + row0 + 8 * r, j = tw0 + nb * 8 + (lane % 4) * 2 + e % 2;
                     const bool masked = need_mask && (j < rk[r].lo || j >= rk[r].hi);
                     const float x = bwd_score<true>(pr[nb][e], mod, scale, slope_log2, i, j, len_q, len_k,
                                                     masked, &g);
@@ -210,10 +221,22 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 ds[nb][e] = fad_ds(pr[nb][e], ds[nb][e], dsum[e / 2], g);
             }
 
-        /* dQ += dS K (K read MN-major: its rows are the k dim). */
+        /* dQ += dS K (K read MN-major: its rows are the k dim); kSplit: this
+         * warpgroup's chunks of dS, then both warpgroups' in key order. */
+        if constexpr (kSplit) {
+            uint32_t own[kNw / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < kN / 16; kk++)
-            p_fragment<T>(ds, kk, sf[kk]);
+            for (int kk = 0; kk < kNw / 16; kk++)
+                p_fragment<T>(ds, kk, own[kk]);
+            uint4 *x = reinterpret_cast<uint4 *>(wg_smem + Shape::kXOffset) + (i & 1) * (kN / 16) * 128;
+            split_store(x, own, wg, tid % 128);
+            split_meet();
+            split_load(x, sf, tid % 128);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < kN / 16; kk++)
+                p_fragment<T>(ds, kk, sf[kk]);
+        }
         issue_rs_mn<T, C::kDCols, kN>(dq, sf, k_addr + col_bytes);
         if constexpr (!C::kDqDefer) {
             wgmma_wait<0>();

@@ -43,18 +43,46 @@ __device__ __forceinline__ void issue_rs_mn(float (&acc)[kHeadDim / 8][4], uint3
 }
 
 /* d (64 x kN) = A (this warpgroup's 64 rows of a K-major swz128 tile of kARows
- * rows at a_addr) * B^T (a K-major swz128 tile of kN rows at b_addr). The
- * first k-chunk overwrites d (accumulate 0), so d needs no zeroing. */
-template <typename T, int kHeadDim, int kARows, int kN>
+ * rows at a_addr) * B^T (kN rows at b_addr of a K-major swz128 tile of kBRows
+ * rows). The first k-chunk overwrites d (accumulate 0), so d needs no zeroing. */
+template <typename T, int kHeadDim, int kARows, int kN, int kBRows = kN>
 __device__ __forceinline__ void issue_ss(float (&d)[kN / 8][4], uint32_t a_addr, uint32_t b_addr)
 {
     const uint64_t a_desc0 = gmma_desc(a_addr, 16, 1024), b_desc0 = gmma_desc(b_addr, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++)
-        wgmma_ss(d, kmajor_chunk<kARows>(a_desc0, kk), kmajor_chunk<kN>(b_desc0, kk), (const T *)nullptr,
+        wgmma_ss(d, kmajor_chunk<kARows>(a_desc0, kk), kmajor_chunk<kBRows>(b_desc0, kk), (const T *)nullptr,
                  kk > 0);
     wgmma_commit();
+}
+
+/* FAD_BWD_WG_D256_SPLIT_SDP: the two math warpgroups' exchange of A fragments.
+ * Warpgroup w made k16 chunks [kHalf w, kHalf (w + 1)) of an operand of 2 kHalf
+ * chunks; each thread stores its own (its fragments of a chunk: 16 bytes, so a
+ * warpgroup's chunk is 2 KB, conflict-free), the two meet (split_meet), and each
+ * reads every chunk back in order: thread t of both warpgroups holds the same
+ * rows of the A operand, so chunk kk of either is thread t's. x: this step's
+ * buffer of the operand, 2 kHalf x 128 uint4 (double-buffered by step parity:
+ * a warpgroup's next stores into it come after the next meeting, which the
+ * other passes only once it has read this step's). */
+template <int kHalf>
+__device__ __forceinline__ void split_store(uint4 *x, const uint32_t (&own)[kHalf][4], int wg, int tid)
+{
+#pragma unroll
+    for (int kk = 0; kk < kHalf; kk++)
+        x[(wg * kHalf + kk) * 128 + tid] = make_uint4(own[kk][0], own[kk][1], own[kk][2], own[kk][3]);
+}
+/* Both math warpgroups' stores are done (named barrier 3; 1 and 2 are warpgroup_sync's). */
+__device__ __forceinline__ void split_meet() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
+template <int kChunks>
+__device__ __forceinline__ void split_load(const uint4 *x, uint32_t (&all)[kChunks][4], int tid)
+{
+#pragma unroll
+    for (int kk = 0; kk < kChunks; kk++) {
+        const uint4 v = x[kk * 128 + tid];
+        all[kk][0] = v.x, all[kk][1] = v.y, all[kk][2] = v.z, all[kk][3] = v.w;
+    }
 }
 
 /* S^T -> P^T in place (dkdv): element (nb, e) of a thread is key

@@ -167,6 +167,8 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
 #define FAD_ACC32 FAD_ACC4(0), FAD_ACC4(1), FAD_ACC4(2), FAD_ACC4(3), FAD_ACC4(4), FAD_ACC4(5), FAD_ACC4(6), FAD_ACC4(7)
 #define FAD_ACC64 FAD_ACC32, FAD_ACC4(8), FAD_ACC4(9), FAD_ACC4(10), FAD_ACC4(11), \
                   FAD_ACC4(12), FAD_ACC4(13), FAD_ACC4(14), FAD_ACC4(15)
+#define FAD_ACC16 FAD_ACC4(0), FAD_ACC4(1), FAD_ACC4(2), FAD_ACC4(3)
+#define FAD_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FAD_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FAD_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "   \
@@ -208,6 +210,8 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
     }
 
 #if FAD_HAS_WGMMA
+FAD_WGMMA_SS("bf16", __nv_bfloat16, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
+FAD_WGMMA_SS("f16", __half, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
 FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
 FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
 FAD_WGMMA_SS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
