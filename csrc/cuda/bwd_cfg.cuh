@@ -39,8 +39,10 @@ template <int kHeadDim> struct bwd_wg_cfg {
     /* kSplitCols (D256): 64 x 256 fp32 accumulators do not fit one
      * warpgroup's registers beside S and dP, so the math warpgroups share the
      * CTA's 64 keys (dK/dV kernel) or 64 rows (dQ kernel) and each keeps a
-     * kDCols-column slice of the gradients, computing S and dP in full, as
-     * dkdv_kernel's column-split CTAs do (bwd_cfg::kColSplit). */
+     * kDCols-column slice of the gradients. S and dP, which every column needs,
+     * each issues for half of the step and hands the other its P / dS
+     * fragments (FAD_BWD_WG_D256_SPLIT_SDP; else each issues them in full, as
+     * dkdv_kernel's column-split CTAs do, bwd_cfg::kColSplit). */
     static constexpr bool kSplitCols = kHeadDim > 128;
     static constexpr int kDkdvThreads = FAD_BWD_WG_DKDV_WGS * 128;
     static constexpr int kDqWGs = kHeadDim <= 64 ? FAD_BWD_WG_DQ_WGS_D64 : FAD_BWD_WG_DQ_WGS_D128;
