@@ -42,7 +42,7 @@ def preset_configs(name):
     if name == "gqa":  # issue 21's GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
         return [Config("bf16", max(1, 32768 // L), L, L, 32, 8, 128, causal)
                 for L in (2048, 8192, 16384) for causal in (False, True)]
-    if name == "d256":  # head dim 256 (the dK/dV kernel's column-split wgmma variant), H8, 32k tokens
+    if name == "d256":  # head dim 256 (the wgmma kernels' column-split variants), H8, 32k tokens
         return [Config("bf16", max(1, 32768 // L), L, L, 8, 8, 256, causal)
                 for L in (1024, 4096, 8192) for causal in (False, True)]
     if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes

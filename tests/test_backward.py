@@ -256,8 +256,8 @@ def test_gpu_backward_under_graph_capture(case):
 
 
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
-# D <= 128, softcap and ALiBi included, on grids of at least one dK/dV CTA per SM) beside the
-# mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
+# D <= 256 (no dropout above 128), softcap and ALiBi included, on grids of at least one dK/dV
+# CTA per SM) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
 # every grid size (these cases are small). Same chains in the same order on the same fragments,
 # so both must give the same bits; the default process, which picks by grid size, must too.
 # Elsewhere every process runs the same kernels.
@@ -279,7 +279,7 @@ _BWD_VARIANT_CASES = [
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, dropout_p=0.1),
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, softcap=30.0,
          dropout_p=0.15),
-    # D256: the dK/dV kernel's column-split variant (its dQ on dq_kernel), D < 256 zero-filled
+    # D256: both kernels' column-split variants (S and dP split between the warpgroups), D < 256 zero-filled
     dict(B=2, Sq=300, Sk=333, H=4, Hk=2, D=256, dtype="bfloat16", causal=True),
     dict(B=1, Sq=200, Sk=260, H=2, Hk=1, D=192, dtype="float16", window_size=(64, 16)),
     dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=256, dtype="bfloat16", softcap=30.0),
