@@ -284,6 +284,7 @@ _BWD_VARIANT_CASES = [
     dict(B=1, Sq=200, Sk=260, H=2, Hk=1, D=192, dtype="float16", window_size=(64, 16)),
     dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=256, dtype="bfloat16", softcap=30.0),
     dict(B=4, Sq=1100, Sk=1100, H=8, Hk=2, D=256, dtype="bfloat16", causal=True),  # >= 1 wave
+    dict(B=2, Sq=333, Sk=500, H=4, Hk=2, D=256, dtype="float16", causal=True, alibi=True),
 ]
 
 
