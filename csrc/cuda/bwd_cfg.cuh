@@ -65,7 +65,10 @@ template <int kHeadDim> struct bwd_wg_cfg {
     static constexpr int kKvElems = 2 * kTileN * kHeadDim;
     static constexpr size_t kDqSmem = (size_t)2 * kRows * kHeadDim * 2 + (size_t)kDqStages * kKvElems * 2;
     static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "wgmma backward: D 64, 128 or 256");
-    static_assert(!kSplitCols || FAD_BWD_WG_DKDV_WGS * kDCols == kHeadDim, "whole 64-column slices");
+    /* (the split's column slices and its fragment exchange, split_store / split_load, are for
+     * exactly two math warpgroups in both kernels: a third would leave columns unwritten) */
+    static_assert(!kSplitCols || (FAD_BWD_WG_DKDV_WGS == 2 && kDqWGs == 2 && 2 * kDCols == kHeadDim),
+                  "kSplitCols: two math warpgroups, each a half of the columns");
     static_assert(kDkdvSmem <= 227 * 1024 && kDqSmem <= 227 * 1024, "shared memory");
 };
 #endif /* FAD_BWD_CFG_CUH */
