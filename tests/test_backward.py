@@ -387,6 +387,68 @@ def test_backward_parts_equal_the_whole(device, case):
         I._backward(dout, q, k, v, out, lse, *opts, part="dk")
 
 
+# (device, case): keys no query sees (a window that starts past them; Sk > Sq), rows that see
+# no key (causal, Sq > Sk), and on the GPU each kernel family: mma.sync (small grids), the
+# wgmma kernels at D64, D128 (GQA) and D256 (grids of at least one CTA an SM), a score mod,
+# dropout, a head dim the kernels pad (96) and one Python pads (59)
+_WRITE_CASES = on_devices(
+    [dict(B=2, Sq=30, Sk=90, H=4, Hk=2, D=40, window_size=(10, 4)),
+     dict(B=2, Sq=50, Sk=20, H=3, Hk=1, D=8, causal=True),
+     dict(B=2, Sq=0, Sk=30, H=2, Hk=2, D=16)],
+    [dict(B=2, Sq=130, Sk=400, H=4, Hk=2, D=64, window_size=(40, 0)),
+     dict(B=2, Sq=50, Sk=20, H=3, Hk=1, D=64, causal=True),
+     dict(B=2, Sq=1100, Sk=1500, H=16, Hk=8, D=128, window_size=(100, 0)),
+     dict(B=4, Sq=1100, Sk=1100, H=16, Hk=16, D=64, causal=True),
+     dict(B=4, Sq=1100, Sk=1300, H=8, Hk=4, D=256, window_size=(150, 0)),
+     dict(B=2, Sq=300, Sk=700, H=2, Hk=1, D=96, softcap=4.0, window_size=(90, 10)),
+     dict(B=2, Sq=200, Sk=500, H=2, Hk=2, D=64, window_size=(60, 0), dropout=0.2),
+     dict(B=2, Sq=70, Sk=90, H=2, Hk=2, D=59, causal=True),
+     dict(B=2, Sq=0, Sk=90, H=2, Hk=2, D=64)])
+
+
+@pytest.mark.parametrize("device,case", _WRITE_CASES)
+def test_backward_writes_every_gradient_element(device, case, monkeypatch):
+    """A dense call's dq, dk and dv start as torch.empty_like: every path must write each of
+    their elements (zeros for keys that no query sees and rows that see no key). The same call
+    runs twice, every floating-point tensor made by torch.empty_like starting as zeros, then
+    as NaN: output and gradients must be equal bit for bit. A call with no query row launches
+    nothing: its dk and dv must be zeros."""
+    case = dict(case)
+    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    gen = make_gen(91)
+    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16).to(device)
+               for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, D), torch.bfloat16).to(device)
+    empty_like = torch.empty_like
+
+    def run(fill):
+        def filled_like(t, *a, **kw):
+            x = empty_like(t, *a, **kw)
+            return x.fill_(fill) if x.is_floating_point() else x
+
+        monkeypatch.setattr(torch, "empty_like", filled_like)
+        torch.manual_seed(5)  # (dropout: the same draws in both runs)
+        try:
+            return grads(fad.flash_attn_func, q, k, v, dout, dropout_p=case.get("dropout", 0.0),
+                         causal=case.get("causal", False),
+                         window_size=case.get("window_size", (-1, -1)),
+                         softcap=case.get("softcap", 0.0))
+        finally:
+            monkeypatch.setattr(torch, "empty_like", empty_like)
+
+    zeros, poisoned = run(0.0), run(float("nan"))
+    dk = poisoned[2]
+    if Sq == 0:
+        assert dk.numel() and float(dk.abs().max()) == 0.0 and float(poisoned[3].abs().max()) == 0.0
+    else:
+        assert float(dk.abs().max()) > 0, "dk: zeros everywhere"
+        if "window_size" in case:  # keys before the first row's window: seen by no query
+            unseen = Sk - Sq - case["window_size"][0]
+            assert unseen > 0 and float(dk[:, :unseen].abs().max()) == 0.0
+    for name, x, y in zip(("out", "dq", "dk", "dv"), poisoned, zeros):
+        assert torch.equal(x, y), f"{name}: an element is left unwritten (NaN) or differs"
+
+
 def test_backward_part_arguments_are_checked():
     """_C.bwd: None is allowed for dq, or for dk and dv together, nothing else; a dropout
     tuple's seq_ids are checked against the batch (both before anything is written)."""
