@@ -257,8 +257,8 @@ def test_gpu_backward_under_graph_capture(case):
 
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
 # D <= 256 (no dropout above 128), softcap and ALiBi included, on grids of at least one dK/dV
-# CTA per SM) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process, =force runs them at
-# every grid size (these cases are small). Same chains in the same order on the same fragments,
+# CTA per SM) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process,
+# =force runs them at every grid size (these cases are small). Same chains in the same order on the same fragments,
 # so both must give the same bits; the default process, which picks by grid size, must too.
 # Elsewhere every process runs the same kernels.
 _BWD_VARIANT_CASES = [
@@ -279,7 +279,8 @@ _BWD_VARIANT_CASES = [
     dict(B=16, Sq=1100, Sk=1100, H=16, Hk=8, D=64, dtype="bfloat16", causal=True, dropout_p=0.1),
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True, softcap=30.0,
          dropout_p=0.15),
-    # D256: both kernels' column-split variants (S and dP split between the warpgroups), D < 256 zero-filled
+    # D256: both kernels' column-split variants (S and dP split between the warpgroups),
+    # D < 256 zero-filled
     dict(B=2, Sq=300, Sk=333, H=4, Hk=2, D=256, dtype="bfloat16", causal=True),
     dict(B=1, Sq=200, Sk=260, H=2, Hk=1, D=192, dtype="float16", window_size=(64, 16)),
     dict(B=1, Sq=190, Sk=190, H=2, Hk=1, D=256, dtype="bfloat16", softcap=30.0),
@@ -356,19 +357,26 @@ _PART_CASES = on_devices(
      dict(B=4, Sq=1100, Sk=1100, H=8, Hk=2, D=256, causal=True)])
 
 
+def _case_inputs(case, seed, device):
+    """q, k, v, dout (bf16, seeded) of a dict case with B, Sq, Sk, H, Hk, D; returns the case's
+    other keys (a copy) first."""
+    case = dict(case)
+    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    gen = make_gen(seed)
+    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16).to(device)
+               for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    dout = randn(gen, (B, Sq, H, D), torch.bfloat16).to(device)
+    return case, q, k, v, dout
+
+
 @pytest.mark.parametrize("device,case", _PART_CASES)
 def test_backward_parts_equal_the_whole(device, case):
     """_backward(part="dq") gives the dq bits of part="all", part="dkdv" its dk and dv, and
     each leaves the other part out (None): the dQ and dK/dV passes share only the row sums."""
     from flash_attn_det import interface as I
     from flash_attn_det import dropout as fdrop
-    case = dict(case)
-    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
+    case, q, k, v, dout = _case_inputs(case, 77, device)
     p = case.pop("dropout", 0.0)
-    gen = make_gen(77)
-    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16).to(device)
-               for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
-    dout = randn(gen, (B, Sq, H, D), torch.bfloat16).to(device)
     opts = (None, case.get("causal", False), case.get("window_size", (-1, -1)),
             case.get("softcap", 0.0), None)
     drop = None
@@ -413,12 +421,8 @@ def test_backward_writes_every_gradient_element(device, case, monkeypatch):
     runs twice, every floating-point tensor made by torch.empty_like starting as zeros, then
     as NaN: output and gradients must be equal bit for bit. A call with no query row launches
     nothing: its dk and dv must be zeros."""
-    case = dict(case)
-    B, Sq, Sk, H, Hk, D = (case.pop(n) for n in ("B", "Sq", "Sk", "H", "Hk", "D"))
-    gen = make_gen(91)
-    q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16).to(device)
-               for S, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
-    dout = randn(gen, (B, Sq, H, D), torch.bfloat16).to(device)
+    Sq, Sk = case["Sq"], case["Sk"]
+    case, q, k, v, dout = _case_inputs(case, 91, device)
     empty_like = torch.empty_like
 
     def run(fill):
