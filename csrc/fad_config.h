@@ -77,6 +77,15 @@
 #ifndef FAD_WS_Q_REGS /* 1 = its consumers hold Q's A fragments in registers */
 #define FAD_WS_Q_REGS 1
 #endif
+/* FAD_WS_DROP_Q_SMEM: 1 = with dropout its consumers read Q from shared
+ * memory (SS wgmma) all the same: the draws' registers then fit (D128 spill
+ * 44 B -> 8 B, narrow 44 -> 0), and the D128 forward at p = 0.1 takes
+ * 0.93-0.95x the time (benchmarks/results/2026-11-27_h100_ab_fwd_dropout_q_smem.md).
+ * Without dropout Q stays in registers: there shared memory costs 1-12% at
+ * D128 (2026-11-27_h100_ab_fwd_q_smem_p0.md). */
+#ifndef FAD_WS_DROP_Q_SMEM
+#define FAD_WS_DROP_Q_SMEM 1
+#endif
 /* FAD_WS_TMA: 1 = the warp-specialized kernel's producer copies whole K/V
  * tiles with the bulk tensor copy engine (tma.cuh; D128), 0 = cp.async. */
 #ifndef FAD_WS_TMA

@@ -3,7 +3,7 @@
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
 # fad_det and SDPA cuDNN in both layouts, or dev/bench_dropout.py (BENCH=dropout: p = 0 and 0.1,
-# SDPA flash beside), or bench_decode (BENCH=decode: fad_det and SDPA cuDNN, graph and eager us,
+# SDPA flash beside; DROPOUT_ARGS=--fwd-only for the forward alone), or bench_decode (BENCH=decode: fad_det and SDPA cuDNN, graph and eager us,
 # ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16), N turns (default 2), ${FILTER} as
 # bench_fwd's --filter, ${PRESET} its preset (default quick). BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in
 # that order in odd turns and in reverse in even ones (default "base new"; in the twelfth session one
@@ -26,7 +26,7 @@ for turn in $(seq 1 "${1:-2}"); do
                 --tag "ab_${b}_$turn" 2>>"$out/stderr.log" > /dev/null
             mv "$out"/decode_ab_${b}_${turn}_*.md "$out/ab_${b}_$turn.md"
         elif [ "${BENCH:-fwd}" = dropout ]; then
-            python3 dev/bench_dropout.py --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
+            python3 dev/bench_dropout.py ${DROPOUT_ARGS:-} --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
         elif [ "${BENCH:-fwd}" = fwd ]; then
             python3 benchmarks/bench_fwd.py --preset ${PRESET:-quick} --rounds 2 --no-plot \
                 ${FILTER:+--filter "$FILTER"} --impls fad_det,sdpa_cudnn,sdpa_cudnn_bhld \

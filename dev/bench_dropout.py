@@ -4,7 +4,7 @@ beside SDPA's flash backend (FA2's kernel, which has dropout) on the same inputs
 alternating turns, median of CUDA-event times. bf16, causal and not. SDPA runs in both of its
 layouts -- contiguous (B, H, L, D) and the transposed views of (B, L, H, D) tensors that models
 pass -- and each SDPA column is the faster of the two.
-    python3 dev/bench_dropout.py [--out FILE]"""
+    python3 dev/bench_dropout.py [--out FILE] [--fwd-only]"""
 import argparse
 import statistics
 
@@ -28,6 +28,7 @@ def timed(fn, turns):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--fwd-only", action="store_true", help="the forward pass alone")
     args = ap.parse_args()
     fad.set_deterministic_mode(True)
     lines = [f"# {torch.cuda.get_device_name()}: ms, median of 10 alternating rounds x 5 calls",
@@ -61,7 +62,7 @@ def main():
                 if bwd:
                     o.backward(g.transpose(1, 2))
 
-            for bwd in (False, True):
+            for bwd in (False,) if args.fwd_only else (False, True):
                 fns = [lambda p=p, f=f: f(p, bwd) for f in (det, sdpa, sdpa_views) for p in (0.0, 0.1)]
                 for f in fns:
                     f()

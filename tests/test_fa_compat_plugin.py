@@ -29,8 +29,19 @@ def test_skips(e):
 '''
 
 
-def _run(tmp_path, *args, **env):
-    (tmp_path / "test_standin.py").write_text(STAND_IN)
+ROWS_STAND_IN = '''
+import pytest
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 147), (113, 203), (300, 300)])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.17])
+@pytest.mark.parametrize("f", list(range(5)))
+def test_rows(f, dropout_p, seqlen_q, seqlen_k):
+    pass
+'''
+
+
+def _run(tmp_path, *args, text=STAND_IN, **env):
+    (tmp_path / "test_standin.py").write_text(text)
     e = {k: v for k, v in os.environ.items() if not k.startswith("FA_")}
     e.update(env, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "fa_compat"), os.path.dirname(HERE)]))
     return subprocess.run([sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", str(tmp_path),
@@ -97,3 +108,21 @@ def test_per_function_counts_and_resume(tmp_path):
     passed_before = {ln.split()[1] for ln in first[:5] if ln.startswith("passed ")}
     assert passed_before and not passed_before & {ln.split()[1] for ln in second}
     assert sorted(first) == sorted([ln for ln in first[:5] if ln.split()[1] in passed_before] + second)
+
+
+def test_cpu_sample_rules(tmp_path):
+    """FA_DEVICE=cpu: no length above 256, and no dropout with a single query row (the file's
+    dropout-fraction check is 1.5 sigma there: fa_compat_plugin._cpu_row_ok); a sample of n
+    still has n items. The GPU sample keeps both."""
+    cpu = _selected(_run(tmp_path, "--collect-only", "-q", text=ROWS_STAND_IN, FA_SEED="5",
+                         FA_PER_FUNCTION="0", FA_DEVICE="cpu"))
+    assert len(cpu) == 15 and not any("-300-" in s or s.endswith("-300]") for s in cpu)
+    assert not any(s.startswith("test_rows[") and "-0.17-1-147" in s for s in cpu)
+    assert sum("-0.0-1-147" in s for s in cpu) == 5  # seqlen_q 1 without dropout stays
+    gpu = _selected(_run(tmp_path, "--collect-only", "-q", text=ROWS_STAND_IN, FA_SEED="5",
+                         FA_PER_FUNCTION="0"))
+    assert len(gpu) == 30 and sum("-0.17-1-147" in s for s in gpu) == 5
+    for seed in ("5", "6", "7"):
+        some = _selected(_run(tmp_path, "--collect-only", "-q", text=ROWS_STAND_IN, FA_SEED=seed,
+                              FA_PER_FUNCTION="8", FA_DEVICE="cpu"))
+        assert len(some) == 8 and not any("-0.17-1-147" in s for s in some), some

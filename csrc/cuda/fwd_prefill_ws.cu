@@ -48,7 +48,10 @@
  * docs/log/2026-11-27_notebook.md. Drawn for the next tile
  * while the consumer waits for its S, they kept 8 registers live across
  * the softmax: 112 B of spill against 28 B, and the D128 forward at p = 0.1
- * took 1.14-1.20x longer: fifth session.)
+ * took 1.14-1.20x longer: fifth session. With Q in shared memory and no
+ * spill, after the next S's issue or a tile ahead they took 1.07-1.16x
+ * the time of the draws here: benchmarks/results/
+ * 2026-11-27_h100_ab_fwd_dropout_q_smem.md.)
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
@@ -525,8 +528,10 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 
     /* Q's A fragments in registers (kQInRegs): S = Q K^T then reads only K
      * from shared memory. With Q there too, an m64n64k16 wgmma reads 4 KB
-     * per 32 tensor-core clocks, the whole 128 B/clk of shared memory. */
-    constexpr bool kQInRegs = C::kQInRegs;
+     * per 32 tensor-core clocks, the whole 128 B/clk of shared memory. With
+     * dropout (FAD_WS_DROP_Q_SMEM) Q stays in shared memory: its 32 registers
+     * go to the draws, which spilled beside them. */
+    constexpr bool kQInRegs = C::kQInRegs && !(kDrop && FAD_WS_DROP_Q_SMEM);
     uint32_t qf[1][kQInRegs ? kHeadDim / 16 : 1][4];
     if constexpr (kQInRegs)
         if (walked)
