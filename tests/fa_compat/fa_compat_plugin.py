@@ -1,23 +1,23 @@
 """The pytest plugin (-p fa_compat_plugin) that runs flash_attn's test file on flash_attn_det
 (tests/fa_compat/run.sh, and a CPU-sized sample in tests/test_fa_compat.py).
 
-The file parametrizes ~509k tests; expanding them costs minutes. So before pytest expands a
-test function's parametrize marks, this plugin takes them off and draws FA_PER_FUNCTION
-(default 50) combinations uniformly from their product (seed FA_SEED, default a fresh one,
-printed and handed to xdist workers through the environment), which pytest then parametrizes
-as one list: only the sampled items are ever built. FA_NO_DROPOUT=1 restricts dropout_p to 0;
-FA_DROPOUT_ONLY=1 restricts it to its nonzero values (a sample of the dropout tests alone).
-FA_DEVICE=cpu runs the file on the CPU without touching a line of it: CUDA device arguments of
-torch calls become the CPU through a TorchFunctionMode around each test, the file's capability
-queries answer sm_90, and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head
-dims <= FA_CPU_MAX_D (128), and leaves out dropout with a single query row (_cpu_row_ok says why). At the end it prints each function's passed/failed/skipped;
-FA_LOG=path also appends each finished test's outcome and node id (and a failure's last
-line, a skip's reason) to that file as it finishes, so a run stopped by a time limit still
-names its failures. FA_COUNTS="name=N,..." gives named functions their own sample size (the
-file skips some combinations itself, e.g. about half of test_flash_attn_kvcache's: a larger
-sample there still runs 50). FA_RESUME=path (an FA_LOG of an earlier run, same FA_SEED and
-counts) leaves out the tests it logged as passed, so a run cut off by a time limit goes on
-where it stopped; the two logs together are the sample."""
+The file parametrizes ~509k tests; expanding them costs minutes. So before pytest expands a test
+function's parametrize marks, this plugin takes them off and draws FA_PER_FUNCTION (default 50)
+combinations uniformly from their product (seed FA_SEED, default a fresh one, printed and handed
+to xdist workers through the environment), which pytest then parametrizes as one list: only the
+sampled items are ever built. FA_NO_DROPOUT=1 restricts dropout_p to 0; FA_DROPOUT_ONLY=1
+restricts it to its nonzero values (a sample of the dropout tests alone). FA_DEVICE=cpu runs the
+file on the CPU without touching a line of it: CUDA device arguments of torch calls become the
+CPU through a TorchFunctionMode around each test, the file's capability queries answer sm_90,
+and the sample keeps sequence lengths <= FA_CPU_MAX_SEQLEN (256) and head dims <= FA_CPU_MAX_D
+(128) and leaves out dropout with a single query row (_cpu_row_ok says why). At the end it
+prints each function's passed/failed/skipped; FA_LOG=path also appends each finished test's
+outcome and node id (and a failure's last line, a skip's reason) to that file as it finishes, so
+a run stopped by a time limit still names its failures. FA_COUNTS="name=N,..." gives named
+functions their own sample size (the file skips some combinations itself, e.g. about half of
+test_flash_attn_kvcache's: a larger sample there still runs 50). FA_RESUME=path (an FA_LOG of an
+earlier run, same FA_SEED and counts) leaves out the tests it logged as passed, so a run cut off
+by a time limit goes on where it stopped; the two logs together are the sample."""
 import collections
 import math
 import os
@@ -166,7 +166,7 @@ def pytest_generate_tests(metafunc):
     name = metafunc.function.__name__
     total = math.prod(len(vals) for _, vals in axes)
     n = _counts().get(name, int(os.environ.get("FA_PER_FUNCTION", "50")))
-    argnames = [n for names, _ in axes for n in names]
+    argnames = [a for names, _ in axes for a in names]
 
     def row_of(idx):  # index -> one value of every mark (mixed radix)
         row = ()
