@@ -258,8 +258,9 @@ def test_gpu_backward_under_graph_capture(case):
 # The backward's matmul kernels have Hopper variants (wgmma, sm_90a build on an sm_90 GPU,
 # D <= 256 (no dropout above 128), softcap and ALiBi included, on grids of at least one dK/dV
 # CTA per SM) beside the mma.sync ones; FLASH_ATTN_DET_WGMMA=0 turns them off for the process,
-# =force runs them at every grid size (these cases are small). Same chains in the same order on the same fragments,
-# so both must give the same bits; the default process, which picks by grid size, must too.
+# =force runs them at every grid size (these cases are small). Same chains in the same order on
+# the same fragments, so both must give the same bits; the default process, which picks by grid
+# size, must too.
 # Elsewhere every process runs the same kernels.
 _BWD_VARIANT_CASES = [
     dict(B=2, Sq=700, Sk=700, H=4, Hk=2, D=128, dtype="bfloat16", causal=True),
