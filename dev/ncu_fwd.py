@@ -6,9 +6,9 @@
 (dev/device_all.sh's `ncu` stage). Cases: prefill B8 L4k H16 D128 non-causal (flash_attn_det
 deterministic mode, SDPA flash, SDPA cuDNN) and decode B1 L8k Hq32/Hkv8 D128 (flash_attn_det).
 Each call is warmed up twice outside the range, so ncu sees only the steady-state kernels.
-`python3 dev/ncu_fwd.py detfast D L B H` profiles instead flash_attn_det in deterministic and in
-fast mode on one non-causal prefill shape (where the two modes' costs differ), and with PEER=cudnn
-SDPA cuDNN on it too;
+`python3 dev/ncu_fwd.py detfast D L B H [causal] [HK]` profiles instead flash_attn_det in
+deterministic and in fast mode on one prefill shape (non-causal unless `causal`; HK key/value heads
+for GQA, H by default), and with PEER=cudnn SDPA cuDNN on it too (enable_gqa where HK < H);
 `python3 dev/ncu_fwd.py decode [B L]` only the decode call (B1 L8k by default), in
 deterministic and fast mode, beside SDPA cuDNN's on the same cache;
 `python3 dev/ncu_fwd.py dropout D L B H` one forward + backward at dropout_p 0 and at 0.1
@@ -35,17 +35,20 @@ def profiled(tag, fn):
     torch.cuda.profiler.stop()
 
 
-def det_vs_fast(D, L, B, H):
+def det_vs_fast(D, L, B, H, causal=False, HK=None):
+    HK = HK or H
     q = torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
+    k = torch.randn(B, L, HK, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    tag = f"prefill D{D} L{L} B{B} H{H}/{HK}{' causal' if causal else ''}"
     for det in (True, False):
         fad.set_deterministic_mode(det)
-        profiled(f"prefill D{D} L{L} B{B} H{H} {'det' if det else 'fast'}",
-                 lambda: fad.flash_attn_func(q, k, v))
+        profiled(f"{tag} {'det' if det else 'fast'}", lambda: fad.flash_attn_func(q, k, v, causal=causal))
     if os.environ.get("PEER") == "cudnn":  # SDPA cuDNN on the same shape, in its own (B, H, L, D) layout
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            profiled(f"prefill D{D} L{L} B{B} H{H} sdpa cudnn", lambda: F.scaled_dot_product_attention(qt, kt, vt))
+            profiled(f"{tag} sdpa cudnn", lambda: F.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal, enable_gqa=HK < H))
 
 
 def dropout(D, L, B, H):
@@ -60,7 +63,10 @@ def dropout(D, L, B, H):
 
 def main():
     if sys.argv[1:2] == ["detfast"]:
-        return det_vs_fast(*(int(x) for x in sys.argv[2:6]))
+        rest = sys.argv[6:]
+        causal = "causal" in rest
+        hk = [int(x) for x in rest if x.isdigit()]
+        return det_vs_fast(*(int(x) for x in sys.argv[2:6]), causal=causal, HK=hk[0] if hk else None)
     if sys.argv[1:2] == ["dropout"]:
         return dropout(*(int(x) for x in sys.argv[2:6]))
     dev, bf = "cuda", torch.bfloat16

@@ -1,5 +1,6 @@
 """The flash_attn-compatible entry points: forward and autograd on CPU and GPU."""
 import math
+import operator
 import struct
 
 import torch
@@ -749,16 +750,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     0, the capacity, b), its queries being the last seqlen_q positions. cache_seqlens: int or
     int32 (batch,). In deterministic mode a row's bits do not depend on the capacity, the
     entry, leftpad (rotary aside: its positions are cache rows), the other sequences, or whether it comes from a prefill, a chunk or a
-    one-token decode. num_splits is accepted and ignored: the split plan comes from
-    split_size (deterministic mode) or the batch and GPU (fast mode). block_table (int32
+    one-token decode. num_splits (an int, flash_attn's: 0 automatic, 1 do not split, > 1
+    split): in deterministic mode the keys are always walked in split_size splits, which fix
+    the bits, so num_splits only says how the GPU spreads them over CTAs: 1 runs every split of
+    a (sequence, kv head) in one CTA, folded in registers (no combine kernel: faster for a
+    batch of same-length sequences that fills most SMs, slower for a long sequence among short
+    ones, whose splits then queue in one CTA), > 1 gives each split a CTA plus the combine, 0
+    lets the plan choose from the shapes; the bits are the same whichever. Fast mode ignores it
+    (its plan adapts to the batch and the GPU). block_table (int32
     (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), page_size
     a multiple of 16; the kernels read the pages in place through the table (same bits as a
     contiguous cache, whatever the page size or block order). A block index outside the
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
+    schedule = _schedule_of(num_splits)
     if (_infer_kvcache is not None and not softcap and alibi_slopes is None
-            and window_size == (-1, -1) and cache_seqlens is not None
+            and window_size == (-1, -1) and cache_seqlens is not None and schedule is None
             and not torch.compiler.is_compiling()):
         res = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                              cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
@@ -785,11 +793,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         out, lse = torch.ops.flash_attn_det.fwd_kvcache(*args, scale, bool(causal), left, right,
                                                         float(softcap), bool(rotary_interleaved),
-                                                        alibi_slopes)
+                                                        alibi_slopes, int(num_splits))
     else:
         out, lse = _fwd_kvcache(*args, softmax_scale, causal, window_size, softcap,
-                                rotary_interleaved, alibi_slopes, want_lse=return_softmax_lse)
+                                rotary_interleaved, alibi_slopes, want_lse=return_softmax_lse,
+                                num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out
+
+
+def _schedule_of(num_splits):
+    """flash_attn_with_kvcache's num_splits as the schedule of a deterministic-mode call (None:
+    the mode's own, automatic unless testing.force_schedule set one). Checked before anything
+    runs, so a bad value leaves the caches as they were."""
+    try:
+        num_splits = operator.index(num_splits)
+    except TypeError:
+        raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}") from None
+    if num_splits <= 0 or not _state["enabled"]:  # (flash_attn: below 1 is its heuristic)
+        return None
+    return _C.SCHEDULE_ONE_CTA if num_splits == 1 else _C.SCHEDULE_CTA_PER_SPLIT
 
 
 def _writable(t, name):
@@ -821,9 +843,10 @@ def _kvcache_padded(pad, q, k_cache, v_cache, k, v, **kw):
 
 def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                  cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                 rotary_interleaved, alibi_slopes, want_lse=True):
+                 rotary_interleaved, alibi_slopes, want_lse=True, num_splits=0):
     """flash_attn_with_kvcache's work once cache_seqlens is a tensor; returns (out, lse),
-    lse None unless want_lse."""
+    lse None unless want_lse. num_splits: as flash_attn_with_kvcache's (_schedule_of)."""
+    call_schedule = _schedule_of(num_splits)
     q = _operand(q, "q")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -851,6 +874,8 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
     det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    if call_schedule is not None:
+        schedule = call_schedule
 
     def head(q, cache_seqlens):  # fwd_kvcache's arguments before the workspace
         return (_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _opt(lse), _dl(cache_seqlens),

@@ -130,11 +130,12 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
                 softcap: float, rotary_interleaved: bool,
-                alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                alibi_slopes: Optional[Tensor], num_splits: int = 0) -> Tuple[Tensor, Tensor]:
     # k/v (new rows) are written into k_cache/v_cache in place: the mutation torch must know of
     return _I._fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                           (window_left, window_right), softcap, rotary_interleaved, alibi_slopes)
+                           (window_left, window_right), softcap, rotary_interleaved, alibi_slopes,
+                           num_splits=num_splits)
 
 
 @fwd_kvcache.register_fake

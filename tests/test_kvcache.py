@@ -648,3 +648,39 @@ def test_packed_many_splits_bad_block_is_nan_gpu():
     for b in (0, 2, 3):
         assert torch.isfinite(out[b]).all() and torch.isfinite(lse[b]).all()
     assert out[1].isnan().all() and lse[1].isnan().all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_num_splits_picks_the_schedule_not_the_bits(device):
+    """flash_attn's num_splits in deterministic mode: 1 (every split of a (sequence, kv head)
+    in one CTA), 2 and 7 (a CTA per split plus the combine) and 0 (the plan's choice) give the
+    same out, lse and appended cache rows, for a batch of mixed lengths with new rows; on the
+    GPU each equals the schedule testing.force_schedule forces. A num_splits that is not an int
+    raises before anything is written."""
+    gen = make_gen(311)
+    B, H, Hk, D, cap = 6, 16, 4, 64, 2048
+    lens = [2000, 37, 1500, 2040, 512, 900]
+    q = randn(gen, (B, 1, H, D), torch.bfloat16, device)
+    kc0, vc0 = (randn(gen, (B, cap, Hk, D), torch.bfloat16, device) for _ in range(2))
+    knew, vnew = (randn(gen, (B, 1, Hk, D), torch.bfloat16, device) for _ in range(2))
+
+    def call(num_splits):
+        kc, vc = kc0.clone(), vc0.clone()
+        out, lse = fad.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cache_seqlens=i32(lens, device),
+                                               causal=True, num_splits=num_splits,
+                                               return_softmax_lse=True)
+        return out, lse, kc, vc
+
+    base = call(0)
+    assert torch.isfinite(base[0]).all()
+    for ns in (1, 2, 7):
+        assert all(torch.equal(a, b) for a, b in zip(call(ns), base)), f"num_splits {ns}"
+    if device == "cuda":
+        for sched in ("one_cta", "cta_per_split"):
+            with force_schedule(sched):
+                assert all(torch.equal(a, b) for a, b in zip(call(0), base)), sched
+    kc, vc = kc0.clone(), vc0.clone()
+    with pytest.raises(TypeError, match="num_splits"):
+        fad.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cache_seqlens=i32(lens, device),
+                                    causal=True, num_splits=1.0)
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
