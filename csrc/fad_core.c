@@ -242,11 +242,22 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
     switch (p->schedule) {
     case FAD_SCHEDULE_ONE_CTA: plan->cta_per_split = 0; break;
     case FAD_SCHEDULE_CTA_PER_SPLIT: plan->cta_per_split = plan->num_splits > 0; break;
-    default:
+    default: {
         /* Spreading splits over CTAs never changes bits; do it when the grid
-         * would leave SMs idle and the partials stay small. */
-        plan->cta_per_split = num_sms > 0 && plan->num_splits > 1 && ctas < num_sms &&
+         * would leave SMs idle and the partials stay small. The packed (decode)
+         * kernel streams K/V and its CTAs fit two an SM, so a grid of one to
+         * two CTAs an SM leaves some SMs with two and others with one: split
+         * below 1.9 CTAs an SM, where a CTA per split measured 1.07-1.18x the
+         * one-CTA schedule at 136-192 CTAs (H100, 132 SMs) and 0.95-0.97x at
+         * 256-512 (benchmarks/results/2026-11-27_h100_probe_decode_schedule.md).
+         * (One CTA per kv head would also win from 0.6 to 1 CTA an SM for
+         * same-length batches, 1.03-1.08x, but a plan that sees shapes only
+         * cannot know them, and with mixed lengths a long sequence's splits
+         * then queue in one CTA: 0.59-0.60x. num_splits = 1 asks for it.) */
+        const long long split_below = plan->packed ? (long long)num_sms * 19 / 10 : num_sms;
+        plan->cta_per_split = num_sms > 0 && plan->num_splits > 1 && ctas < split_below &&
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
+    }
     }
     if (plan->cta_per_split) {
         /* A ready flag per split CTA (grid x: at most m_blocks x B x Hq), for

@@ -502,3 +502,18 @@ def test_workspace_size_is_zero_for_one_cta_and_positive_for_split():
         assert workspace_bytes(q, k) > 0  # tiny grid: auto spreads splits over CTAs
 
 
+@requires_cuda
+def test_decode_plan_spreads_splits_below_two_ctas_an_sm():
+    """The automatic schedule of the packed (decode) kernel, deterministic mode: a CTA per
+    split (a workspace for the partials) while the B x Hkv CTAs number below 1.9 an SM, one CTA
+    per (sequence, kv head) from there (no workspace): fad_core.c's rule, from the measured
+    probe. GQA 32/8, one query token, a 4k cache."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = make_gen(16)
+    for ctas, split in ((sms // 2, True), (sms + 8, True), (sms * 19 // 10 - 8, True),
+                        (sms * 19 // 10 + 8, False), (sms * 3, False)):
+        B = -(-ctas // 8)
+        q, k, _ = make_qkv(g, B, 1, 4096, 32, 8, 128, torch.bfloat16, "cuda")
+        assert (workspace_bytes(q, k) > 0) == split, f"B {B} ({B * 8} CTAs on {sms} SMs)"
+
+
