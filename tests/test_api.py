@@ -515,5 +515,3 @@ def test_decode_plan_spreads_splits_below_two_ctas_an_sm():
         B = -(-ctas // 8)
         q, k, _ = make_qkv(g, B, 1, 4096, 32, 8, 128, torch.bfloat16, "cuda")
         assert (workspace_bytes(q, k) > 0) == split, f"B {B} ({B * 8} CTAs on {sms} SMs)"
-
-
