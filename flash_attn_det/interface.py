@@ -764,7 +764,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is an error on CPU tensors; on the GPU the rows that would read it are NaN.
     Returns out, or (out, softmax_lse (batch, nheads, seqlen_q)).
     """
-    schedule = _schedule_of(num_splits)
+    # (the default 0 without a call: this is decode's per-call path)
+    schedule = None if type(num_splits) is int and not num_splits else _schedule_of(num_splits)
     if (_infer_kvcache is not None and not softcap and alibi_slopes is None
             and window_size == (-1, -1) and cache_seqlens is not None and schedule is None
             and not torch.compiler.is_compiling()):
