@@ -15,7 +15,7 @@ import sys
 
 
 def short(name):
-    name = re.sub(r"\(fwd_ws_args\)|\(fwd_args\)|\(.*_args\)", "", name)
+    name = re.sub(r"\(\w*_args\)", "", name)  # (the kernels' one argument struct)
     name = name.replace("void ", "").replace("__nv_bfloat16", "bf16")
     m = re.search(r"sm90_flash_fprop_wgmma_f16_(knob_\d+_\w+?)_\d+x\d+x\d+_cga", name)
     if m:
@@ -34,8 +34,9 @@ def parse(lines):
             continue
         m = re.match(r"^  (\S.*?) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context", line)
         if m:
-            cur = {"case": pending.pop(0) if pending else case, "kernel": short(m.group(1)), "grid": int(m.group(2)) * int(m.group(3)) *
-                   int(m.group(4)), "block": int(m.group(5)) * int(m.group(6)) * int(m.group(7))}
+            g = [int(x) for x in m.groups()[1:]]
+            cur = {"case": pending.pop(0) if pending else case, "kernel": short(m.group(1)),
+                   "grid": g[0] * g[1] * g[2], "block": g[3] * g[4] * g[5]}
             rows.append(cur)
             continue
         if cur is None:
@@ -58,7 +59,7 @@ def parse(lines):
         if m and "stall" not in cur:
             text = m.group(1).strip()
             j = i + 1
-            while j < len(lines) and not re.search(r"\.\s*$|cycles", text) and lines[j].startswith("          "):
+            while j < len(lines) and not text.rstrip().endswith(".") and lines[j].startswith(" " * 10):
                 text += " " + lines[j].strip()
                 j += 1
             cur["stall"] = text.split(". ")[0].rstrip(".")[:70]
