@@ -36,7 +36,10 @@ KINDS = [
     ("wgmma_probe", "wgmma vs mma.sync rounding probe", "tests/wgmma_probe.cu (tests/test_wgmma_rounding.py)"),
     ("probe_kernels", "per-kernel times", "python3 dev/probe_kernels.py"),
     ("build", "build log", "python3 setup.py build_ext --inplace"),
+    ("ab_fwd_dropout", "same-run A/B of build variants, dropout's forward",
+     "BENCH=dropout DROPOUT_ARGS=--fwd-only BUILDS=... dev/ab_so.sh (see the notebook)"),
     ("ab_", "same-run A/B of build variants", "dev/ab_variants.sh or dev/ab_decode.sh (see the notebook)"),
+    ("fa_compat", "flash_attn's test file through the shim", "tests/fa_compat/run.sh (FA_SEED in the notebook)"),
     ("quick", "quick forward table, wgmma on/off", "python3 dev/quick_perf.py"),
 ]
 
