@@ -29,7 +29,7 @@ from fad_toolchain import cpu_only_reason, find_nvcc  # noqa: E402  (shared with
 
 CSRC = os.path.join("csrc")
 C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c", "fad_cpu.c",
-             "fad_bwd_cpu.c"]
+             "fad_bwd_cpu.c", "cpu/kernels.c", "cpu/threads.c"]
 CUDA_SOURCES = sorted(os.path.join("cuda", f) for f in os.listdir(os.path.join(ROOT, CSRC, "cuda"))
                       if f.endswith(".cu"))
 DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89

@@ -148,6 +148,11 @@ typedef struct fad_fwd_params {
      * captured before the call draws a new pair, and so a new mask, on every replay (host
      * values would be frozen into the graph). Read in one place: fad_dropout_of (fad_seq.h). */
     const int64_t *dropout_seed_offset;
+
+    /* --- CPU path (fad_fwd_cpu, fad_bwd_cpu) --- */
+    int num_threads;     /* threads to run on, the caller's own among them; <= 1 (the
+                            default): the caller's thread only. Never changes a bit: each
+                            row is computed whole by one thread in the split plan's order */
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),

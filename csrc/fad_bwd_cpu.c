@@ -8,107 +8,231 @@
  *   dp_ij = z_ij (dout_i . v_j),   ds_ij = p_ij (dp_ij - Delta) d(score)/d(q.k)
  *   dq_i += ds_ij k_j,      dk_j += ds_ij q_i,      dv_j += z_ij p_ij dout_i
  * Orders are fixed by position: keys increasing for dq_i; for dk/dv of a kv
- * head, the query heads of its group increasing, then rows increasing. Nothing
- * depends on the rest of the batch, so gradients are batch-invariant.
+ * head, the query heads of its group increasing, then rows increasing; terms
+ * whose factor is exactly zero (keys outside [lo, hi) among them) are skipped
+ * (cpu/kernels.inc). Nothing depends on the rest of the batch, so gradients
+ * are batch-invariant.
+ *
+ * Work items are (sequence, kv head): one thread walks the group's query heads,
+ * their rows in blocks of BWD_ROWS and each block's key tiles, so both orders
+ * hold whichever thread runs the item (docs/design.md, "cpu-path").
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/kernels.h"
 #include "fad_internal.h"
 #include "fad_math.h"
 #include "fad_seq.h"
 
+#define BWD_ROWS 64
+
 typedef struct bwd_ctx {
     const fad_bwd_params *bp;
-    const fad_score_mod *mod;
-    const fad_dropout *drop;
-    load_fn load;
-    fad_seq seq;
-    int hk;           /* kv head */
-    const float *kf, *vf; /* (len_k, D) fp32 keys/values of this (sequence, kv head) */
-    float *dk, *dv;   /* (len_k, D) fp32 accumulators of this (sequence, kv head) */
+    const fad_cpu_kernels *k;
+    fad_score_mod mod;
+    int D, Dp, group, bf16, key_rows; /* key_rows: seqlen_k rounded up to whole tiles */
+    int64_t lse_head_stride;
 } bwd_ctx;
 
-/* Loads D elements of a half-precision row into fp32. */
-static void load_row(const bwd_ctx *c, const uint16_t *src, float *dst, int D)
+typedef struct bwd_scratch {
+    float *krows, *kt, *vt, *dk, *dv; /* the item's keys: key_rows x Dp; kt/vt per tile Dp x T */
+    float *q, *dout, *dq, *s, *dp, *ds, *pv; /* a block's rows: BWD_ROWS x Dp or x T */
+    float *delta, *lse2;
+    fad_key_range *range;
+} bwd_scratch;
+
+static size_t bwd_carve(const bwd_ctx *c, char *base, bwd_scratch *w)
 {
-    for (int d = 0; d < D; d++)
-        dst[d] = c->load(src[d]);
+    const size_t K = (size_t)c->key_rows, Dp = (size_t)c->Dp, R = BWD_ROWS, T = FAD_CPU_TILE;
+    size_t at = 0;
+#define CARVE_(field, type, n)                                                  \
+    do {                                                                        \
+        if (base)                                                               \
+            w->field = (type *)(base + at);                                     \
+        at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
+    } while (0)
+    CARVE_(krows, float, K * Dp);
+    CARVE_(kt, float, K * Dp);
+    CARVE_(vt, float, K * Dp);
+    CARVE_(dk, float, K * Dp);
+    CARVE_(dv, float, K * Dp);
+    CARVE_(q, float, R * Dp);
+    CARVE_(dout, float, R * Dp);
+    CARVE_(dq, float, R * Dp);
+    CARVE_(s, float, R * T);
+    CARVE_(dp, float, R * T);
+    CARVE_(ds, float, R * T);
+    CARVE_(pv, float, R * T);
+    CARVE_(delta, float, R);
+    CARVE_(lse2, float, R);
+    CARVE_(range, fad_key_range, R);
+#undef CARVE_
+    return at;
 }
 
-static float dot(const float *a, const float *b, int D)
-{
-    float s = 0.f;
-    for (int d = 0; d < D; d++)
-        s = FAD_FMA(a[d], b[d], s);
-    return s;
-}
-
-/* One query row: accumulates into c->dk / c->dv and writes dq_i (unless only dK/dV are asked). */
-static void row_backward(const bwd_ctx *c, int b, int h, int i)
+/* The item's keys and values in fp32: keys row by row (for dq) and both
+ * transposed per tile (for S and dP); rows past len_k are zero. */
+static void load_keys(const bwd_ctx *c, const fad_seq *seq, int hk, const bwd_scratch *w)
 {
     const fad_fwd_params *p = &c->bp->fwd;
-    const int D = p->head_dim;
-    const fad_seq *seq = &c->seq;
-    const int64_t q_at = seq->q_off + i * p->q_row_stride + h * p->q_head_stride;
-    const int64_t o_at = seq->o_off + i * p->out_row_stride + h * p->out_head_stride;
-    float q[FAD_MAX_HEAD_DIM], dout[FAD_MAX_HEAD_DIM], o[FAD_MAX_HEAD_DIM];
-    float dq[FAD_MAX_HEAD_DIM];
-
-    load_row(c, (const uint16_t *)p->q + q_at, q, D);
-    load_row(c, (const uint16_t *)c->bp->dout + o_at, dout, D);
-    load_row(c, (const uint16_t *)p->out + o_at, o, D);
-    memset(dq, 0, sizeof(float) * D);
-
-    const float lse = p->softmax_lse[seq->row0 + h * fad_lse_head_stride(p) + i];
-    const fad_key_range r = fad_row_keys(i, seq->len_q, seq->len_k, p->window_left, p->window_right);
-    if (lse != -INFINITY) { /* a row that saw no key has no gradient */
-        const float lse2 = FAD_MUL(lse, FAD_LOG2E), delta = dot(dout, o, D);
-        const float slope_log2 = fad_alibi_slope_log2(p, b, h);
-        for (int j = r.lo; j < r.hi; j++) {
-            const float *kj = c->kf + (int64_t)j * D, *vj = c->vf + (int64_t)j * D;
-            const float qk = dot(q, kj, D);
-            float s2 = FAD_MUL(qk, c->mod->scale_log2);
-            if (c->mod->has_mod) {
-                s2 = fad_logit(c->mod, qk);
-                if (p->alibi_slopes)
-                    s2 = FAD_ADD(s2, fad_alibi_log2(slope_log2, i, j, seq->len_q, seq->len_k));
-            }
-            const float pij = fad_exp2(s2 - lse2);
-            float dp = dot(dout, vj, D), pv = pij; /* pv: what dv_j sees of p_ij */
-            if (c->drop->on) {
-                const int kept = fad_dropout_keep(c->drop, h, i + seq->len_k - seq->len_q, j);
-                dp = kept ? FAD_MUL(dp, c->drop->rp) : 0.f;
-                pv = kept ? FAD_MUL(pij, c->drop->rp) : 0.f;
-            }
-            const float ds = fad_ds(pij, dp, delta, fad_logit_grad(c->mod, p->softmax_scale, qk));
-            float *dkj = c->dk + (int64_t)(j)*D, *dvj = c->dv + (int64_t)(j)*D;
-            for (int d = 0; d < D; d++) {
-                dq[d] = FAD_FMA(ds, kj[d], dq[d]);
-                dkj[d] = FAD_FMA(ds, q[d], dkj[d]);
-                dvj[d] = FAD_FMA(pv, dout[d], dvj[d]);
-            }
+    const uint16_t *K = (const uint16_t *)p->k + hk * p->k_head_stride;
+    const uint16_t *V = (const uint16_t *)p->v + hk * p->v_head_stride;
+    const int T = FAD_CPU_TILE, Dp = c->Dp;
+    for (int t0 = 0; t0 < seq->len_k; t0 += T) {
+        const uint16_t *kr[FAD_CPU_TILE], *vr[FAD_CPU_TILE];
+        for (int j = 0; j < T; j++) {
+            int64_t ko = 0, vo = 0;
+            if (t0 + j < seq->len_k)
+                fad_kv_row(p, seq, t0 + j, &ko, &vo);
+            kr[j] = t0 + j < seq->len_k ? K + ko : NULL;
+            vr[j] = t0 + j < seq->len_k ? V + vo : NULL;
         }
+        float *rows = w->krows + (int64_t)t0 * Dp;
+        c->k->load_rows(kr, T, c->D, Dp, c->bf16, rows, Dp);
+        c->k->transpose(rows, Dp, w->kt + (int64_t)t0 * Dp);
+        c->k->load_rows(vr, T, c->D, Dp, c->bf16, w->dq, Dp); /* (dq: free until the rows) */
+        c->k->transpose(w->dq, Dp, w->vt + (int64_t)t0 * Dp);
     }
-    if (c->bp->part == FAD_BWD_DKDV) /* (the CPU computes both parts; it writes one) */
-        return;
-    uint16_t *dst = (uint16_t *)c->bp->dq + q_at;
-    for (int d = 0; d < D; d++)
-        dst[d] = p->dtype == FAD_BFLOAT16 ? fad_float_to_bf16(dq[d]) : fad_float_to_fp16(dq[d]);
 }
 
-static void store_rows(const fad_fwd_params *p, uint16_t *dst, int64_t row_stride,
-                       const float *src, int rows)
+/* dS and the P dV sees for row r of tile [t0, t1), with a score mod or dropout. */
+static void row_ds_general(const bwd_ctx *c, const bwd_scratch *w, const fad_dropout *drop,
+                           int b, int h, int i, const fad_seq *seq, int r, int t0, int lo, int hi)
 {
-    const int D = p->head_dim;
-    for (int j = 0; j < rows; j++)
-        for (int d = 0; d < D; d++) {
-            const float x = src[(int64_t)j * D + d];
-            dst[(int64_t)j * row_stride + d] =
-                p->dtype == FAD_BFLOAT16 ? fad_float_to_bf16(x) : fad_float_to_fp16(x);
+    const fad_fwd_params *p = &c->bp->fwd;
+    const float slope_log2 = fad_alibi_slope_log2(p, b, h);
+    const float *s = w->s + (int64_t)r * FAD_CPU_TILE, *dps = w->dp + (int64_t)r * FAD_CPU_TILE;
+    float *ds = w->ds + (int64_t)r * FAD_CPU_TILE, *pvs = w->pv + (int64_t)r * FAD_CPU_TILE;
+    for (int jj = 0; jj < FAD_CPU_TILE; jj++) {
+        if (jj < lo || jj >= hi) {
+            ds[jj] = pvs[jj] = 0.f;
+            continue;
         }
+        const int j = t0 + jj;
+        const float qk = s[jj];
+        float s2 = FAD_MUL(qk, c->mod.scale_log2);
+        if (c->mod.has_mod) {
+            s2 = fad_logit(&c->mod, qk);
+            if (p->alibi_slopes)
+                s2 = FAD_ADD(s2, fad_alibi_log2(slope_log2, i, j, seq->len_q, seq->len_k));
+        }
+        const float pij = fad_exp2(s2 - w->lse2[r]);
+        float dp = dps[jj], pv = pij;
+        if (drop->on) {
+            const int kept = fad_dropout_keep(drop, h, i + seq->len_k - seq->len_q, j);
+            dp = kept ? FAD_MUL(dp, drop->rp) : 0.f;
+            pv = kept ? FAD_MUL(pij, drop->rp) : 0.f;
+        }
+        ds[jj] = fad_ds(pij, dp, w->delta[r], fad_logit_grad(&c->mod, p->softmax_scale, qk));
+        pvs[jj] = pv;
+    }
+}
+
+static void store_rows(const bwd_ctx *c, uint16_t *dst, int64_t row_stride, const float *src,
+                       int rows)
+{
+    for (int j = 0; j < rows; j++)
+        for (int d = 0; d < c->D; d++) {
+            const float x = src[(int64_t)j * c->Dp + d];
+            dst[(int64_t)j * row_stride + d] = c->bf16 ? fad_float_to_bf16(x) : fad_float_to_fp16(x);
+        }
+}
+
+/* Rows [i0, i0 + nb) of query head h: their dq, and their terms of dk/dv. */
+static void bwd_block(const bwd_ctx *c, const bwd_scratch *w, const fad_dropout *drop, int b,
+                      int h, const fad_seq *seq, int i0, int nb)
+{
+    const fad_bwd_params *bp = c->bp;
+    const fad_fwd_params *p = &bp->fwd;
+    const int D = c->D, Dp = c->Dp, R = fad_cpu_pad_rows(nb), T = FAD_CPU_TILE;
+    const uint16_t *qr[BWD_ROWS], *dor[BWD_ROWS], *orr[BWD_ROWS];
+    for (int r = 0; r < R; r++) {
+        const int64_t q_at = seq->q_off + (int64_t)(i0 + r) * p->q_row_stride + h * p->q_head_stride;
+        const int64_t o_at = seq->o_off + (int64_t)(i0 + r) * p->out_row_stride + h * p->out_head_stride;
+        qr[r] = r < nb ? (const uint16_t *)p->q + q_at : NULL;
+        dor[r] = r < nb ? (const uint16_t *)bp->dout + o_at : NULL;
+        orr[r] = r < nb ? (const uint16_t *)p->out + o_at : NULL;
+    }
+    c->k->load_rows(qr, R, D, Dp, c->bf16, w->q, Dp);
+    c->k->load_rows(dor, R, D, Dp, c->bf16, w->dout, Dp);
+    c->k->load_rows(orr, R, D, Dp, c->bf16, w->dq, Dp); /* out, for Delta; dq is zeroed below */
+    int ulo = seq->len_k, uhi = 0;
+    for (int r = 0; r < nb; r++) {
+        const float lse = p->softmax_lse[seq->row0 + h * c->lse_head_stride + i0 + r];
+        const float *o = w->dq + (int64_t)r * Dp, *dout = w->dout + (int64_t)r * Dp;
+        float delta = 0.f;
+        for (int d = 0; d < D; d++)
+            delta = FAD_FMA(dout[d], o[d], delta);
+        w->delta[r] = delta;
+        w->lse2[r] = FAD_MUL(lse, FAD_LOG2E);
+        w->range[r] = fad_row_keys(i0 + r, seq->len_q, seq->len_k, p->window_left, p->window_right);
+        if (lse == -INFINITY) /* a row that saw no key has no gradient */
+            w->range[r].lo = w->range[r].hi = 0;
+        if (w->range[r].lo < w->range[r].hi) {
+            ulo = w->range[r].lo < ulo ? w->range[r].lo : ulo;
+            uhi = w->range[r].hi > uhi ? w->range[r].hi : uhi;
+        }
+    }
+    memset(w->dq, 0, sizeof(float) * (size_t)R * Dp);
+    const int fast = !c->mod.has_mod && !drop->on;
+    for (int t0 = ulo / T * T; t0 < uhi; t0 += T) {
+        const int t1 = t0 + T < seq->len_k ? t0 + T : seq->len_k;
+        c->k->dots(w->q, Dp, R, w->kt + (int64_t)t0 * Dp, D, w->s);
+        c->k->dots(w->dout, Dp, R, w->vt + (int64_t)t0 * Dp, D, w->dp);
+        for (int r = 0; r < R; r++) {
+            const fad_key_range kr = r < nb ? w->range[r] : (fad_key_range){0, 0};
+            const int lo = kr.lo > t0 ? kr.lo - t0 : 0, hi = kr.hi < t1 ? kr.hi - t0 : t1 - t0;
+            if (lo >= hi) {
+                memset(w->ds + (int64_t)r * T, 0, sizeof(float) * T);
+                memset(w->pv + (int64_t)r * T, 0, sizeof(float) * T);
+            } else if (fast) {
+                c->k->bwd_ds(w->s + (int64_t)r * T, w->dp + (int64_t)r * T, lo, hi,
+                             c->mod.scale_log2, w->lse2[r], w->delta[r], p->softmax_scale,
+                             w->ds + (int64_t)r * T, w->pv + (int64_t)r * T);
+            } else {
+                row_ds_general(c, w, drop, b, h, i0 + r, seq, r, t0, lo, hi);
+            }
+        }
+        c->k->acc_rows(w->ds, R, t1 - t0, w->krows + (int64_t)t0 * Dp, Dp, Dp, w->dq, Dp);
+        c->k->acc_cols(w->ds, R, w->q, Dp, Dp, w->dk + (int64_t)t0 * Dp, Dp);
+        c->k->acc_cols(w->pv, R, w->dout, Dp, Dp, w->dv + (int64_t)t0 * Dp, Dp);
+    }
+    if (bp->part == FAD_BWD_DKDV) /* (the CPU computes both parts; it writes one) */
+        return;
+    store_rows(c, (uint16_t *)bp->dq + seq->q_off + (int64_t)i0 * p->q_row_stride +
+                      h * p->q_head_stride, p->q_row_stride, w->dq, nb);
+}
+
+static void bwd_item(void *ctx, int64_t item, void *scratch)
+{
+    const bwd_ctx *c = (const bwd_ctx *)ctx;
+    const fad_bwd_params *bp = c->bp;
+    const fad_fwd_params *p = &bp->fwd;
+    const int hk = (int)(item % p->num_heads_k), b = (int)(item / p->num_heads_k);
+    const fad_seq seq = fad_get_seq(p, b);
+    const fad_dropout drop = fad_dropout_of(p, b);
+    const int Dp = c->Dp;
+    bwd_scratch w = {0};
+    bwd_carve(c, (char *)scratch, &w);
+    load_keys(c, &seq, hk, &w);
+    const size_t key_bytes = sizeof(float) * (size_t)(seq.len_k + FAD_CPU_TILE) * Dp;
+    memset(w.dk, 0, key_bytes < sizeof(float) * (size_t)c->key_rows * Dp ? key_bytes
+                                                                         : sizeof(float) * (size_t)c->key_rows * Dp);
+    memset(w.dv, 0, key_bytes < sizeof(float) * (size_t)c->key_rows * Dp ? key_bytes
+                                                                         : sizeof(float) * (size_t)c->key_rows * Dp);
+    for (int h = hk * c->group; h < (hk + 1) * c->group; h++)
+        for (int i0 = 0; i0 < seq.len_q; i0 += BWD_ROWS)
+            bwd_block(c, &w, &drop, b, h, &seq, i0,
+                      seq.len_q - i0 < BWD_ROWS ? seq.len_q - i0 : BWD_ROWS);
+    if (bp->part == FAD_BWD_DQ)
+        return;
+    store_rows(c, (uint16_t *)bp->dk + seq.k_off + hk * p->k_head_stride, p->k_row_stride, w.dk,
+               seq.len_k);
+    store_rows(c, (uint16_t *)bp->dv + seq.v_off + hk * p->v_head_stride, p->v_row_stride, w.dv,
+               seq.len_k);
 }
 
 fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
@@ -124,36 +248,20 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     rp.fwd = fwd;
     const fad_fwd_params *p = &rp.fwd;
 
-    const fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    fad_dropout drop = {0}; /* sequence b's, set per sequence below (its seq_id) */
-    const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
-    float *acc = malloc(sizeof(float) * 2 * (size_t)(p->seqlen_k > 0 ? p->seqlen_k : 1) * D);
-    float *kv = fad_kv_buffer(p);
-    if (!acc || !kv) {
-        free(acc), free(kv);
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: out of host memory for the backward");
-    }
-    bwd_ctx c = {.bp = &rp, .mod = &mod, .drop = &drop,
-                 .load = p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float};
-    for (int b = 0; b < p->batch; b++) {
-        c.seq = fad_get_seq(p, b);
-        drop = fad_dropout_of(p, b);
-        for (c.hk = 0; c.hk < p->num_heads_k; c.hk++) {
-            c.dk = acc, c.dv = acc + (size_t)c.seq.len_k * D;
-            c.kf = kv, c.vf = kv + (size_t)c.seq.len_k * D;
-            fad_load_kv_head(p, &c.seq, c.hk, c.load, kv, kv + (size_t)c.seq.len_k * D);
-            memset(acc, 0, sizeof(float) * 2 * (size_t)c.seq.len_k * D);
-            for (int h = c.hk * group; h < (c.hk + 1) * group; h++)
-                for (int i = 0; i < c.seq.len_q; i++)
-                    row_backward(&c, b, h, i);
-            if (rp.part == FAD_BWD_DQ)
-                continue;
-            store_rows(p, (uint16_t *)rp.dk + c.seq.k_off + c.hk * p->k_head_stride, p->k_row_stride,
-                       c.dk, c.seq.len_k);
-            store_rows(p, (uint16_t *)rp.dv + c.seq.v_off + c.hk * p->v_head_stride, p->v_row_stride,
-                       c.dv, c.seq.len_k);
-        }
-    }
-    free(acc), free(kv);
+    bwd_ctx c;
+    c.bp = &rp;
+    c.k = fad_cpu_kernels_get();
+    c.mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
+    c.D = p->head_dim, c.Dp = fad_cpu_pad_d(p->head_dim);
+    c.group = p->num_heads / p->num_heads_k;
+    c.bf16 = p->dtype == FAD_BFLOAT16;
+    c.key_rows = (p->seqlen_k + FAD_CPU_TILE - 1) / FAD_CPU_TILE * FAD_CPU_TILE;
+    if (c.key_rows == 0)
+        c.key_rows = FAD_CPU_TILE;
+    c.lse_head_stride = fad_lse_head_stride(p);
+    const int64_t items = (int64_t)p->batch * p->num_heads_k;
+    if (fad_cpu_parallel(p->num_threads, items, bwd_carve(&c, NULL, NULL), bwd_item, &c))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "seqlen_k: out of host memory for the CPU backward");
     return FAD_OK;
 }

@@ -354,6 +354,71 @@ static fad_status check_alignment(const fad_fwd_params *p, char *msg, size_t msg
     return FAD_OK;
 }
 
+/* Paged: every page holding one of sequence b's cache rows [start, end) must exist. */
+static fad_status check_pages(const fad_fwd_params *p, int b, int start, int end, char *msg,
+                              size_t msg_len)
+{
+    for (int x = start / p->page_size * p->page_size; x < end; x += p->page_size) {
+        const int pg = p->block_table[(int64_t)b * p->block_table_stride + x / p->page_size];
+        if (pg < 0 || pg >= p->kv_batch)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "block_table: sequence %d names block %d (slot %d), outside the "
+                            "cache's %d", b, pg, x / p->page_size, p->kv_batch);
+    }
+    return FAD_OK;
+}
+
+/* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
+ * sequence that points outside the tensors is skipped, see fad_seq.h). */
+fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
+{
+    for (int b = 0; p->cache_seqlens && b < p->batch; b++) {
+        const int kb = p->block_table ? 0 : p->cache_batch_idx ? p->cache_batch_idx[b] : b;
+        const int start = p->cache_leftpad ? p->cache_leftpad[b] : 0, end = p->cache_seqlens[b];
+        if (!p->block_table && (kb < 0 || kb >= p->kv_batch))
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_batch_idx: sequence %d names cache entry %d of %d", b, kb,
+                            p->kv_batch);
+        if (end < 0 || end > p->seqlen_k)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_seqlens: sequence %d ends at %d, outside the cache's %d rows", b,
+                            end, p->seqlen_k);
+        if (start < 0 || start > end)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cache_leftpad: sequence %d starts at %d, must be in [0, %d]", b, start,
+                            end);
+        if (p->block_table && check_pages(p, b, start, end, msg, msg_len) != FAD_OK)
+            return FAD_ERR_VALUE;
+    }
+    if (!p->cu_seqlens_q)
+        return FAD_OK;
+    if (p->cu_seqlens_q[0] != 0 || p->cu_seqlens_k[0] != 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "cu_seqlens_q, cu_seqlens_k: must start at 0");
+    for (int b = 0; b < p->batch; b++) {
+        const int32_t *cq = p->cu_seqlens_q + b, *ck = p->cu_seqlens_k + b;
+        if (cq[1] < cq[0] || cq[1] > p->total_q || cq[1] - cq[0] > p->seqlen_q)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cu_seqlens_q: sequence %d has rows [%d, %d): must be increasing, within "
+                            "q's %d rows and at most max_seqlen_q=%d long",
+                            b, cq[0], cq[1], p->total_q, p->seqlen_q);
+        if (ck[1] < ck[0] || (!p->block_table && ck[1] > p->total_k) ||
+            ck[1] - ck[0] > p->seqlen_k)
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "cu_seqlens_k: sequence %d has rows [%d, %d): must be increasing, within "
+                            "k's %d rows and at most %s=%d long", b, ck[0], ck[1], p->total_k,
+                            p->block_table ? "the block table's capacity" : "max_seqlen_k",
+                            p->seqlen_k);
+        if (p->seqused_k && (p->seqused_k[b] < 0 || p->seqused_k[b] > ck[1] - ck[0]))
+            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                            "seqused_k: sequence %d uses %d keys, must be in [0, %d]", b,
+                            p->seqused_k[b], ck[1] - ck[0]);
+        const int used = p->seqused_k ? p->seqused_k[b] : ck[1] - ck[0];
+        if (p->block_table && check_pages(p, b, 0, used, msg, msg_len) != FAD_OK)
+            return FAD_ERR_VALUE;
+    }
+    return FAD_OK;
+}
+
 fad_status fad_fwd_check_call(const fad_fwd_params *p, int on_gpu, char *msg, size_t msg_len)
 {
     fad_status st = fad_fwd_check_run(p, msg, msg_len);

@@ -1,17 +1,23 @@
 /*
  * fad_cpu.c — the forward pass on the CPU, in plain C, on the same split plan
- * as the kernels: per row, splits at absolute key positions, FAD_BLOCK_N-key
+ * as the kernels: per row, splits at absolute key positions, FAD_CPU_TILE-key
  * tiles inside a split with a fresh online-softmax state, splits merged left
  * to right with fad_merge_*. fp32 accumulation; fp16/bf16 in and out.
  *
  * It is the reference for the semantics in CI and the path a user without a
- * GPU gets. Each row is computed alone, so its bits cannot depend on the batch.
+ * GPU gets. Work is cut into items of (sequence, kv head, block of query
+ * positions), every query head of the kv head's group in one item so that a
+ * key tile is converted to fp32 once for all of them; threads take items
+ * (cpu/threads.c). A row's bits come from its own chain of tiles and splits
+ * alone (docs/design.md, "cpu-path"): they depend neither on the batch, nor on
+ * the item it falls in, nor on the thread count.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/kernels.h"
 #include "fad_internal.h"
 #include "fad_math.h"
 #include "fad_seq.h"
@@ -73,227 +79,237 @@ uint16_t fad_float_to_fp16(float f)
 }
 
 
-/* --- one row ------------------------------------------------------------- */
+/* --- the forward's work items ------------------------------------------- */
 
-typedef struct row_ctx {
+/* Query positions per item: about 64 rows with the group's heads, so that a
+ * converted key tile serves many rows (1 at decode: the group's heads only). */
+#define FWD_ROWS 64
+
+typedef struct fwd_ctx {
     const fad_fwd_params *p;
-    const fad_score_mod *mod;
-    const fad_dropout *drop;
-    load_fn load;
-    int split_size;
-    int len_q, len_k; /* the current sequence's */
-} row_ctx;
+    const fad_cpu_kernels *k;
+    fad_score_mod mod;
+    int split_size, D, Dp, group, bq, q_blocks, bf16;
+    int64_t lse_head_stride;
+} fwd_ctx;
 
-/* Runs the plan for query row i of (b, h) and writes out/lse. q holds the row
- * in fp32; kf/vf hold the sequence's keys/values of the row's kv head in fp32,
- * (len_k, D) row-major (converted once per head: conversions are exact, so this
- * changes no bit, only the time). */
-static void attend_row(const row_ctx *c, int b, int h, int i, const float *q, const float *kf,
-                       const float *vf, uint16_t *out, float *lse)
+/* One thread's scratch, carved from its block (fwd_scratch_bytes). */
+typedef struct fwd_scratch {
+    float *q, *s, *os, *orow, *krows, *kt, *vrows; /* rows x Dp, rows x T, .. */
+    float *ms, *ls, *mr, *lr;                      /* per row */
+    fad_key_range *range;
+    int *first, *end;
+    const uint16_t **qrows; /* where each row's q lives */
+} fwd_scratch;
+
+static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
+{
+    const size_t R = (size_t)fad_cpu_pad_rows(c->group * c->bq), Dp = (size_t)c->Dp,
+                 T = FAD_CPU_TILE;
+    size_t at = 0;
+#define CARVE_(field, type, n)                                                  \
+    do {                                                                        \
+        if (base)                                                               \
+            w->field = (type *)(base + at);                                     \
+        at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
+    } while (0)
+    CARVE_(q, float, R * Dp);
+    CARVE_(s, float, R * T);
+    CARVE_(os, float, R * Dp);
+    CARVE_(orow, float, R * Dp);
+    CARVE_(krows, float, T * Dp);
+    CARVE_(kt, float, T * Dp);
+    CARVE_(vrows, float, T * Dp);
+    CARVE_(ms, float, R);
+    CARVE_(ls, float, R);
+    CARVE_(mr, float, R);
+    CARVE_(lr, float, R);
+    CARVE_(range, fad_key_range, R);
+    CARVE_(first, int, R);
+    CARVE_(end, int, R);
+    CARVE_(qrows, const uint16_t *, R);
+#undef CARVE_
+    return at;
+}
+
+/* Key rows [t0, t1) of kv head hk in fp32: krows/vrows (T x Dp, zero past t1)
+ * and kt, the keys transposed (Dp x T). */
+static void load_kv_tile(const fwd_ctx *c, const fad_seq *seq, int hk, int t0, int t1,
+                         const fwd_scratch *w)
 {
     const fad_fwd_params *p = c->p;
-    const int D = p->head_dim;
-    const float slope_log2 = fad_alibi_slope_log2(p, b, h);
-
-    fad_key_range r = fad_row_keys(i, c->len_q, c->len_k, p->window_left, p->window_right);
-    float mr = -INFINITY, lr = 0.f, orow[FAD_MAX_HEAD_DIM]; /* merged state R */
-    float os[FAD_MAX_HEAD_DIM], s[FAD_BLOCK_N];
-    memset(orow, 0, sizeof(float) * D);
-
-    int s_end = fad_end_split(r, c->split_size);
-    for (int sp = fad_first_split(r, c->split_size); sp < s_end; sp++) {
-        /* Fresh state for every split. */
-        float ms = -INFINITY, ls = 0.f;
-        memset(os, 0, sizeof(float) * D);
-        const fad_key_range keys = fad_split_keys(sp, c->split_size);
-        const int k0 = keys.lo, k1 = keys.hi < c->len_k ? keys.hi : c->len_k;
-        for (int t0 = k0; t0 < k1; t0 += FAD_BLOCK_N) {
-            int t1 = t0 + FAD_BLOCK_N < k1 ? t0 + FAD_BLOCK_N : k1;
-            if (t1 <= r.lo || t0 >= r.hi) /* fully masked tile: the identity */
-                continue;
-            float mt = -INFINITY;
-            for (int j = t0; j < t1; j++) {
-                float x = -INFINITY;
-                if (j >= r.lo && j < r.hi) {
-                    const float *kr = kf + (int64_t)j * D;
-                    float dot = 0.f;
-                    for (int d = 0; d < D; d++)
-                        dot = FAD_FMA(q[d], kr[d], dot);
-                    x = dot;
-                    if (c->mod->has_mod) {
-                        x = fad_logit(c->mod, dot);
-                        if (p->alibi_slopes)
-                            x = FAD_ADD(x, fad_alibi_log2(slope_log2, i, j, c->len_q, c->len_k));
-                    }
-                }
-                s[j - t0] = x;
-                mt = fmaxf(mt, x);
-            }
-            const float es = c->mod->exp_scale;
-            float mnew, scale = fad_rescale(ms, FAD_MUL(mt, es), &mnew), base = fad_exp_base(mnew);
-            float psum = 0.f;
-            for (int d = 0; d < D; d++)
-                os[d] = FAD_MUL(os[d], scale);
-            for (int j = t0; j < t1; j++) {
-                float pj = fad_exp_score(s[j - t0], es, base);
-                psum += pj; /* (l sums every p: dropout only thins what reaches o) */
-                if (pj == 0.f)
-                    continue;
-                if (c->drop->on && !fad_dropout_keep(c->drop, h, i + c->len_k - c->len_q, j))
-                    continue;
-                const float *vr = vf + (int64_t)j * D;
-                for (int d = 0; d < D; d++)
-                    os[d] = FAD_FMA(pj, vr[d], os[d]);
-            }
-            ls = FAD_FMA(ls, scale, psum);
-            ms = mnew;
-        }
-        /* R <- R (+) split, the merge every path shares. */
-        fad_merge_w w = fad_merge_weights(mr, ms);
-        for (int d = 0; d < D; d++)
-            orow[d] = fad_merge_value(orow[d], os[d], w);
-        lr = fad_merge_value(lr, ls, w);
-        mr = w.m;
-    }
-
-    float inv = fad_out_scale(lr, c->drop->rp);
-    int bf16 = p->dtype == FAD_BFLOAT16;
-    for (int d = 0; d < D; d++) {
-        float y = FAD_MUL(orow[d], inv);
-        out[d] = bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
-    }
-    if (lse)
-        *lse = fad_lse(mr, lr);
-}
-
-float *fad_kv_buffer(const fad_fwd_params *p)
-{
-    const size_t rows = p->seqlen_k > 0 ? (size_t)p->seqlen_k : 1;
-    return malloc(sizeof(float) * 2 * rows * p->head_dim);
-}
-
-void fad_load_kv_head(const fad_fwd_params *p, const fad_seq *seq, int hk, load_fn load,
-                      float *kf, float *vf)
-{
-    const int D = p->head_dim;
     const uint16_t *K = (const uint16_t *)p->k + hk * p->k_head_stride;
     const uint16_t *V = (const uint16_t *)p->v + hk * p->v_head_stride;
-    for (int j = 0; j < seq->len_k; j++) {
-        int64_t ko, vo; /* pages were checked (fad_check_seqlens_host) */
-        fad_kv_row(p, seq, j, &ko, &vo);
-        for (int d = 0; d < D; d++) {
-            kf[(int64_t)j * D + d] = load(K[ko + d]);
-            vf[(int64_t)j * D + d] = load(V[vo + d]);
+    const uint16_t *kr[FAD_CPU_TILE], *vr[FAD_CPU_TILE];
+    for (int j = 0; j < FAD_CPU_TILE; j++) {
+        int64_t ko = 0, vo = 0; /* pages were checked (fad_check_seqlens_host) */
+        if (t0 + j < t1)
+            fad_kv_row(p, seq, t0 + j, &ko, &vo);
+        kr[j] = t0 + j < t1 ? K + ko : NULL;
+        vr[j] = t0 + j < t1 ? V + vo : NULL;
+    }
+    c->k->load_rows(kr, FAD_CPU_TILE, c->D, c->Dp, c->bf16, w->krows, c->Dp);
+    c->k->load_rows(vr, FAD_CPU_TILE, c->D, c->Dp, c->bf16, w->vrows, c->Dp);
+    c->k->transpose(w->krows, c->Dp, w->kt);
+}
+
+/* Row r's scores of the tile [t0, t1) -> its probabilities (in place) and its
+ * online-softmax step; a row the tile does not concern gets zeros (skipped by
+ * acc_rows). */
+static void row_tile(const fwd_ctx *c, const fwd_scratch *w, const fad_dropout *drop, int b,
+                     int h, int i, int len_q, int len_k, int r, int t0, int t1)
+{
+    const fad_fwd_params *p = c->p;
+    const fad_key_range kr = w->range[r];
+    float *s = w->s + (int64_t)r * FAD_CPU_TILE;
+    const int lo = kr.lo > t0 ? kr.lo - t0 : 0, hi = kr.hi < t1 ? kr.hi - t0 : t1 - t0;
+    for (int j = 0; j < lo; j++) /* masked keys: -inf, the identity of the step */
+        s[j] = -INFINITY;
+    for (int j = hi; j < FAD_CPU_TILE; j++)
+        s[j] = -INFINITY;
+    if (c->mod.has_mod) {
+        const float slope_log2 = fad_alibi_slope_log2(p, b, h);
+        for (int j = lo; j < hi; j++) {
+            s[j] = fad_logit(&c->mod, s[j]);
+            if (p->alibi_slopes)
+                s[j] = FAD_ADD(s[j], fad_alibi_log2(slope_log2, i, t0 + j, len_q, len_k));
         }
     }
+    const float es = c->mod.exp_scale, mt = c->k->tile_max(s);
+    float mnew, scale = fad_rescale(w->ms[r], FAD_MUL(mt, es), &mnew);
+    const float psum = c->k->probs(s, es, fad_exp_base(mnew));
+    /* (l sums every p: dropout only thins what reaches o) */
+    for (int j = lo; drop->on && j < hi; j++)
+        if (s[j] != 0.f && !fad_dropout_keep(drop, h, i + len_k - len_q, t0 + j))
+            s[j] = 0.f;
+    if (scale != 1.f) {
+        float *o = w->os + (int64_t)r * c->Dp;
+        for (int d = 0; d < c->D; d++)
+            o[d] = FAD_MUL(o[d], scale);
+    }
+    w->ls[r] = FAD_FMA(w->ls[r], scale, psum);
+    w->ms[r] = mnew;
 }
 
-/* Paged: every page holding one of sequence b's cache rows [start, end) must exist. */
-static fad_status check_pages(const fad_fwd_params *p, int b, int start, int end, char *msg,
-                              size_t msg_len)
+/* Item: sequence b, kv head hk, query positions [i0, i0 + bq) of every head of
+ * the group; row r = g * nb + (i - i0) for head hk * group + g. */
+static void fwd_item(void *ctx, int64_t item, void *scratch)
 {
-    for (int x = start / p->page_size * p->page_size; x < end; x += p->page_size) {
-        const int pg = p->block_table[(int64_t)b * p->block_table_stride + x / p->page_size];
-        if (pg < 0 || pg >= p->kv_batch)
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "block_table: sequence %d names block %d (slot %d), outside the "
-                            "cache's %d", b, pg, x / p->page_size, p->kv_batch);
-    }
-    return FAD_OK;
-}
+    const fwd_ctx *c = (const fwd_ctx *)ctx;
+    const fad_fwd_params *p = c->p;
+    /* the heaviest causal blocks (the last positions) first */
+    const int qb = c->q_blocks - 1 - (int)(item % c->q_blocks);
+    const int hk = (int)(item / c->q_blocks % p->num_heads_k);
+    const int b = (int)(item / c->q_blocks / p->num_heads_k);
+    const fad_seq seq = fad_get_seq(p, b);
+    const int i0 = qb * c->bq, len_q = seq.len_q, len_k = seq.len_k, D = c->D, Dp = c->Dp;
+    if (i0 >= len_q)
+        return;
+    const int nb = i0 + c->bq < len_q ? c->bq : len_q - i0, nrows = c->group * nb;
+    const int R = fad_cpu_pad_rows(nrows), T = FAD_CPU_TILE, S = c->split_size;
+    const fad_dropout drop = fad_dropout_of(p, b);
+    fwd_scratch w = {0};
+    fwd_carve(c, (char *)scratch, &w);
 
-/* Host-side cu_seqlens are checked in full (on the GPU they are trusted, and a
- * sequence that points outside the tensors is skipped, see fad_seq.h). */
-fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len)
-{
-    for (int b = 0; p->cache_seqlens && b < p->batch; b++) {
-        const int kb = p->block_table ? 0 : p->cache_batch_idx ? p->cache_batch_idx[b] : b;
-        const int start = p->cache_leftpad ? p->cache_leftpad[b] : 0, end = p->cache_seqlens[b];
-        if (!p->block_table && (kb < 0 || kb >= p->kv_batch))
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "cache_batch_idx: sequence %d names cache entry %d of %d", b, kb,
-                            p->kv_batch);
-        if (end < 0 || end > p->seqlen_k)
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "cache_seqlens: sequence %d ends at %d, outside the cache's %d rows", b,
-                            end, p->seqlen_k);
-        if (start < 0 || start > end)
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "cache_leftpad: sequence %d starts at %d, must be in [0, %d]", b, start,
-                            end);
-        if (p->block_table && check_pages(p, b, start, end, msg, msg_len) != FAD_OK)
-            return FAD_ERR_VALUE;
+    const uint16_t **qr = w.qrows, *Q = (const uint16_t *)p->q;
+    int sp_lo = 0, sp_hi = 0;
+    for (int r = 0; r < R; r++) {
+        const int g = r / nb, i = i0 + r % nb, h = hk * c->group + g;
+        qr[r] = r < nrows ? Q + seq.q_off + i * p->q_row_stride + h * p->q_head_stride : NULL;
+        if (r >= nrows)
+            continue;
+        w.range[r] = fad_row_keys(i, len_q, len_k, p->window_left, p->window_right);
+        w.first[r] = fad_first_split(w.range[r], S);
+        w.end[r] = fad_end_split(w.range[r], S);
+        w.mr[r] = -INFINITY, w.lr[r] = 0.f;
+        memset(w.orow + (int64_t)r * Dp, 0, sizeof(float) * Dp);
+        sp_lo = r == 0 || w.first[r] < sp_lo ? w.first[r] : sp_lo;
+        sp_hi = r == 0 || w.end[r] > sp_hi ? w.end[r] : sp_hi;
     }
-    if (!p->cu_seqlens_q)
-        return FAD_OK;
-    if (p->cu_seqlens_q[0] != 0 || p->cu_seqlens_k[0] != 0)
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "cu_seqlens_q, cu_seqlens_k: must start at 0");
-    for (int b = 0; b < p->batch; b++) {
-        const int32_t *cq = p->cu_seqlens_q + b, *ck = p->cu_seqlens_k + b;
-        if (cq[1] < cq[0] || cq[1] > p->total_q || cq[1] - cq[0] > p->seqlen_q)
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "cu_seqlens_q: sequence %d has rows [%d, %d): must be increasing, within "
-                            "q's %d rows and at most max_seqlen_q=%d long",
-                            b, cq[0], cq[1], p->total_q, p->seqlen_q);
-        if (ck[1] < ck[0] || (!p->block_table && ck[1] > p->total_k) ||
-            ck[1] - ck[0] > p->seqlen_k)
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "cu_seqlens_k: sequence %d has rows [%d, %d): must be increasing, within "
-                            "k's %d rows and at most %s=%d long", b, ck[0], ck[1], p->total_k,
-                            p->block_table ? "the block table's capacity" : "max_seqlen_k",
-                            p->seqlen_k);
-        if (p->seqused_k && (p->seqused_k[b] < 0 || p->seqused_k[b] > ck[1] - ck[0]))
-            return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                            "seqused_k: sequence %d uses %d keys, must be in [0, %d]", b,
-                            p->seqused_k[b], ck[1] - ck[0]);
-        const int used = p->seqused_k ? p->seqused_k[b] : ck[1] - ck[0];
-        if (p->block_table && check_pages(p, b, 0, used, msg, msg_len) != FAD_OK)
-            return FAD_ERR_VALUE;
+    c->k->load_rows(qr, R, D, Dp, c->bf16, w.q, Dp);
+
+    for (int sp = sp_lo; sp < sp_hi; sp++) {
+        /* Fresh state for every split of every row it concerns. */
+        int ulo = len_k, uhi = 0;
+        for (int r = 0; r < nrows; r++) {
+            if (sp < w.first[r] || sp >= w.end[r])
+                continue;
+            w.ms[r] = -INFINITY, w.ls[r] = 0.f;
+            memset(w.os + (int64_t)r * Dp, 0, sizeof(float) * Dp);
+            ulo = w.range[r].lo < ulo ? w.range[r].lo : ulo;
+            uhi = w.range[r].hi > uhi ? w.range[r].hi : uhi;
+        }
+        const fad_key_range keys = fad_split_keys(sp, S);
+        const int k1 = keys.hi < len_k ? keys.hi : len_k;
+        for (int t0 = keys.lo; t0 < k1; t0 += T) {
+            const int t1 = t0 + T < k1 ? t0 + T : k1;
+            if (t1 <= ulo || t0 >= uhi) /* no row sees a key of it */
+                continue;
+            load_kv_tile(c, &seq, hk, t0, t1, &w);
+            c->k->dots(w.q, Dp, R, w.kt, D, w.s);
+            for (int r = 0; r < R; r++) {
+                const int in = r < nrows && sp >= w.first[r] && sp < w.end[r] &&
+                               t1 > w.range[r].lo && t0 < w.range[r].hi;
+                if (!in) { /* fully masked for this row: the identity */
+                    memset(w.s + (int64_t)r * T, 0, sizeof(float) * T);
+                    continue;
+                }
+                row_tile(c, &w, &drop, b, hk * c->group + r / nb, i0 + r % nb, len_q, len_k, r,
+                         t0, t1);
+            }
+            c->k->acc_rows(w.s, R, t1 - t0, w.vrows, Dp, Dp, w.os, Dp);
+        }
+        /* R <- R (+) split, the merge every path shares. */
+        for (int r = 0; r < nrows; r++) {
+            if (sp < w.first[r] || sp >= w.end[r])
+                continue;
+            const fad_merge_w mw = fad_merge_weights(w.mr[r], w.ms[r]);
+            float *orow = w.orow + (int64_t)r * Dp, *os = w.os + (int64_t)r * Dp;
+            for (int d = 0; d < D; d++)
+                orow[d] = fad_merge_value(orow[d], os[d], mw);
+            w.lr[r] = fad_merge_value(w.lr[r], w.ls[r], mw);
+            w.mr[r] = mw.m;
+        }
     }
-    return FAD_OK;
+
+    uint16_t *O = (uint16_t *)p->out;
+    for (int r = 0; r < nrows; r++) {
+        const int h = hk * c->group + r / nb, i = i0 + r % nb;
+        const float inv = fad_out_scale(w.lr[r], drop.rp), *orow = w.orow + (int64_t)r * Dp;
+        uint16_t *out = O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride;
+        for (int d = 0; d < D; d++) {
+            const float y = FAD_MUL(orow[d], inv);
+            out[d] = c->bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
+        }
+        if (p->softmax_lse)
+            p->softmax_lse[seq.row0 + h * c->lse_head_stride + i] = fad_lse(w.mr[r], w.lr[r]);
+    }
 }
 
 fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
 {
     fad_plan plan;
     fad_status st = fad_fwd_check_call(params, 0, msg, msg_len);
-    if (st != FAD_OK)
+    if (st != FAD_OK || fad_fwd_is_empty(params))
         return st;
     const fad_fwd_params resolved = fad_fwd_resolve(params), *p = &resolved;
     fad_make_plan(p, 0, &plan);
 
-    fad_score_mod mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
-    fad_dropout drop = {0}; /* sequence b's, set per sequence below (its seq_id) */
-    row_ctx c = {p, &mod, &drop, p->dtype == FAD_BFLOAT16 ? fad_bf16_to_float : fad_fp16_to_float,
-                 plan.split_size, 0, 0};
-    const int D = p->head_dim, group = p->num_heads / p->num_heads_k;
-    const int64_t lse_head_stride = fad_lse_head_stride(p);
-    const uint16_t *Q = (const uint16_t *)p->q;
-    uint16_t *O = (uint16_t *)p->out;
-    float q[FAD_MAX_HEAD_DIM];
-    float *kv = fad_kv_buffer(p);
-    if (!kv)
-        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: out of host memory");
-
-    for (int b = 0; b < p->batch; b++) {
-        const fad_seq seq = fad_get_seq(p, b);
-        drop = fad_dropout_of(p, b);
-        c.len_q = seq.len_q, c.len_k = seq.len_k;
-        for (int hk = 0; hk < p->num_heads_k; hk++) {
-            float *kf = kv, *vf = kv + (size_t)seq.len_k * D;
-            fad_load_kv_head(p, &seq, hk, c.load, kf, vf);
-            for (int h = hk * group; h < (hk + 1) * group; h++)
-                for (int i = 0; i < seq.len_q; i++) {
-                    const uint16_t *qr = Q + seq.q_off + i * p->q_row_stride + h * p->q_head_stride;
-                    for (int d = 0; d < D; d++)
-                        q[d] = c.load(qr[d]);
-                    attend_row(&c, b, h, i, q, kf, vf,
-                               O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride,
-                               p->softmax_lse ? p->softmax_lse + seq.row0 + h * lse_head_stride + i
-                                              : NULL);
-                }
-        }
-    }
-    free(kv);
+    fwd_ctx c;
+    c.p = p;
+    c.k = fad_cpu_kernels_get();
+    c.mod = fad_make_score_mod(p->softmax_scale, p->softcap, p->alibi_slopes != NULL);
+    c.split_size = plan.split_size;
+    c.D = p->head_dim, c.Dp = fad_cpu_pad_d(p->head_dim);
+    c.group = p->num_heads / p->num_heads_k;
+    c.bq = c.group >= FWD_ROWS ? 1 : FWD_ROWS / c.group;
+    if (c.bq > p->seqlen_q)
+        c.bq = p->seqlen_q > 0 ? p->seqlen_q : 1;
+    c.q_blocks = (p->seqlen_q + c.bq - 1) / c.bq;
+    c.bf16 = p->dtype == FAD_BFLOAT16;
+    c.lse_head_stride = fad_lse_head_stride(p);
+    const int64_t items = (int64_t)p->batch * p->num_heads_k * c.q_blocks;
+    if (fad_cpu_parallel(p->num_threads, items, fwd_carve(&c, NULL, NULL), fwd_item, &c))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "out of host memory for the CPU forward");
     return FAD_OK;
 }

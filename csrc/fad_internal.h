@@ -77,19 +77,15 @@ fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len);
 fad_status fad_cuda_fill32(void *ptr, uint32_t pattern, size_t words, struct CUstream_st *stream,
                            char *msg, size_t msg_len);
 
-/* CPU path helpers shared by the forward and the backward (fad_cpu.c). */
+/* The index arrays' contents (cu_seqlens, seqused_k, cache_seqlens, cache_batch_idx,
+ * cache_leftpad, block_table) checked on the host: every CPU call, and a GPU call in checked
+ * mode once they are copied over (fad_core.c). */
 fad_status fad_check_seqlens_host(const fad_fwd_params *p, char *msg, size_t msg_len);
+/* CPU path helpers shared by the forward and the backward (fad_cpu.c). */
 float fad_bf16_to_float(uint16_t h);
 float fad_fp16_to_float(uint16_t h);
 uint16_t fad_float_to_bf16(float f); /* round to nearest even */
 uint16_t fad_float_to_fp16(float f); /* round to nearest even */
-typedef float (*load_fn)(uint16_t);
-struct fad_seq;
-/* fp32 scratch for one kv head's keys and values, 2 x seqlen_k x D (free() it). */
-float *fad_kv_buffer(const fad_fwd_params *p);
-/* Sequence seq's keys/values of kv head hk, converted to fp32 (len_k, D) row-major. */
-void fad_load_kv_head(const fad_fwd_params *p, const struct fad_seq *seq, int hk, load_fn load,
-                      float *kf, float *vf);
 
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);

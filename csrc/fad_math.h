@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define FAD_HD __host__ __device__ __forceinline__
@@ -43,7 +44,40 @@ FAD_HD float fad_exp2(float x)
 #define FAD_FMA(a, b, c) fmaf((a), (b), (c))
 #define FAD_MUL(a, b) ((a) * (b))
 #define FAD_ADD(a, b) ((a) + (b))
-FAD_HD float fad_exp2(float x) { return exp2f(x); }
+#endif
+
+/* Host exp2: Cephes' exp2f polynomial on [-0.5, 0.5] (relative error about
+ * 2e-7), results below 2^-126 flushed to 0 as the GPU's ex2.approx.ftz does.
+ * Only fused multiply-adds, products, sums and integer steps, with no
+ * library call, so that the CPU's vector kernels (cpu/simd.h, vexp2) repeat it
+ * lane by lane with the same bits and no libm decides a result. */
+#define FAD_EXP2_ROUNDER 12582912.f /* 1.5 * 2^23: x + it holds round(x) in its low bits */
+#define FAD_EXP2_C5 1.535336188319500e-4f
+#define FAD_EXP2_C4 1.339887440266574e-3f
+#define FAD_EXP2_C3 9.618437357674640e-3f
+#define FAD_EXP2_C2 5.550332471162809e-2f
+#define FAD_EXP2_C1 2.402264791363012e-1f
+#define FAD_EXP2_C0 6.931472028550421e-1f
+#if !defined(__CUDA_ARCH__)
+FAD_HD float fad_exp2(float x)
+{
+    x = -127.f > x ? -127.f : x; /* (selects keep a NaN) */
+    x = x > 128.f ? 128.f : x;
+    const float t = FAD_ADD(x, FAD_EXP2_ROUNDER);
+    const float f = x - (t - FAD_EXP2_ROUNDER); /* x - round(x), exact, in [-0.5, 0.5] */
+    float p = FAD_FMA(f, FAD_EXP2_C5, FAD_EXP2_C4);
+    p = FAD_FMA(p, f, FAD_EXP2_C3);
+    p = FAD_FMA(p, f, FAD_EXP2_C2);
+    p = FAD_FMA(p, f, FAD_EXP2_C1);
+    p = FAD_FMA(p, f, FAD_EXP2_C0);
+    p = FAD_FMA(p, f, 1.f); /* 2^f */
+    uint32_t u; /* 2^round(x) from t's bits: 0 for -127, inf for 128 */
+    memcpy(&u, &t, 4);
+    u = (u - (0x4B400000u - 127u)) << 23;
+    float s;
+    memcpy(&s, &u, 4);
+    return FAD_MUL(p, s);
+}
 #endif
 
 /* ------------------------------------------------------------------------ */

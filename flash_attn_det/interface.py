@@ -16,6 +16,8 @@ from .mode import _state
 # Older torch: a DLPack capsule per tensor.
 # With an allocator in that API too, inference calls take _C.infer / infer_varlen /
 # infer_kvcache, the whole per-call path in C (None: every call takes the general path).
+# CPU calls run on torch.get_num_threads() threads, asked per call (the bits do not depend on it).
+_C.set_cpu_threads_source(torch.get_num_threads)
 _EXCHANGE_API = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
 _infer = _infer_varlen = _infer_kvcache = None
 if _EXCHANGE_API is not None:

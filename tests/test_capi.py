@@ -22,6 +22,8 @@ CSRC = os.path.join(ROOT, "csrc")
 sys.path.insert(0, os.path.join(ROOT, "build_backend"))
 from fad_toolchain import system_nvcc  # noqa: E402  (the build's own rule for finding nvcc)
 DEMO = os.path.join(ROOT, "tests", "capi_demo.c")
+# the C core and the CPU path (setup.py's C_SOURCES without the CPython glue)
+CPU_SOURCES = ("fad_core.c", "fad_cpu.c", "cpu/kernels.c", "cpu/threads.c")
 CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-ffp-contract=off", "-I" + CSRC]
 
 NCONFIGS = 3
@@ -80,8 +82,8 @@ def cpu_demo(tmp_path_factory):
         pytest.skip("gcc not found")
     d = str(tmp_path_factory.mktemp("capi_cpu"))
     exe = os.path.join(d, "demo")
-    _compile_c([DEMO] + [os.path.join(CSRC, s) for s in ("fad_core.c", "fad_cpu.c",
-                                                         "fad_nocuda.c")], exe)
+    _compile_c([DEMO] + [os.path.join(CSRC, s) for s in CPU_SOURCES + ("fad_nocuda.c",)], exe,
+               ["-pthread"])
     return Demo(exe, d)
 
 
@@ -101,8 +103,8 @@ def cuda_demo_exe(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("capi_cuda"))
     arch = _cuda_arch()
     objs = []
-    for src in ("fad_core.c", "fad_cpu.c"):
-        obj = os.path.join(d, src + ".o")
+    for src in CPU_SOURCES:
+        obj = os.path.join(d, os.path.basename(src) + ".o")
         r = subprocess.run(["gcc", "-c"] + CFLAGS + [os.path.join(CSRC, src), "-o", obj],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
@@ -123,7 +125,7 @@ def cuda_demo_exe(tmp_path_factory):
         [nvcc, "-c", "-O2", "-x", "c", "-DFAD_DEMO_CUDA", "-I" + CSRC, DEMO,
          "-o", os.path.join(d, "demo.o"), "-Xcompiler", "-std=c11"],
         [nvcc, "-o", os.path.join(d, "demo"), os.path.join(d, "demo.o")] + cuda_objs + objs +
-        ["-lm"],
+        ["-lm", "-lpthread"],
     ]
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -38,6 +38,32 @@ fad_module_state *module_state(PyObject *module)
     return (fad_module_state *)PyModule_GetState(module);
 }
 
+/* torch.get_num_threads, once Python hands it over (set_cpu_threads_source):
+ * asked on every CPU call, so that torch.set_num_threads takes effect at once. */
+static PyObject *cpu_threads_source;
+
+void set_cpu_threads_source(PyObject *fn)
+{
+    PyObject *old = cpu_threads_source;
+    Py_XINCREF(fn);
+    cpu_threads_source = fn;
+    Py_XDECREF(old);
+}
+
+int cpu_threads(void)
+{
+    if (!cpu_threads_source)
+        return 1;
+    PyObject *r = PyObject_CallObject(cpu_threads_source, NULL);
+    const long n = r ? PyLong_AsLong(r) : -1;
+    Py_XDECREF(r);
+    if (n < 1) { /* (a source that fails leaves one thread: no call ever fails for it) */
+        PyErr_Clear();
+        return 1;
+    }
+    return n > 4096 ? 4096 : (int)n;
+}
+
 void tensor_args_init(tensor_args *ta, PyObject *module)
 {
     ta->st = module_state(module);

@@ -44,6 +44,10 @@ typedef struct tensor_args {
 } tensor_args;
 
 fad_module_state *module_state(PyObject *module);
+/* The CPU path's thread count for this call (fad_fwd_params.num_threads): the
+ * source's answer (set_cpu_threads_source), 1 without one. GIL held. */
+int cpu_threads(void);
+void set_cpu_threads_source(PyObject *fn);
 
 /* ---- errors, objects -> DLTensor (0 / -1 with a Python exception) ---- */
 

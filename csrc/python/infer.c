@@ -170,6 +170,7 @@ static PyObject *run_infer(const fad_module_state *st, fad_fwd_params *p, const 
             memset(tensor_data(&out->dl_tensor), 0, out_bytes);
         if (lse_bytes)
             memset(tensor_data(&lse->dl_tensor), 0, lse_bytes);
+        p->num_threads = cpu_threads();
         Py_BEGIN_ALLOW_THREADS
         run = fad_fwd_cpu(p, msg, sizeof msg);
         Py_END_ALLOW_THREADS

@@ -152,6 +152,7 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
         return NULL;
     fad_status st;
     if (q->device.device_type == kDLCPU) {
+        p->num_threads = cpu_threads();
         Py_BEGIN_ALLOW_THREADS /* fad_fwd_cpu checks everything before it writes */
         st = fad_fwd_cpu(p, msg, sizeof msg);
         Py_END_ALLOW_THREADS
@@ -214,6 +215,7 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
     bp.dk = g[2] ? tensor_data(g[2]) : NULL, bp.dv = g[3] ? tensor_data(g[3]) : NULL;
     fad_status st;
     if (q->device.device_type == kDLCPU) {
+        bp.fwd.num_threads = cpu_threads();
         Py_BEGIN_ALLOW_THREADS
         st = fad_bwd_cpu(&bp, msg, sizeof msg);
         Py_END_ALLOW_THREADS
@@ -641,6 +643,22 @@ static PyObject *fad_py_set_dlpack_exchange_api(PyObject *module, PyObject *cons
     return PyBool_FromLong(st->can_allocate);
 }
 
+PyDoc_STRVAR(set_cpu_threads_source_doc,
+"set_cpu_threads_source(fn)\n"
+"--\n\n"
+"fn() -> int (torch.get_num_threads) is asked on every CPU call for the number of\n"
+"threads to run on; None: one thread. The thread count never changes a bit.");
+
+static PyObject *fad_py_set_cpu_threads_source(PyObject *module, PyObject *fn)
+{
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "fn: expected a callable or None");
+        return NULL;
+    }
+    set_cpu_threads_source(fn == Py_None ? NULL : fn);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(set_index_checks_doc,
 "set_index_checks(enabled)\n"
 "--\n\n"
@@ -711,6 +729,7 @@ static PyMethodDef fad_methods[] = {
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
     {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
+    {"set_cpu_threads_source", fad_py_set_cpu_threads_source, METH_O, set_cpu_threads_source_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)
