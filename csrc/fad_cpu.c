@@ -84,17 +84,23 @@ uint16_t fad_float_to_fp16(float f)
 /* Query positions per item: about 64 rows with the group's heads, so that a
  * converted key tile serves many rows (1 at decode: the group's heads only). */
 #define FWD_ROWS 64
+/* The most a thread spends on one (sequence, kv head)'s keys in fp32. */
+#define FWD_CACHE_BYTES ((int64_t)64 << 20)
 
 typedef struct fwd_ctx {
     const fad_fwd_params *p;
     const fad_cpu_kernels *k;
     fad_score_mod mod;
     int split_size, D, Dp, group, bq, q_blocks, bf16;
+    int cache_keys; /* > 0: each thread keeps its last (sequence, kv head)'s keys in fp32 */
     int64_t lse_head_stride;
 } fwd_ctx;
 
 /* One thread's scratch, carved from its block (fwd_scratch_bytes). */
 typedef struct fwd_scratch {
+    int64_t *held;      /* 1 + the (sequence, kv head) whose tiles kc/vc hold, 0: none */
+    float *kc, *vc;     /* cache_keys keys: per tile transposed (Dp x T) / rows (T x Dp) */
+    unsigned char *done; /* per tile: converted */
     float *q, *s, *os, *orow, *krows, *kt, *vrows; /* rows x Dp, rows x T, .. */
     float *ms, *ls, *mr, *lr;                      /* per row */
     fad_key_range *range;
@@ -113,6 +119,10 @@ static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
             w->field = (type *)(base + at);                                     \
         at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
     } while (0)
+    CARVE_(held, int64_t, 1); /* (first: the header fad_cpu_parallel zeroes) */
+    CARVE_(kc, float, (size_t)c->cache_keys * Dp);
+    CARVE_(vc, float, (size_t)c->cache_keys * Dp);
+    CARVE_(done, unsigned char, (size_t)c->cache_keys / T);
     CARVE_(q, float, R * Dp);
     CARVE_(s, float, R * T);
     CARVE_(os, float, R * Dp);
@@ -132,10 +142,10 @@ static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
     return at;
 }
 
-/* Key rows [t0, t1) of kv head hk in fp32: krows/vrows (T x Dp, zero past t1)
- * and kt, the keys transposed (Dp x T). */
+/* Key rows [t0, t1) of kv head hk in fp32: vt (T x Dp, zero past t1) and kt,
+ * the keys transposed (Dp x T). */
 static void load_kv_tile(const fwd_ctx *c, const fad_seq *seq, int hk, int t0, int t1,
-                         const fwd_scratch *w)
+                         const fwd_scratch *w, float *kt, float *vt)
 {
     const fad_fwd_params *p = c->p;
     const uint16_t *K = (const uint16_t *)p->k + hk * p->k_head_stride;
@@ -149,8 +159,8 @@ static void load_kv_tile(const fwd_ctx *c, const fad_seq *seq, int hk, int t0, i
         vr[j] = t0 + j < t1 ? V + vo : NULL;
     }
     c->k->load_rows(kr, FAD_CPU_TILE, c->D, c->Dp, c->bf16, w->krows, c->Dp);
-    c->k->load_rows(vr, FAD_CPU_TILE, c->D, c->Dp, c->bf16, w->vrows, c->Dp);
-    c->k->transpose(w->krows, c->Dp, w->kt);
+    c->k->load_rows(vr, FAD_CPU_TILE, c->D, c->Dp, c->bf16, vt, c->Dp);
+    c->k->transpose(w->krows, c->Dp, kt);
 }
 
 /* Row r's scores of the tile [t0, t1) -> its probabilities (in place) and its
@@ -245,8 +255,21 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
             const int t1 = t0 + T < k1 ? t0 + T : k1;
             if (t1 <= ulo || t0 >= uhi) /* no row sees a key of it */
                 continue;
-            load_kv_tile(c, &seq, hk, t0, t1, &w);
-            c->k->dots(w.q, Dp, R, w.kt, D, w.s);
+            float *kt = w.kt, *vt = w.vrows;
+            if (c->cache_keys) { /* converted once per thread for all the head's items */
+                const int64_t tile = t0 / T, held = item / c->q_blocks + 1;
+                if (*w.held != held) {
+                    memset(w.done, 0, (size_t)c->cache_keys / T);
+                    *w.held = held;
+                }
+                kt = w.kc + tile * T * Dp, vt = w.vc + tile * T * Dp;
+                if (!w.done[tile])
+                    load_kv_tile(c, &seq, hk, t0, t1, &w, kt, vt);
+                w.done[tile] = 1;
+            } else {
+                load_kv_tile(c, &seq, hk, t0, t1, &w, kt, vt);
+            }
+            c->k->dots(w.q, Dp, R, kt, D, w.s);
             for (int r = 0; r < R; r++) {
                 const int in = r < nrows && sp >= w.first[r] && sp < w.end[r] &&
                                t1 > w.range[r].lo && t0 < w.range[r].hi;
@@ -257,7 +280,7 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
                 row_tile(c, &w, &drop, b, hk * c->group + r / nb, i0 + r % nb, len_q, len_k, r,
                          t0, t1);
             }
-            c->k->acc_rows(w.s, R, t1 - t0, w.vrows, Dp, Dp, w.os, Dp);
+            c->k->acc_rows(w.s, R, t1 - t0, vt, Dp, Dp, w.os, Dp);
         }
         /* R <- R (+) split, the merge every path shares. */
         for (int r = 0; r < nrows; r++) {
@@ -308,6 +331,11 @@ fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)
     c.q_blocks = (p->seqlen_q + c.bq - 1) / c.bq;
     c.bf16 = p->dtype == FAD_BFLOAT16;
     c.lse_head_stride = fad_lse_head_stride(p);
+    /* Items of one (sequence, kv head) follow each other: a thread that takes
+     * several reuses its converted keys, where they fit in FWD_CACHE_BYTES. */
+    const int64_t cache_keys = ((int64_t)p->seqlen_k + FAD_CPU_TILE - 1) / FAD_CPU_TILE * FAD_CPU_TILE;
+    c.cache_keys = c.q_blocks > 1 && cache_keys * c.Dp * 2 * (int64_t)sizeof(float) <= FWD_CACHE_BYTES
+                       ? (int)cache_keys : 0;
     const int64_t items = (int64_t)p->batch * p->num_heads_k * c.q_blocks;
     if (fad_cpu_parallel(p->num_threads, items, fwd_carve(&c, NULL, NULL), fwd_item, &c))
         return fad_fail(FAD_ERR_VALUE, msg, msg_len, "out of host memory for the CPU forward");

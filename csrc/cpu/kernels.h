@@ -47,7 +47,8 @@ const fad_cpu_kernels *fad_cpu_kernels_get(void);
  * num_threads threads (the caller's among them); each thread gets its own
  * scratch of scratch_bytes (64-byte aligned). Items are taken in increasing
  * order by whichever thread is free: fn's results must not depend on the
- * thread. Returns 0, or -1 when scratch could not be allocated (nothing ran). */
+ * thread. Each scratch's first 64 bytes are zero when fn first sees it (a header
+ * for what fn keeps from item to item). Returns 0, or -1 when scratch could not be allocated (nothing ran). */
 int fad_cpu_parallel(int num_threads, int64_t n_items, size_t scratch_bytes,
                      void (*fn)(void *ctx, int64_t item, void *scratch), void *ctx);
 

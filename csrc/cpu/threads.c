@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu/kernels.h"
 
@@ -62,6 +63,8 @@ int fad_cpu_parallel(int num_threads, int64_t n_items, size_t scratch_bytes,
                 free(workers[u].scratch);
             return -1;
         }
+        if (bytes)
+            memset(workers[t].scratch, 0, 64);
     }
     /* threads that cannot be started leave their share to the others */
     int started = 0;
