@@ -300,7 +300,7 @@ static void check_validation(const problem *pr)
           p.window_left == -1 && p.window_right == -1 && p.deterministic == 1 &&
               p.split_size == 512 && p.schedule == FAD_SCHEDULE_AUTO && p.causal == 0 &&
               p.softcap == 0.f && p.alibi_slopes == NULL && p.dropout_p == 0.f &&
-              p.dropout_seq_ids == NULL && p.dropout_seed_offset == NULL,
+              p.dropout_seq_ids == NULL && p.dropout_seed_offset == NULL && p.num_threads == 0,
           "");
     /* fad.h: "scale 0 means 1/sqrt(head_dim)": a default-scale call must be accepted */
     p = good;
@@ -316,16 +316,19 @@ static void check_validation(const problem *pr)
 
 /* --- the CPU entry -------------------------------------------------------- */
 
-static int run_cpu(problem *pr, fad_schedule schedule)
+static int run_cpu_threads(problem *pr, fad_schedule schedule, int threads)
 {
     fad_fwd_params p;
     char msg[256] = "";
     fill_params(&p, pr, pr->q, pr->k, pr->v, pr->out, pr->lse, pr->alibi);
     p.schedule = schedule;
+    p.num_threads = threads;
     fad_status st = fad_fwd_cpu(&p, msg, sizeof msg);
     if (st != FAD_OK) printf("  fad_fwd_cpu: %s\n", msg);
     return st == FAD_OK;
 }
+
+static int run_cpu(problem *pr, fad_schedule schedule) { return run_cpu_threads(pr, schedule, 1); }
 
 static void check_cpu(problem *pr, int idx)
 {
@@ -335,13 +338,13 @@ static void check_cpu(problem *pr, int idx)
     ok = ok && compare(pr, 2e-5, 1.0 / 256, 1e-4, why, sizeof why);
     check(name, ok, why);
 
-    /* run to run: identical bits */
+    /* run to run: identical bits, here on 3 threads (the count changes none) */
     uint16_t *out1 = malloc(pr->nq * 2);
     float *lse1 = malloc(pr->nlse * 4);
     memcpy(out1, pr->out, pr->nq * 2);
     memcpy(lse1, pr->lse, pr->nlse * 4);
     memset(pr->out, 0xff, pr->nq * 2);
-    run_cpu(pr, FAD_SCHEDULE_AUTO);
+    run_cpu_threads(pr, FAD_SCHEDULE_AUTO, 3);
     snprintf(name, sizeof name, "cpu_run_to_run_%d", idx);
     check(name, !memcmp(out1, pr->out, pr->nq * 2) && !memcmp(lse1, pr->lse, pr->nlse * 4), "");
 
