@@ -3,6 +3,11 @@
  * plain C, and the choice among them at run time. The variants give the same
  * bits (cpu/simd.h), so the choice is about speed only.
  */
+#if defined(__SANITIZE_ADDRESS__) && defined(__GNUC__) && !defined(__clang__)
+/* (AddressSanitizer keeps the register blocks in memory, and gcc's variable
+ * tracking for -g then takes minutes on the unrolled kernels: debug info only) */
+#pragma GCC optimize("no-var-tracking", "no-var-tracking-assignments")
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
