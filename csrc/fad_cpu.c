@@ -96,7 +96,7 @@ typedef struct fwd_ctx {
     int64_t lse_head_stride;
 } fwd_ctx;
 
-/* One thread's scratch, carved from its block (fwd_scratch_bytes). */
+/* One thread's scratch, carved from its block (fwd_carve). */
 typedef struct fwd_scratch {
     int64_t *held;      /* 1 + the (sequence, kv head) whose tiles kc/vc hold, 0: none */
     float *kc, *vc;     /* cache_keys keys: per tile transposed (Dp x T) / rows (T x Dp) */
@@ -287,9 +287,7 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
             if (sp < w.first[r] || sp >= w.end[r])
                 continue;
             const fad_merge_w mw = fad_merge_weights(w.mr[r], w.ms[r]);
-            float *orow = w.orow + (int64_t)r * Dp, *os = w.os + (int64_t)r * Dp;
-            for (int d = 0; d < D; d++)
-                orow[d] = fad_merge_value(orow[d], os[d], mw);
+            c->k->merge(w.orow + (int64_t)r * Dp, w.os + (int64_t)r * Dp, mw.wa, mw.wb, Dp);
             w.lr[r] = fad_merge_value(w.lr[r], w.ls[r], mw);
             w.mr[r] = mw.m;
         }
@@ -298,12 +296,8 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
     uint16_t *O = (uint16_t *)p->out;
     for (int r = 0; r < nrows; r++) {
         const int h = hk * c->group + r / nb, i = i0 + r % nb;
-        const float inv = fad_out_scale(w.lr[r], drop.rp), *orow = w.orow + (int64_t)r * Dp;
-        uint16_t *out = O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride;
-        for (int d = 0; d < D; d++) {
-            const float y = FAD_MUL(orow[d], inv);
-            out[d] = c->bf16 ? fad_float_to_bf16(y) : fad_float_to_fp16(y);
-        }
+        c->k->store_scaled(w.orow + (int64_t)r * Dp, fad_out_scale(w.lr[r], drop.rp), D, c->bf16,
+                           O + seq.o_off + i * p->out_row_stride + h * p->out_head_stride);
         if (p->softmax_lse)
             p->softmax_lse[seq.row0 + h * c->lse_head_stride + i] = fad_lse(w.mr[r], w.lr[r]);
     }

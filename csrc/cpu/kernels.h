@@ -37,6 +37,10 @@ typedef struct fad_cpu_kernels {
     void (*load_rows)(const uint16_t *const *src, int n, int D, int Dp, int bf16, float *dst,
                       int64_t ds);
     void (*transpose)(const float *rows, int Dp, float *dst);
+    /* a <- fad_merge_value(a, b, w) element by element */
+    void (*merge)(float *a, const float *b, float wa, float wb, int Dp);
+    /* dst <- src * scale in the output dtype (fad_float_to_bf16 / _fp16) */
+    void (*store_scaled)(const float *src, float scale, int D, int bf16, uint16_t *dst);
 } fad_cpu_kernels;
 
 /* The best variant this machine runs (FLASH_ATTN_DET_CPU_ISA=avx512|avx2|c pins one,

@@ -44,6 +44,17 @@ static inline VFN(v16) VFN(vload_fp16)(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); /* exact */
 }
+/* fad_float_to_bf16 lane by lane: round to nearest even, a NaN kept quiet */
+static inline void VFN(vstore_bf16)(uint16_t *p, VFN(v16) a)
+{
+    const __m512i u = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
 /* lanes (l, l + 8) added, then (l, l + 4), (l, l + 2), (0, 1) */
 static inline float VFN(vsum_tree)(VFN(v16) a)
 {
@@ -103,6 +114,13 @@ static inline VFN(v16) VFN(vload_fp16)(const uint16_t *p)
     V2_(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))));
 }
+static inline void VFN(vstore_bf16)(uint16_t *p, VFN(v16) a)
+{
+    float x[16];
+    VFN(vstore)(x, a);
+    for (int l = 0; l < 16; l++)
+        p[l] = fad_float_to_bf16(x[l]);
+}
 static inline float VFN(vsum_tree)(VFN(v16) a)
 {
     __m256 s8 = _mm256_add_ps(a.lo, a.hi);
@@ -151,6 +169,7 @@ static inline int VFN(vany_zero)(VFN(v16) a)
 }
 static inline VFN(v16) VFN(vload_bf16)(const uint16_t *p) { VFN(v16) r; VLOOP_ r.x[l_] = fad_bf16_to_float(p[l_]); return r; }
 static inline VFN(v16) VFN(vload_fp16)(const uint16_t *p) { VFN(v16) r; VLOOP_ r.x[l_] = fad_fp16_to_float(p[l_]); return r; }
+static inline void VFN(vstore_bf16)(uint16_t *p, VFN(v16) a) { VLOOP_ p[l_] = fad_float_to_bf16(a.x[l_]); }
 static inline float VFN(vsum_tree)(VFN(v16) a)
 {
     float s8[8], s4[4], s2[2];
