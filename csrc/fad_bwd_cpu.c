@@ -28,6 +28,8 @@
 #include "fad_seq.h"
 
 #define BWD_ROWS 64
+/* Keys per dK/dV item when the backward runs in two passes (bwd_pass). */
+#define BWD_KEYS 256
 
 typedef struct bwd_ctx {
     const fad_bwd_params *bp;
@@ -35,9 +37,15 @@ typedef struct bwd_ctx {
     fad_score_mod mod;
     int D, Dp, group, bf16, key_rows; /* key_rows: seqlen_k rounded up to whole tiles */
     int64_t lse_head_stride;
+    /* BWD_BOTH: items (sequence, kv head), dq and dk/dv in one walk. With fewer of those
+     * than threads, two passes: BWD_DKDV, items (sequence, kv head, BWD_KEYS keys), then
+     * BWD_DQ, items (sequence, query head, BWD_ROWS rows). The same chains either way. */
+    enum { BWD_BOTH, BWD_DKDV, BWD_DQ } pass;
+    int key_blocks, row_blocks;
 } bwd_ctx;
 
 typedef struct bwd_scratch {
+    int64_t *held; /* 1 + the (sequence, kv head) whose keys krows/kt/vt hold, 0: none */
     float *krows, *kt, *vt, *dk, *dv; /* the item's keys: key_rows x Dp; kt/vt per tile Dp x T */
     float *q, *dout, *dq, *s, *dp, *ds, *pv; /* a block's rows: BWD_ROWS x Dp or x T */
     float *delta, *lse2;
@@ -54,6 +62,7 @@ static size_t bwd_carve(const bwd_ctx *c, char *base, bwd_scratch *w)
             w->field = (type *)(base + at);                                     \
         at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
     } while (0)
+    CARVE_(held, int64_t, 1); /* (first: the header fad_cpu_parallel zeroes) */
     CARVE_(krows, float, K * Dp);
     CARVE_(kt, float, K * Dp);
     CARVE_(vt, float, K * Dp);
@@ -73,10 +82,15 @@ static size_t bwd_carve(const bwd_ctx *c, char *base, bwd_scratch *w)
     return at;
 }
 
-/* The item's keys and values in fp32: keys row by row (for dq) and both
- * transposed per tile (for S and dP); rows past len_k are zero. */
-static void load_keys(const bwd_ctx *c, const fad_seq *seq, int hk, const bwd_scratch *w)
+/* Sequence b's keys and values of kv head hk in fp32: keys row by row (for dq)
+ * and both transposed per tile (for S and dP); rows past len_k are zero. Kept
+ * for the thread's next item of the same head. */
+static void load_keys(const bwd_ctx *c, const fad_seq *seq, int b, int hk, const bwd_scratch *w)
 {
+    const int64_t held = (int64_t)b * c->bp->fwd.num_heads_k + hk + 1;
+    if (*w->held == held)
+        return;
+    *w->held = held;
     const fad_fwd_params *p = &c->bp->fwd;
     const uint16_t *K = (const uint16_t *)p->k + hk * p->k_head_stride;
     const uint16_t *V = (const uint16_t *)p->v + hk * p->v_head_stride;
@@ -138,9 +152,11 @@ static void store_rows(const bwd_ctx *c, uint16_t *dst, int64_t row_stride, cons
         c->k->store_scaled(src + (int64_t)j * c->Dp, 1.f, c->D, c->bf16, dst + (int64_t)j * row_stride);
 }
 
-/* Rows [i0, i0 + nb) of query head h: their dq, and their terms of dk/dv. */
+/* Rows [i0, i0 + nb) of query head h against keys [klo, khi) (klo on a tile):
+ * their dq (do_dq), and their terms of dk/dv (do_dkdv). */
 static void bwd_block(const bwd_ctx *c, const bwd_scratch *w, const fad_dropout *drop, int b,
-                      int h, const fad_seq *seq, int i0, int nb)
+                      int h, const fad_seq *seq, int i0, int nb, int klo, int khi, int do_dq,
+                      int do_dkdv)
 {
     const fad_bwd_params *bp = c->bp;
     const fad_fwd_params *p = &bp->fwd;
@@ -175,7 +191,9 @@ static void bwd_block(const bwd_ctx *c, const bwd_scratch *w, const fad_dropout 
     }
     memset(w->dq, 0, sizeof(float) * (size_t)R * Dp);
     const int fast = !c->mod.has_mod && !drop->on;
-    for (int t0 = ulo / T * T; t0 < uhi; t0 += T) {
+    if (uhi > khi)
+        uhi = khi;
+    for (int t0 = ulo / T * T > klo ? ulo / T * T : klo; t0 < uhi; t0 += T) {
         const int t1 = t0 + T < seq->len_k ? t0 + T : seq->len_k;
         c->k->dots(w->q, Dp, R, w->kt + (int64_t)t0 * Dp, D, w->s);
         c->k->dots(w->dout, Dp, R, w->vt + (int64_t)t0 * Dp, D, w->dp);
@@ -193,11 +211,14 @@ static void bwd_block(const bwd_ctx *c, const bwd_scratch *w, const fad_dropout 
                 row_ds_general(c, w, drop, b, h, i0 + r, seq, r, t0, lo, hi);
             }
         }
-        c->k->acc_rows(w->ds, R, t1 - t0, w->krows + (int64_t)t0 * Dp, Dp, Dp, w->dq, Dp);
-        c->k->acc_cols(w->ds, R, w->q, Dp, Dp, w->dk + (int64_t)t0 * Dp, Dp);
-        c->k->acc_cols(w->pv, R, w->dout, Dp, Dp, w->dv + (int64_t)t0 * Dp, Dp);
+        if (do_dq)
+            c->k->acc_rows(w->ds, R, t1 - t0, w->krows + (int64_t)t0 * Dp, Dp, Dp, w->dq, Dp);
+        if (do_dkdv) {
+            c->k->acc_cols(w->ds, R, w->q, Dp, Dp, w->dk + (int64_t)t0 * Dp, Dp);
+            c->k->acc_cols(w->pv, R, w->dout, Dp, Dp, w->dv + (int64_t)t0 * Dp, Dp);
+        }
     }
-    if (bp->part == FAD_BWD_DKDV) /* (the CPU computes both parts; it writes one) */
+    if (!do_dq)
         return;
     store_rows(c, (uint16_t *)bp->dq + seq->q_off + (int64_t)i0 * p->q_row_stride +
                       h * p->q_head_stride, p->q_row_stride, w->dq, nb);
@@ -208,28 +229,48 @@ static void bwd_item(void *ctx, int64_t item, void *scratch)
     const bwd_ctx *c = (const bwd_ctx *)ctx;
     const fad_bwd_params *bp = c->bp;
     const fad_fwd_params *p = &bp->fwd;
-    const int hk = (int)(item % p->num_heads_k), b = (int)(item / p->num_heads_k);
-    const fad_seq seq = fad_get_seq(p, b);
-    const fad_dropout drop = fad_dropout_of(p, b);
-    const int Dp = c->Dp;
+    const int Dp = c->Dp, dq = bp->part != FAD_BWD_DKDV, dkdv = bp->part != FAD_BWD_DQ;
     bwd_scratch w = {0};
     bwd_carve(c, (char *)scratch, &w);
-    load_keys(c, &seq, hk, &w);
-    const size_t key_bytes = sizeof(float) * (size_t)(seq.len_k + FAD_CPU_TILE) * Dp;
-    memset(w.dk, 0, key_bytes < sizeof(float) * (size_t)c->key_rows * Dp ? key_bytes
-                                                                         : sizeof(float) * (size_t)c->key_rows * Dp);
-    memset(w.dv, 0, key_bytes < sizeof(float) * (size_t)c->key_rows * Dp ? key_bytes
-                                                                         : sizeof(float) * (size_t)c->key_rows * Dp);
+    if (c->pass == BWD_DQ) { /* rows [i0, i0 + BWD_ROWS) of query head h */
+        const int qb = (int)(item % c->row_blocks), h = (int)(item / c->row_blocks % p->num_heads);
+        const int b = (int)(item / c->row_blocks / p->num_heads);
+        const fad_seq seq = fad_get_seq(p, b);
+        const fad_dropout drop = fad_dropout_of(p, b);
+        const int i0 = qb * BWD_ROWS;
+        if (i0 >= seq.len_q)
+            return;
+        load_keys(c, &seq, b, h / c->group, &w);
+        bwd_block(c, &w, &drop, b, h, &seq, i0, seq.len_q - i0 < BWD_ROWS ? seq.len_q - i0 : BWD_ROWS,
+                  0, seq.len_k, 1, 0);
+        return;
+    }
+    /* BWD_BOTH: every key of kv head hk; BWD_DKDV: keys [k0, k1) */
+    const int blocks = c->pass == BWD_DKDV ? c->key_blocks : 1;
+    const int kb = (int)(item % blocks), hk = (int)(item / blocks % p->num_heads_k);
+    const int b = (int)(item / blocks / p->num_heads_k);
+    const fad_seq seq = fad_get_seq(p, b);
+    const fad_dropout drop = fad_dropout_of(p, b);
+    const int k0 = c->pass == BWD_DKDV ? kb * BWD_KEYS : 0;
+    const int k1 = c->pass == BWD_DKDV && k0 + BWD_KEYS < seq.len_k ? k0 + BWD_KEYS : seq.len_k;
+    if (c->pass == BWD_DKDV && k0 >= seq.len_k)
+        return;
+    load_keys(c, &seq, b, hk, &w);
+    /* the accumulators of keys [k0, k1), to the end of their last tile */
+    const int64_t zero_rows = (k1 - k0 + FAD_CPU_TILE - 1) / FAD_CPU_TILE * FAD_CPU_TILE;
+    memset(w.dk + (int64_t)k0 * Dp, 0, sizeof(float) * (size_t)zero_rows * Dp);
+    memset(w.dv + (int64_t)k0 * Dp, 0, sizeof(float) * (size_t)zero_rows * Dp);
     for (int h = hk * c->group; h < (hk + 1) * c->group; h++)
         for (int i0 = 0; i0 < seq.len_q; i0 += BWD_ROWS)
             bwd_block(c, &w, &drop, b, h, &seq, i0,
-                      seq.len_q - i0 < BWD_ROWS ? seq.len_q - i0 : BWD_ROWS);
-    if (bp->part == FAD_BWD_DQ)
+                      seq.len_q - i0 < BWD_ROWS ? seq.len_q - i0 : BWD_ROWS, k0, k1,
+                      c->pass == BWD_BOTH && dq, dkdv);
+    if (!dkdv)
         return;
-    store_rows(c, (uint16_t *)bp->dk + seq.k_off + hk * p->k_head_stride, p->k_row_stride, w.dk,
-               seq.len_k);
-    store_rows(c, (uint16_t *)bp->dv + seq.v_off + hk * p->v_head_stride, p->v_row_stride, w.dv,
-               seq.len_k);
+    store_rows(c, (uint16_t *)bp->dk + seq.k_off + hk * p->k_head_stride + (int64_t)k0 * p->k_row_stride,
+               p->k_row_stride, w.dk + (int64_t)k0 * Dp, k1 - k0);
+    store_rows(c, (uint16_t *)bp->dv + seq.v_off + hk * p->v_head_stride + (int64_t)k0 * p->v_row_stride,
+               p->v_row_stride, w.dv + (int64_t)k0 * Dp, k1 - k0);
 }
 
 fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
@@ -256,8 +297,26 @@ fad_status fad_bwd_cpu(const fad_bwd_params *bp, char *msg, size_t msg_len)
     if (c.key_rows == 0)
         c.key_rows = FAD_CPU_TILE;
     c.lse_head_stride = fad_lse_head_stride(p);
-    const int64_t items = (int64_t)p->batch * p->num_heads_k;
-    if (fad_cpu_parallel(p->num_threads, items, bwd_carve(&c, NULL, NULL), bwd_item, &c))
+    c.key_blocks = (p->seqlen_k + BWD_KEYS - 1) / BWD_KEYS;
+    c.row_blocks = (p->seqlen_q + BWD_ROWS - 1) / BWD_ROWS;
+    const size_t scratch = bwd_carve(&c, NULL, NULL);
+    const int64_t heads = (int64_t)p->batch * p->num_heads_k;
+    /* Two passes cost two more products a tile pair; worth it only for idle threads. */
+    const int two = heads < p->num_threads && (c.key_blocks > 1 || c.row_blocks > 1);
+    int fail = 0;
+    if (!two) {
+        c.pass = BWD_BOTH;
+        fail = fad_cpu_parallel(p->num_threads, heads, scratch, bwd_item, &c);
+    } else {
+        c.pass = BWD_DKDV;
+        if (rp.part != FAD_BWD_DQ)
+            fail = fad_cpu_parallel(p->num_threads, heads * c.key_blocks, scratch, bwd_item, &c);
+        c.pass = BWD_DQ;
+        if (!fail && rp.part != FAD_BWD_DKDV)
+            fail = fad_cpu_parallel(p->num_threads, (int64_t)p->batch * p->num_heads * c.row_blocks,
+                                    scratch, bwd_item, &c);
+    }
+    if (fail)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "seqlen_k: out of host memory for the CPU backward");
     return FAD_OK;

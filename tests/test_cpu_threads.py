@@ -65,8 +65,9 @@ def test_forward_threads(threads, causal, D, H, Hk):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_threads(threads, causal):
-    q, k, v = make_qkv(make_gen(2), 2, 200, 260, 4, 2, 64, torch.bfloat16)
+@pytest.mark.parametrize("B,Hk", [(2, 2), (1, 1)])  # (1, 1): fewer kv heads than threads, two passes
+def test_backward_threads(threads, causal, B, Hk):
+    q, k, v = make_qkv(make_gen(2), B, 200, 600, 4, Hk, 64, torch.bfloat16)
     g = randn(make_gen(3), q.shape, torch.bfloat16)
 
     def run(n):
