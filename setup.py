@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.join(ROOT, "build_backend"))
 from fad_toolchain import cpu_only_reason, find_nvcc  # noqa: E402  (shared with the build backend)
 
 CSRC = os.path.join("csrc")
-C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c", "fad_cpu.c",
-             "fad_bwd_cpu.c"]
+C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "python/blocks.c",
+             "fad_core.c", "fad_cpu.c", "fad_bwd_cpu.c", "blocks_cpu.c"]
+CUDA_C_SOURCES = ["blocks_gemm_cuda.c"]  # C sources of the CUDA build only (cuBLASLt)
 CUDA_SOURCES = sorted(os.path.join("cuda", f) for f in os.listdir(os.path.join(ROOT, CSRC, "cuda"))
                       if f.endswith(".cu"))
 DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89
@@ -146,6 +147,7 @@ class BuildExt(build_ext):
             run_jobs(cmds)
             print(f"flash_attn_det: nvcc for archs {archs} took {time.time() - t0:.1f} s",
                   file=sys.stderr)
+            ext.sources += [os.path.join(CSRC, s) for s in CUDA_C_SOURCES]
             ext.library_dirs.append(libdir)
             ext.libraries += ["cudart_static", "dl", "rt", "pthread", "stdc++"]
         super().build_extensions()

@@ -101,6 +101,9 @@ fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
  * fad_check_seqlens_host: the checked mode (fad_fwd_params.check_indices). */
 fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len);
 fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len);
+/* The device current on the calling thread (this module's cudart is static; the
+ * current device is the driver's current context, which cuBLASLt's runtime reads too). */
+fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len);
 /* The forward's kernels (cuda/fwd_launch.cu). */
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
                                struct CUstream_st *stream, char *msg, size_t msg_len);

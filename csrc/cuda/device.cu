@@ -31,6 +31,14 @@ extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
 
 extern "C" int fad_has_cuda(void) { return 1; }
 
+extern "C" fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len)
+{
+    CUDA_TRY(cudaGetDevice(dev));
+    if (*dev < 0 || *dev >= FAD_MAX_DEVICES)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", *dev);
+    return FAD_OK;
+}
+
 extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
 {
     CUDA_TRY(cudaGetDevice(prev));

@@ -102,6 +102,12 @@ PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 PyObject *fad_py_infer_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* ---- blocks.c's entries (the batch-invariant building blocks) ---- */
+
+extern const char fad_gemm_doc[], fad_row_reduce_doc[];
+PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_row_reduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 #pragma GCC visibility pop
 
 #endif /* FAD_GLUE_H */

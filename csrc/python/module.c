@@ -711,6 +711,8 @@ static PyMethodDef fad_methods[] = {
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
     {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
+    {"gemm", (PyCFunction)(void (*)(void))fad_py_gemm, METH_FASTCALL, fad_gemm_doc},
+    {"row_reduce", (PyCFunction)(void (*)(void))fad_py_row_reduce, METH_FASTCALL, fad_row_reduce_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)

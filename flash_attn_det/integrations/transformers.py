@@ -127,3 +127,9 @@ def register(name=NAME):
 
 
 register()
+
+
+def make_invariant(model):
+    """The whole model on batch-invariant blocks: flash_attn_det.integrations.models."""
+    from .models import make_invariant as _make_invariant
+    return _make_invariant(model)

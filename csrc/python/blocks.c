@@ -1,0 +1,221 @@
+/*
+ * blocks.c — the Python entries of the batch-invariant building blocks
+ * (fad_blocks.h): gemm and row_reduce on 2-D tensors, CPU or CUDA. Every
+ * argument is checked before anything is written; the caller (flash_attn_det.blocks)
+ * allocates the outputs.
+ */
+#include "glue.h"
+
+#include "fad_blocks.h"
+
+/* A 2-D tensor with a unit column stride (a 0-row one may have any), of a block
+ * element type; *et, *ld receive its type and row stride. */
+static int get_matrix(tensor_args *ta, PyObject *obj, const char *name, DLTensor **t,
+                      fad_etype *et, int64_t *ld)
+{
+    if (get_tensor(ta, obj, name, t))
+        return -1;
+    const DLTensor *x = *t;
+    if (x->ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 2 dims, got %d", name, (int)x->ndim);
+        return -1;
+    }
+    if (is_dtype(x->dtype, kDLBfloat, 16))
+        *et = FAD_E_BFLOAT16;
+    else if (is_dtype(x->dtype, kDLFloat, 16))
+        *et = FAD_E_FLOAT16;
+    else if (is_dtype(x->dtype, kDLFloat, 32))
+        *et = FAD_E_FLOAT32;
+    else {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype float16, bfloat16 or float32", name);
+        return -1;
+    }
+    if (x->shape[1] > 1 && tensor_stride(x, 1) != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: last dim must be contiguous (stride 1)", name);
+        return -1;
+    }
+    *ld = x->shape[0] > 1 ? tensor_stride(x, 0) : x->shape[1];
+    if (x->shape[0] > 1 && *ld < x->shape[1]) {
+        PyErr_Format(PyExc_ValueError, "%s: rows overlap (row stride %lld < %lld columns)", name,
+                     (long long)*ld, (long long)x->shape[1]);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_same_device(const DLTensor *t, const DLTensor *ref, const char *name,
+                             const char *ref_name)
+{
+    if (same_device(t, ref))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: must be on the same device as %s", name, ref_name);
+    return -1;
+}
+
+static int get_stream(PyObject *obj, struct CUstream_st **stream)
+{
+    const unsigned long long s = PyLong_AsUnsignedLongLong(obj);
+    if (s == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "stream: expected a cudaStream_t as an int");
+        return -1;
+    }
+    *stream = (struct CUstream_st *)(uintptr_t)s;
+    return 0;
+}
+
+/* Runs a block on x's device: the CPU entry with the GIL released, else the CUDA
+ * one on that device. */
+#define RUN_ON(x, cpu_call, cuda_call)                                                    \
+    do {                                                                                  \
+        if ((x)->device.device_type == kDLCPU) {                                          \
+            Py_BEGIN_ALLOW_THREADS st = (cpu_call);                                       \
+            Py_END_ALLOW_THREADS                                                          \
+        } else {                                                                          \
+            int prev_ = 0;                                                                \
+            st = enter_device((x)->device.device_id, &prev_, msg, sizeof msg);             \
+            if (st == FAD_OK) {                                                           \
+                st = (cuda_call);                                                         \
+                leave_device((x)->device.device_id, prev_);                               \
+            }                                                                             \
+        }                                                                                 \
+    } while (0)
+
+const char fad_gemm_doc[] =
+"gemm(a, b, c, bias, trans_a, trans_b, stream)\n"
+"--\n\n"
+"c = a' b' (+ bias), 2-D tensors of one dtype (float16, bfloat16, float32) with unit\n"
+"column strides on one device: a' = a.T if trans_a else a, b' = b.T if trans_b else b;\n"
+"c (m, n) is written, fp32 accumulation. Each row of c has the same bits whatever the\n"
+"number of rows (without trans_a). bias: None or (n,) contiguous, without trans_a.\n"
+"stream: a cudaStream_t as an int (ignored on the CPU).";
+
+PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args ta;
+    DLTensor *a, *b, *c, *bias = NULL;
+    fad_etype ea, eb, ec, ebias;
+    fad_gemm_params p;
+    struct CUstream_st *stream;
+    char msg[512] = "";
+    fad_status st;
+    int trans_a, trans_b;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "gemm: expected 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    tensor_args_init(&ta, module);
+    if (get_matrix(&ta, args[0], "a", &a, &ea, &p.lda) ||
+        get_matrix(&ta, args[1], "b", &b, &eb, &p.ldb) ||
+        get_matrix(&ta, args[2], "c", &c, &ec, &p.ldc) ||
+        as_int(args[4], "trans_a", &trans_a) || as_int(args[5], "trans_b", &trans_b) ||
+        get_stream(args[6], &stream))
+        return NULL;
+    if (check_same_device(b, a, "b", "a") || check_same_device(c, a, "c", "a"))
+        return NULL;
+    if (eb != ea || ec != ea) {
+        PyErr_SetString(PyExc_TypeError, eb != ea ? "b: must have a's dtype" : "c: must have a's dtype");
+        return NULL;
+    }
+    p.etype = ea, p.trans_a = trans_a != 0, p.trans_b = trans_b != 0;
+    p.m = p.trans_a ? a->shape[1] : a->shape[0];
+    p.k = p.trans_a ? a->shape[0] : a->shape[1];
+    p.n = p.trans_b ? b->shape[0] : b->shape[1];
+    const int64_t bk = p.trans_b ? b->shape[1] : b->shape[0];
+    if (bk != p.k) {
+        PyErr_Format(PyExc_ValueError, "b: inner dimension %lld does not match a's %lld",
+                     (long long)bk, (long long)p.k);
+        return NULL;
+    }
+    if (c->shape[0] != p.m || c->shape[1] != p.n) {
+        PyErr_Format(PyExc_ValueError, "c: expected shape (%lld, %lld), got (%lld, %lld)",
+                     (long long)p.m, (long long)p.n, (long long)c->shape[0], (long long)c->shape[1]);
+        return NULL;
+    }
+    if (args[3] != Py_None) {
+        if (get_tensor(&ta, args[3], "bias", &bias) || check_same_device(bias, a, "bias", "a"))
+            return NULL;
+        if (bias->ndim != 1 || bias->shape[0] != p.n || (p.n > 1 && tensor_stride(bias, 0) != 1)) {
+            PyErr_Format(PyExc_ValueError, "bias: expected a contiguous (%lld,) tensor", (long long)p.n);
+            return NULL;
+        }
+        ebias = is_dtype(bias->dtype, kDLBfloat, 16) ? FAD_E_BFLOAT16
+              : is_dtype(bias->dtype, kDLFloat, 16)  ? FAD_E_FLOAT16
+              : is_dtype(bias->dtype, kDLFloat, 32)  ? FAD_E_FLOAT32 : (fad_etype)-1;
+        if (ebias != ea) {
+            PyErr_SetString(PyExc_TypeError, "bias: must have a's dtype");
+            return NULL;
+        }
+    }
+    p.a = tensor_data(a), p.b = tensor_data(b), p.c = tensor_data(c);
+    p.bias = bias ? tensor_data(bias) : NULL;
+    RUN_ON(a, fad_gemm_cpu(&p, msg, sizeof msg), fad_gemm_cuda(&p, stream, msg, sizeof msg));
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+const char fad_row_reduce_doc[] =
+"row_reduce(op, x, y, out, stream)\n"
+"--\n\n"
+"One fp32 result per row of the 2-D tensor x (float16, bfloat16, float32; unit column\n"
+"stride) into out (float32, (rows,), contiguous): op 0 sum, 1 dot with y (x's shape,\n"
+"any of those dtypes), 2 log-sum-exp. Each row's bits depend on that row alone.\n"
+"stream: a cudaStream_t as an int (ignored on the CPU).";
+
+PyObject *fad_py_row_reduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args ta;
+    DLTensor *x, *y = NULL, *out;
+    fad_row_params p;
+    struct CUstream_st *stream;
+    char msg[512] = "";
+    fad_status st;
+    int op;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "row_reduce: expected 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    tensor_args_init(&ta, module);
+    memset(&p, 0, sizeof p);
+    if (as_int(args[0], "op", &op) || get_matrix(&ta, args[1], "x", &x, &p.x_type, &p.ldx) ||
+        get_tensor(&ta, args[3], "out", &out) || get_stream(args[4], &stream))
+        return NULL;
+    if (op < FAD_ROW_SUM || op > FAD_ROW_LSE) {
+        PyErr_Format(PyExc_ValueError, "op: expected 0 (sum), 1 (dot) or 2 (lse), got %d", op);
+        return NULL;
+    }
+    p.op = (fad_row_op)op, p.rows = x->shape[0], p.cols = x->shape[1];
+    if (p.cols == 0) {
+        PyErr_SetString(PyExc_ValueError, "x: rows of zero length have no reduction");
+        return NULL;
+    }
+    if (p.op == FAD_ROW_DOT) {
+        if (args[2] == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "y: required for op 1 (dot)");
+            return NULL;
+        }
+        if (get_matrix(&ta, args[2], "y", &y, &p.y_type, &p.ldy) ||
+            check_same_device(y, x, "y", "x"))
+            return NULL;
+        if (y->shape[0] != p.rows || y->shape[1] != p.cols) {
+            PyErr_SetString(PyExc_ValueError, "y: must have x's shape");
+            return NULL;
+        }
+        p.y = tensor_data(y);
+    }
+    if (check_same_device(out, x, "out", "x"))
+        return NULL;
+    if (!is_dtype(out->dtype, kDLFloat, 32) || out->ndim != 1 || out->shape[0] != p.rows ||
+        (p.rows > 1 && tensor_stride(out, 0) != 1)) {
+        PyErr_Format(PyExc_ValueError, "out: expected a contiguous float32 (%lld,) tensor",
+                     (long long)p.rows);
+        return NULL;
+    }
+    p.x = tensor_data(x), p.out = tensor_data(out);
+    RUN_ON(x, fad_row_reduce_cpu(&p, msg, sizeof msg),
+           fad_row_reduce_cuda(&p, stream, msg, sizeof msg));
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
