@@ -28,6 +28,10 @@
  * batch's token count, where the product's speed matters most. */
 #define REF_ROWS 8192
 #define MAX_PLANS 512
+/* Scratch a plan's algorithm may use (one buffer a device, allocated at the first plan
+ * that needs it, so a CUDA graph captures calls only after their shapes were planned;
+ * calls on several streams of one device at once must not share it). */
+#define GEMM_WORKSPACE ((size_t)32 << 20)
 /* Row counts the pinned algorithm is checked against when the plan is made. */
 static const int64_t CHECK_ROWS[] = {1, 2, 7, 64, 1000, REF_ROWS};
 
@@ -44,7 +48,10 @@ typedef struct gemm_plan {
     int64_t f1, f2;        /* the fixed dims: (n, k) without trans_a, (m, n) with it */
     lt_matmul_desc desc;
     lt_algo algo;
+    size_t workspace;      /* bytes its algorithm needs at most (<= GEMM_WORKSPACE) */
 } gemm_plan;
+
+static void *workspaces[LT_MAX_DEVICES];
 
 static gemm_plan plans[MAX_PLANS];
 static int num_plans;
@@ -111,9 +118,9 @@ static void free_layouts(lt_shapes *s)
     if (s->c) lt.layout_destroy(s->c);
 }
 
-/* A new plan for p's key: the heuristic's algorithms for the reference size, no
- * workspace, split-K off (no reduction scheme), 16-byte operands; the first whose
- * configuration has one K split and which runs at every CHECK_ROWS size. */
+/* A new plan for p's key: the heuristic's algorithms for the reference size, split-K off
+ * (no reduction scheme), 16-byte operands; the first whose configuration has one K split
+ * and which runs at every CHECK_ROWS size within GEMM_WORKSPACE. */
 static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, char *msg,
                            size_t msg_len)
 {
@@ -123,7 +130,7 @@ static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, c
     lt_status e = 0;
     fad_status st = FAD_ERR_CUDA;
     const int opa = p->trans_b ? LT_OP_T : LT_OP_N, opb = p->trans_a ? LT_OP_T : LT_OP_N;
-    const uint64_t zero = 0;
+    const uint64_t ws_max = GEMM_WORKSPACE;
     const uint32_t no_reduction = LT_REDUCTION_SCHEME_NONE, align = 16;
     memset(plan, 0, sizeof *plan);
     plan->dev = dev, plan->et = p->etype, plan->ta = p->trans_a, plan->tb = p->trans_b;
@@ -141,7 +148,7 @@ static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, c
             goto fail;
     }
     if ((e = lt.pref_create(&pref)) ||
-        (e = lt.pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &zero, sizeof zero)) ||
+        (e = lt.pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max)) ||
         (e = lt.pref_set(pref, LT_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction)) ||
         (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_A, &align, sizeof align)) ||
         (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_B, &align, sizeof align)) ||
@@ -157,29 +164,57 @@ static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, c
         if (e)
             goto fail;
     }
+    /* why each candidate was refused, for the message (and FLASH_ATTN_DET_GEMM_DEBUG=1) */
+    char why[400] = "";
+    size_t used = 0;
     for (int i = 0; i < nfound; i++) {
-        uint32_t splits = 0;
-        size_t written = 0;
-        int ok = found[i].state == 0 &&
-                 !lt.config_get(&found[i].algo, LT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
-                                &written) && splits <= 1;
-        for (size_t r = 0; ok && r < sizeof CHECK_ROWS / sizeof *CHECK_ROWS; r++) {
-            lt_shapes s;
+        int32_t splits = 0, algo_id = -1, tile = -1, stages = -1;
+        size_t written = 0, ws = 0;
+        const char *bad = NULL;
+        int64_t bad_rows = 0;
+        lt_status ce = 0;
+        if (found[i].state)
+            bad = "state";
+        else if (lt.config_get(&found[i].algo, LT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                               &written) || splits > 1)
+            bad = "split-K";
+        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &written);
+        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
+        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+        for (size_t r = 0; !bad && r < sizeof CHECK_ROWS / sizeof *CHECK_ROWS; r++) {
+            lt_shapes sh;
             lt_heuristic res;
-            ok = !make_layouts(p, CHECK_ROWS[r], &s) &&
-                 !lt.algo_check(handles[dev], plan->desc, s.a, s.b, s.c, s.c, &found[i].algo, &res) &&
-                 res.workspace_size == 0;
-            free_layouts(&s);
+            ce = make_layouts(p, CHECK_ROWS[r], &sh);
+            if (!ce)
+                ce = lt.algo_check(handles[dev], plan->desc, sh.a, sh.b, sh.c, sh.c,
+                                   &found[i].algo, &res);
+            free_layouts(&sh);
+            if (ce)
+                bad = "check", bad_rows = CHECK_ROWS[r];
+            else if (res.workspace_size > GEMM_WORKSPACE)
+                bad = "workspace", bad_rows = CHECK_ROWS[r];
+            else if (res.workspace_size > ws)
+                ws = res.workspace_size;
         }
-        if (ok) {
+        if (used < sizeof why)
+            used += (size_t)snprintf(why + used, sizeof why - used, "%s[algo %d tile %d stages %d "
+                                     "splits %d: %s%s%lld]", i ? " " : "", algo_id, tile, stages,
+                                     splits, bad ? bad : "ok", bad ? " at rows " : " ws ",
+                                     bad ? (long long)bad_rows : (long long)ws);
+        if (!bad) {
             plan->algo = found[i].algo;
+            plan->workspace = ws;
+            if (getenv("FLASH_ATTN_DET_GEMM_DEBUG"))
+                fprintf(stderr, "flash_attn_det gemm plan (n=%lld k=%lld m=%lld ta=%d tb=%d): %s\n",
+                        (long long)p->n, (long long)p->k, (long long)p->m, p->trans_a, p->trans_b,
+                        why);
             lt.pref_destroy(pref);
             return FAD_OK;
         }
     }
     st = fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len, "gemm: cuBLASLt offers no single-pass "
-                  "algorithm without workspace for this shape (n=%lld, k=%lld; %d candidates)",
-                  (long long)p->n, (long long)p->k, nfound);
+                  "algorithm for this shape (n=%lld, k=%lld): %s", (long long)p->n,
+                  (long long)p->k, why);
     lt.desc_destroy(plan->desc);
     lt.pref_destroy(pref);
     return st;
@@ -226,6 +261,8 @@ static fad_status get_plan(const fad_gemm_params *p, int dev, const gemm_plan **
         goto done;
     }
     st = new_plan(p, dev, &plans[num_plans], msg, msg_len);
+    if (st == FAD_OK && plans[num_plans].workspace && !workspaces[dev])
+        st = fad_cuda_alloc(&workspaces[dev], GEMM_WORKSPACE, msg, msg_len);
     if (st == FAD_OK)
         *out = &plans[num_plans++];
 done:
@@ -262,7 +299,8 @@ fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, c
         e = lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &p->bias, sizeof p->bias);
     if (!e)
         e = lt.matmul(handles[dev], plan->desc, &one, p->b, s.a, p->a, s.b, &zero, p->c, s.c,
-                      p->c, s.c, &plan->algo, NULL, 0, stream);
+                      p->c, s.c, &plan->algo, plan->workspace ? workspaces[dev] : NULL,
+                      plan->workspace ? GEMM_WORKSPACE : 0, stream);
     pthread_mutex_unlock(&lt_lock);
     free_layouts(&s);
     if (e)

@@ -104,6 +104,8 @@ fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len);
 /* The device current on the calling thread (this module's cudart is static; the
  * current device is the driver's current context, which cuBLASLt's runtime reads too). */
 fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len);
+/* bytes of device memory on the current device, kept for the life of the process. */
+fad_status fad_cuda_alloc(void **ptr, size_t bytes, char *msg, size_t msg_len);
 /* The forward's kernels (cuda/fwd_launch.cu). */
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
                                struct CUstream_st *stream, char *msg, size_t msg_len);

@@ -17,7 +17,7 @@ if has build; then
         || { tail -30 "$out/build.log"; exit 1; }
     tail -3 "$out/build.log"
 fi
-has gemm && timeout 240 python3 dev/probe_gemm.py 2>&1 | tee "$out/probe_gemm.md"
+has gemm && FLASH_ATTN_DET_GEMM_DEBUG=1 timeout 240 python3 dev/probe_gemm.py 2>"$out/gemm_plans.txt" | tee "$out/probe_gemm.md"
 has test && timeout 300 python3 -m pytest -q -m gpu tests/test_blocks.py tests/test_parity.py 2>&1 \
     | tee "$out/pytest_blocks.log" | tail -4
 P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"

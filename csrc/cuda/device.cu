@@ -31,6 +31,12 @@ extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
 
 extern "C" int fad_has_cuda(void) { return 1; }
 
+extern "C" fad_status fad_cuda_alloc(void **ptr, size_t bytes, char *msg, size_t msg_len)
+{
+    CUDA_TRY(cudaMalloc(ptr, bytes));
+    return FAD_OK;
+}
+
 extern "C" fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len)
 {
     CUDA_TRY(cudaGetDevice(dev));
