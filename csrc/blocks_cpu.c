@@ -155,3 +155,70 @@ fad_status fad_row_reduce_cpu(const fad_row_params *p, char *msg, size_t msg_len
     }
     return FAD_OK;
 }
+
+fad_status fad_rmsnorm_check(const fad_rmsnorm_params *p, char *msg, size_t msg_len)
+{
+    if (bad_etype(p->etype))
+        return fad_fail(FAD_ERR_DTYPE, msg, msg_len, "rms_norm: unknown element type");
+    if (p->rows < 0 || p->cols <= 0 || p->ldx < p->cols || p->ldy < p->cols)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "rms_norm: rows >= 0, cols > 0 and row "
+                        "strides >= cols expected");
+    if (p->rows > 0 && (!p->x || !p->y || !p->s))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "rms_norm: a NULL operand");
+    return FAD_OK;
+}
+
+fad_status fad_rmsnorm_cpu(const fad_rmsnorm_params *p, char *msg, size_t msg_len)
+{
+    fad_status st = fad_rmsnorm_check(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    for (int64_t r = 0; r < p->rows; r++) {
+        const int64_t xo = r * p->ldx, yo = r * p->ldy;
+        float ss = 0.f;
+        for (int64_t j = 0; j < p->cols; j++) {
+            const float v = load_elem(p->etype, p->x, xo + j);
+            ss = ss + v * v;
+        }
+        const float s = 1.f / sqrtf(ss / (float)p->cols + p->eps);
+        p->s[r] = s;
+        for (int64_t j = 0; j < p->cols; j++) {
+            /* round(x * s) to etype first, as transformers' .to(input_dtype) does */
+            store_elem(p->etype, p->y, yo + j, load_elem(p->etype, p->x, xo + j) * s);
+            if (p->w)
+                store_elem(p->etype, p->y, yo + j,
+                           load_elem(p->etype, p->w, j) * load_elem(p->etype, p->y, yo + j));
+        }
+    }
+    return FAD_OK;
+}
+
+fad_status fad_xent_bwd_check(const fad_xent_bwd_params *p, char *msg, size_t msg_len)
+{
+    if (bad_etype(p->etype))
+        return fad_fail(FAD_ERR_DTYPE, msg, msg_len, "xent_bwd: unknown element type");
+    if (p->rows < 0 || p->cols <= 0 || p->ldx < p->cols || p->lddx < p->cols)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "xent_bwd: rows >= 0, cols > 0 and row "
+                        "strides >= cols expected");
+    if (p->rows > 0 && (!p->x || !p->lse || !p->g || !p->dx))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "xent_bwd: a NULL operand");
+    return FAD_OK;
+}
+
+fad_status fad_xent_bwd_cpu(const fad_xent_bwd_params *p, char *msg, size_t msg_len)
+{
+    fad_status st = fad_xent_bwd_check(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    for (int64_t r = 0; r < p->rows; r++) {
+        const float g = p->g[r], lse = p->lse[r];
+        const int64_t t = p->target ? p->target[r] : -1;
+        for (int64_t j = 0; j < p->cols; j++) {
+            float v = g * expf(load_elem(p->etype, p->x, r * p->ldx + j) - lse);
+            if (j == t)
+                v = v - g;
+            store_elem(p->etype, p->dx, r * p->lddx + j, v);
+        }
+    }
+    return FAD_OK;
+}

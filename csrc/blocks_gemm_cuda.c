@@ -49,6 +49,10 @@ typedef struct gemm_plan {
     lt_matmul_desc desc;
     lt_algo algo;
     size_t workspace;      /* bytes its algorithm needs at most (<= GEMM_WORKSPACE) */
+    /* the layouts of the last call, kept while the varying size and the row strides stay:
+     * a decode loop makes them once */
+    struct { lt_layout a, b, c; } last;
+    int64_t last_rows, last_lda, last_ldb, last_ldc;
 } gemm_plan;
 
 static void *workspaces[LT_MAX_DEVICES];
@@ -227,7 +231,7 @@ fail:
 }
 
 /* The plan for p's key on dev, made at the first use (under lt_lock). */
-static fad_status get_plan(const fad_gemm_params *p, int dev, const gemm_plan **out, char *msg,
+static fad_status get_plan(const fad_gemm_params *p, int dev, gemm_plan **out, char *msg,
                            size_t msg_len)
 {
     const int64_t f1 = p->trans_a ? p->m : p->n, f2 = p->trans_a ? p->n : p->k;
@@ -248,7 +252,7 @@ static fad_status get_plan(const fad_gemm_params *p, int dev, const gemm_plan **
         }
     }
     for (int i = 0; i < num_plans; i++) {
-        const gemm_plan *q = &plans[i];
+        gemm_plan *q = &plans[i];
         if (q->dev == dev && q->et == p->etype && q->ta == p->trans_a && q->tb == p->trans_b &&
             q->bias == (p->bias != NULL) && q->f1 == f1 && q->f2 == f2) {
             *out = q;
@@ -274,7 +278,7 @@ fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, c
                          size_t msg_len)
 {
     fad_status st = fad_gemm_check(p, msg, msg_len);
-    const gemm_plan *plan = NULL;
+    gemm_plan *plan = NULL;
     int dev = 0;
     if (st != FAD_OK || p->m == 0)
         return st;
@@ -289,20 +293,35 @@ fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, c
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "gemm: device %d: too many devices", dev);
     if ((st = get_plan(p, dev, &plan, msg, msg_len)) != FAD_OK)
         return st;
-    lt_shapes s;
     const float one = 1.f, zero = 0.f;
-    /* one descriptor a plan; the bias pointer is the only per-call attribute, so the
-     * descriptor is set under the lock and used at once */
+    const int64_t rows = p->trans_a ? p->k : p->m;
+    lt_status e = 0;
+    /* one descriptor and one set of layouts a plan; the bias pointer is the only per-call
+     * attribute, so both are set under the lock and used at once */
     pthread_mutex_lock(&lt_lock);
-    lt_status e = make_layouts(p, p->trans_a ? p->k : p->m, &s);
+    if (!plan->last.a || plan->last_rows != rows || plan->last_lda != p->lda ||
+        plan->last_ldb != p->ldb || plan->last_ldc != p->ldc) {
+        lt_shapes s;
+        if (plan->last.a) {
+            s.a = plan->last.a, s.b = plan->last.b, s.c = plan->last.c;
+            free_layouts(&s);
+            plan->last.a = plan->last.b = plan->last.c = NULL;
+        }
+        e = make_layouts(p, rows, &s);
+        if (e)
+            free_layouts(&s);
+        else
+            plan->last.a = s.a, plan->last.b = s.b, plan->last.c = s.c, plan->last_rows = rows,
+            plan->last_lda = p->lda, plan->last_ldb = p->ldb, plan->last_ldc = p->ldc;
+    }
     if (!e && plan->bias)
         e = lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &p->bias, sizeof p->bias);
     if (!e)
-        e = lt.matmul(handles[dev], plan->desc, &one, p->b, s.a, p->a, s.b, &zero, p->c, s.c,
-                      p->c, s.c, &plan->algo, plan->workspace ? workspaces[dev] : NULL,
+        e = lt.matmul(handles[dev], plan->desc, &one, p->b, plan->last.a, p->a, plan->last.b,
+                      &zero, p->c, plan->last.c, p->c, plan->last.c, &plan->algo,
+                      plan->workspace ? workspaces[dev] : NULL,
                       plan->workspace ? GEMM_WORKSPACE : 0, stream);
     pthread_mutex_unlock(&lt_lock);
-    free_layouts(&s);
     if (e)
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "gemm: cublasLtMatmul failed (status %d)", e);
     return FAD_OK;

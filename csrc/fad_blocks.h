@@ -73,12 +73,47 @@ typedef struct fad_row_params {
     float *out; /* rows floats, contiguous */
 } fad_row_params;
 
+/* RMSNorm of each row (transformers' Llama/Qwen2 roundings), all of etype:
+ *   s[r] = 1 / sqrt(sum_j x[r, j]^2 / cols + eps)          (fp32, the DOT reduction's order)
+ *   y[r, j] = round(w[j] * round(x[r, j] * s[r]))           (round: to etype)
+ * w NULL: no scale. s (rows floats) is written for the backward. */
+typedef struct fad_rmsnorm_params {
+    int64_t rows, cols;
+    fad_etype etype;
+    const void *x;
+    int64_t ldx;
+    const void *w;
+    void *y;
+    int64_t ldy;
+    float *s;
+    float eps;
+} fad_rmsnorm_params;
+
+/* The gradient of log-sum-exp (and of cross-entropy) with respect to the logits:
+ *   dx[r, j] = g[r] * exp(x[r, j] - lse[r]) - (j == target[r] ? g[r] : 0)
+ * x and dx of etype, lse and g fp32 (rows,), target NULL or int64 (rows,) (a negative
+ * target: no term). Elementwise: each element's bits depend on its row alone. */
+typedef struct fad_xent_bwd_params {
+    int64_t rows, cols;
+    fad_etype etype;
+    const void *x;
+    int64_t ldx;
+    const float *lse, *g;
+    const int64_t *target;
+    void *dx;
+    int64_t lddx;
+} fad_xent_bwd_params;
+
 /* Checks p's sizes and pointers (every entry runs it first). */
 fad_status fad_gemm_check(const fad_gemm_params *p, char *msg, size_t msg_len);
 fad_status fad_row_check(const fad_row_params *p, char *msg, size_t msg_len);
 
 fad_status fad_gemm_cpu(const fad_gemm_params *p, char *msg, size_t msg_len);
 fad_status fad_row_reduce_cpu(const fad_row_params *p, char *msg, size_t msg_len);
+fad_status fad_rmsnorm_check(const fad_rmsnorm_params *p, char *msg, size_t msg_len);
+fad_status fad_rmsnorm_cpu(const fad_rmsnorm_params *p, char *msg, size_t msg_len);
+fad_status fad_xent_bwd_check(const fad_xent_bwd_params *p, char *msg, size_t msg_len);
+fad_status fad_xent_bwd_cpu(const fad_xent_bwd_params *p, char *msg, size_t msg_len);
 
 /* On the device current on the calling thread, on stream. The GEMM loads
  * cuBLASLt at the first call (the library of the process's CUDA toolkit: the one
@@ -89,6 +124,10 @@ fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, c
                          size_t msg_len);
 fad_status fad_row_reduce_cuda(const fad_row_params *p, struct CUstream_st *stream, char *msg,
                                size_t msg_len);
+fad_status fad_rmsnorm_cuda(const fad_rmsnorm_params *p, struct CUstream_st *stream, char *msg,
+                            size_t msg_len);
+fad_status fad_xent_bwd_cuda(const fad_xent_bwd_params *p, struct CUstream_st *stream, char *msg,
+                             size_t msg_len);
 
 #ifdef __cplusplus
 }

@@ -22,9 +22,15 @@ docs/design.md, "Batch-invariant models".
 import torch
 
 from . import _C
+from . import interface as _interface
 from .interface import _dl
 
 _SUM, _DOT, _LSE = 0, 1, 2
+# linear's inference path in C needs torch's allocator through the DLPack exchange API
+# (torch >= 2.11), as the attention's (interface._infer)
+_linear_infer = _C.linear_infer if _interface._infer is not None else None
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled",
+                        lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
 
 
 def _stream(t):
@@ -101,6 +107,11 @@ def linear(x, weight, bias=None):
     """torch.nn.functional.linear(x, weight, bias) with batch-invariant rows: x (..., in),
     weight (out, in), bias (out,) or None, one dtype (float16, bfloat16 or float32; under
     autocast, the autocast dtype). fp32 accumulation."""
+    if _linear_infer is not None and not _any_autocast():
+        # inference with no copies to make: the whole call in C (NotImplemented otherwise)
+        y = _linear_infer(x, weight, bias)
+        if y is not NotImplemented:
+            return y
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -127,49 +138,74 @@ def linear(x, weight, bias=None):
 # row reductions with autograd (each backward elementwise or per row)
 
 
-class _RowSumSq(torch.autograd.Function):
-    """sum_j x[r, j]^2 in fp32 -> (rows,)"""
+def _rms_fwd(x2, weight, eps):
+    y = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+    scale = torch.empty(x2.shape[0], dtype=torch.float32, device=x2.device)
+    _C.rms_norm(_dl(x2), None if weight is None else _dl(weight), _dl(y), _dl(scale), eps,
+                _stream(x2))
+    return y, scale
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = w * round(x * s), s = rsqrt(mean(x^2) + eps): the fused kernel forward (the same
+    bits with and without autograd); the backward elementwise plus one per-row dot."""
 
     @staticmethod
-    def forward(ctx, x2):
-        ctx.save_for_backward(x2)
-        return _row_reduce(_DOT, x2, x2)
+    def forward(ctx, x2, weight, eps):
+        y, scale = _rms_fwd(x2, weight, eps)
+        ctx.save_for_backward(x2, weight, scale)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, scale = ctx.saved_tensors
+        dy2 = _rows(dy)
+        h = (x2.float() * scale[:, None]).to(x2.dtype)  # the forward's round(x * s), recomputed
+        # transformers' graph: the gradient reaching round(x * s) is dy * w in x's dtype
+        gh = (dy2 if weight is None else (dy2 * weight).to(x2.dtype)).float()
+        # s = (sum(x^2) / D + eps)^-1/2: ds/dx_i = -s^3 x_i / D
+        dot = _row_reduce(_DOT, _rows(gh), x2)
+        coef = dot * scale.pow(3) / x2.shape[1]
+        dx = (gh * scale[:, None] - x2.float() * coef[:, None]).to(x2.dtype)
+        dw = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            dw = (dy2.float() * h.float()).sum(0).to(weight.dtype)
+        return dx, dw, None
+
+
+def _lse_minus_pick(x2, target):
+    """lse(x[r]) - x[r, target[r]] in fp32 per row (target None or < 0: lse alone)."""
+    lse = _row_reduce(_LSE, x2)
+    if target is None:
+        return lse, lse
+    picked = x2.gather(1, target.clamp(min=0)[:, None]).squeeze(1).float()
+    return lse, lse - torch.where(target >= 0, picked, torch.zeros((), device=x2.device))
+
+
+class _LSEPick(torch.autograd.Function):
+    """lse(x[r]) - x[r, target[r]]: cross-entropy of a row (target None: log-sum-exp). The
+    backward is one elementwise kernel: g * softmax(x) - g at the target."""
+
+    @staticmethod
+    def forward(ctx, x2, target):
+        lse, out = _lse_minus_pick(x2, target)
+        ctx.save_for_backward(x2, lse, target)
+        return out
 
     @staticmethod
     def backward(ctx, g):
-        (x2,) = ctx.saved_tensors
-        return 2.0 * x2.float() * g[:, None]
+        x2, lse, target = ctx.saved_tensors
+        dx = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+        _C.xent_bwd(_dl(x2), _dl(lse), _dl(g.float().contiguous()),
+                    None if target is None else _dl(target), _dl(dx), _stream(x2))
+        return dx, None
 
 
-class _RowScale(torch.autograd.Function):
-    """h * s[:, None] for fp32 h (rows, cols) and s (rows,); ds is a per-row dot product."""
-
-    @staticmethod
-    def forward(ctx, h, s):
-        ctx.save_for_backward(h, s)
-        return h * s[:, None]
-
-    @staticmethod
-    def backward(ctx, g):
-        h, s = ctx.saved_tensors
-        dh = g * s[:, None] if ctx.needs_input_grad[0] else None
-        ds = _row_reduce(_DOT, _rows(g), _rows(h)) if ctx.needs_input_grad[1] else None
-        return dh, ds
-
-
-class _RowLSE(torch.autograd.Function):
-    """log-sum-exp of each row in fp32 -> (rows,)"""
-
-    @staticmethod
-    def forward(ctx, x2):
-        lse = _row_reduce(_LSE, x2)
-        ctx.save_for_backward(x2, lse)
-        return lse
-
-    @staticmethod
-    def backward(ctx, g):
-        x2, lse = ctx.saved_tensors
-        return (torch.exp(x2.float() - lse[:, None]) * g[:, None]).to(x2.dtype)
+def _lse_pick(x, target):
+    x2 = _rows(x)
+    t = None if target is None else target.reshape(-1).to(torch.int64).contiguous()
+    out = _LSEPick.apply(x2, t) if _grad_on(x) else _lse_minus_pick(x2, t)[1]
+    return out.view(x.shape[:-1])
 
 
 class _LogSoftmax(torch.autograd.Function):
@@ -205,16 +241,13 @@ def rms_norm(x, weight, eps=1e-6):
         raise ValueError("x: expected a tensor with a non-empty last dim")
     if weight is not None and (weight.dim() != 1 or weight.shape[0] != x.shape[-1]):
         raise ValueError(f"weight: expected shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+    if weight is not None and weight.dtype != x.dtype:  # transformers' type promotion
+        h = rms_norm(x, None, eps)
+        return weight * h
     x2 = _rows(x)
-    if _grad_on(x):  # both uses of x meet in one fp32 gradient, as in transformers' graph
-        h = x2.float()
-        s = torch.rsqrt(_RowSumSq.apply(h) / x2.shape[1] + eps)
-        h = _RowScale.apply(h, s).to(x.dtype)
-    else:  # the same bits: float(x) * float(x) either way
-        s = torch.rsqrt(_row_reduce(_DOT, x2, x2) / x2.shape[1] + eps)
-        h = (x2.float() * s[:, None]).to(x.dtype)
-    out = h if weight is None else weight * h
-    return out.view(*x.shape[:-1], x.shape[-1])
+    y = (_RMSNorm.apply(x2, weight, float(eps)) if _grad_on(x, weight)
+         else _rms_fwd(x2, weight, float(eps))[0])
+    return y.view(x.shape)
 
 
 def log_softmax(x, dim=-1):
@@ -229,9 +262,7 @@ def log_softmax(x, dim=-1):
 
 def logsumexp(x):
     """torch.logsumexp(x.float(), -1) with batch-invariant rows."""
-    x2 = _rows(x)
-    lse = _RowLSE.apply(x2) if _grad_on(x) else _row_reduce(_LSE, x2)
-    return lse.view(x.shape[:-1])
+    return _lse_pick(x, None)
 
 
 def token_logprobs(logits, tokens):
@@ -240,8 +271,9 @@ def token_logprobs(logits, tokens):
     if tokens.shape != logits.shape[:-1]:
         raise ValueError(f"tokens: expected shape {tuple(logits.shape[:-1])}, got "
                          f"{tuple(tokens.shape)}")
-    picked = logits.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1).float()
-    return picked - logsumexp(logits)
+    if ((tokens < 0) | (tokens >= logits.shape[-1])).any():
+        raise ValueError(f"tokens: expected ids in [0, {logits.shape[-1]})")
+    return -_lse_pick(logits, tokens)
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
@@ -255,8 +287,8 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
         raise ValueError(f"target: expected shape {tuple(logits.shape[:-1])}, got "
                          f"{tuple(target.shape)}")
     keep = target != ignore_index
-    safe = torch.where(keep, target, torch.zeros_like(target))
-    loss = torch.where(keep, -token_logprobs(logits, safe), torch.zeros((), device=logits.device))
+    loss = _lse_pick(logits, torch.where(keep, target, torch.full_like(target, -1)))
+    loss = torch.where(keep, loss, torch.zeros((), device=logits.device))
     if reduction == "none":
         return loss
     total = loss.sum()

@@ -7,8 +7,8 @@ tokens equal, bit for bit, those the sampler saw while generating them?
 The sampler is transformers' generate: one left-padded batch, greedy, the KV cache, and
 optionally chunked prefill (prefill_chunk_size). Each step's log-probability of the chosen
 token comes from the logits generate returns. The trainer recomputes them from the finished
-sequences three ways: each sequence alone, all in one right-padded batch, and all packed
-into one row (position ids restarting, the varlen path). A token counts as a mismatch when
+sequences four ways: each sequence alone, all in one right-padded batch (with and without
+autograd recording), and all packed into one row (position ids restarting, the varlen path). A token counts as a mismatch when
 any recomputation differs from the sampler in any bit.
 
 Command line, on a model built from a config with random weights (no download):
@@ -66,6 +66,21 @@ def _recompute_padded(model, seqs, plen, pad_id):
             for i, (s, p) in enumerate(zip(seqs, plen))]
 
 
+def _recompute_with_grad(model, seqs, plen, pad_id):
+    """The right-padded batch again with autograd recording, as a trainer's forward runs
+    (the backward's kernels do not touch the forward's bits; this checks the forward's)."""
+    with torch.enable_grad():
+        flags = [p.requires_grad for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(True)
+        try:
+            out = _recompute_padded(model, seqs, plen, pad_id)
+        finally:
+            for p, f in zip(model.parameters(), flags):
+                p.requires_grad_(f)
+    return [o.detach() for o in out]
+
+
 def _recompute_packed(model, seqs, plen):
     ids = torch.cat(seqs)[None]
     pos = torch.cat([torch.arange(len(s), device=s.device) for s in seqs])[None]
@@ -100,6 +115,7 @@ def parity_check(model, prompts, max_new_tokens=16, pad_id=0, prefill_chunk_size
                   prefill_chunk_size=prefill_chunk_size, mismatches={}, max_abs_diff={})
     for name, got in (("alone", _recompute_alone(model, seqs, plen)),
                       ("padded_batch", _recompute_padded(model, seqs, plen, pad_id)),
+                      ("padded_with_grad", _recompute_with_grad(model, seqs, plen, pad_id)),
                       ("packed", _recompute_packed(model, seqs, plen))):
         diff = torch.cat([(g - s).abs() for g, s in zip(got, sampled)])
         neq = torch.cat([g.view(torch.int32) != s.view(torch.int32) for g, s in zip(got, sampled)])

@@ -165,3 +165,25 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="b: inner"):
         _C.gemm(x, torch.randn(3, 9, dtype=torch.bfloat16), c, None, 0, 1, 0)
     assert torch.equal(c, torch.full((4, 3), 7.0, dtype=torch.bfloat16))  # nothing written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_bits_with_and_without_autograd(device):
+    """The inference paths (C's linear entry, no autograd nodes) and the training paths give
+    the same forward bits: a sampler and a trainer see the same numbers."""
+    _skip_no_cuda(device)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 7, 64, generator=g).to(device, torch.bfloat16)
+    w = torch.nn.Parameter((torch.randn(128, 64, generator=g) / 8).to(device, torch.bfloat16))
+    b = torch.nn.Parameter(torch.randn(128, generator=g).to(device, torch.bfloat16))
+    nw = torch.nn.Parameter(torch.randn(64, generator=g).to(device, torch.bfloat16))
+    logits = torch.randn(5, 7, 300, generator=g).to(device, torch.bfloat16)
+    t = torch.randint(0, 300, (5, 7), generator=g).to(device)
+    with torch.no_grad():
+        plain = (blocks.linear(x, w, b), blocks.linear(x[:, -1:], w, b), blocks.rms_norm(x, nw),
+                 blocks.token_logprobs(logits, t), blocks.log_softmax(logits))
+    xg, lg = x.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    graded = (blocks.linear(xg, w, b), blocks.linear(xg[:, -1:], w, b), blocks.rms_norm(xg, nw),
+              blocks.token_logprobs(lg, t), blocks.log_softmax(lg))
+    for a, c in zip(plain, graded):
+        assert c.grad_fn is not None and torch.equal(a, c.detach())

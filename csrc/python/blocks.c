@@ -219,3 +219,255 @@ PyObject *fad_py_row_reduce(PyObject *module, PyObject *const *args, Py_ssize_t 
         return raise_status(st, msg);
     Py_RETURN_NONE;
 }
+
+/* A contiguous float32 (rows,) tensor on ref's device. */
+static int get_row_vector(tensor_args *ta, PyObject *obj, const char *name, const DLTensor *ref,
+                          int code, int bits, DLTensor **t)
+{
+    if (get_tensor(ta, obj, name, t) || check_same_device(*t, ref, name, "x"))
+        return -1;
+    if (!is_dtype((*t)->dtype, code, bits) || (*t)->ndim != 1 || (*t)->shape[0] != ref->shape[0] ||
+        (ref->shape[0] > 1 && tensor_stride(*t, 0) != 1)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a contiguous %s (%lld,) tensor", name,
+                     code == kDLInt ? "int64" : "float32", (long long)ref->shape[0]);
+        return -1;
+    }
+    return 0;
+}
+
+/* y: x's dtype and shape (checked after get_matrix). */
+static int check_like(const DLTensor *y, fad_etype ey, const DLTensor *x, fad_etype ex,
+                      const char *name)
+{
+    if (check_same_device(y, x, name, "x"))
+        return -1;
+    if (ey != ex || y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1]) {
+        PyErr_Format(PyExc_ValueError, "%s: must have x's dtype and shape", name);
+        return -1;
+    }
+    return 0;
+}
+
+const char fad_rms_norm_doc[] =
+"rms_norm(x, w, y, s, eps, stream)\n"
+"--\n\n"
+"y = round(w * round(x * s)), s = 1 / sqrt(mean(x^2) + eps) per row of the 2-D x\n"
+"(float16, bfloat16, float32); w None or (cols,) of x's dtype; y like x; s float32\n"
+"(rows,) receives each row's scale. Each row's bits depend on that row alone.";
+
+PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args ta;
+    DLTensor *x, *w = NULL, *y, *s;
+    fad_rmsnorm_params p;
+    fad_etype ey, ew;
+    struct CUstream_st *stream;
+    char msg[512] = "";
+    fad_status st;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "rms_norm: expected 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    tensor_args_init(&ta, module);
+    memset(&p, 0, sizeof p);
+    if (get_matrix(&ta, args[0], "x", &x, &p.etype, &p.ldx) ||
+        get_matrix(&ta, args[2], "y", &y, &ey, &p.ldy) || check_like(y, ey, x, p.etype, "y") ||
+        get_row_vector(&ta, args[3], "s", x, kDLFloat, 32, &s) ||
+        as_float(args[4], "eps", &p.eps) || get_stream(args[5], &stream))
+        return NULL;
+    if (args[1] != Py_None) {
+        /* w as a (1, cols) matrix: the same dtype and contiguity rules */
+        if (get_tensor(&ta, args[1], "w", &w) || check_same_device(w, x, "w", "x"))
+            return NULL;
+        if (w->ndim != 1 || w->shape[0] != x->shape[1] || (w->shape[0] > 1 && tensor_stride(w, 0) != 1)) {
+            PyErr_Format(PyExc_ValueError, "w: expected a contiguous (%lld,) tensor",
+                         (long long)x->shape[1]);
+            return NULL;
+        }
+        ew = is_dtype(w->dtype, kDLBfloat, 16) ? FAD_E_BFLOAT16
+           : is_dtype(w->dtype, kDLFloat, 16)  ? FAD_E_FLOAT16
+           : is_dtype(w->dtype, kDLFloat, 32)  ? FAD_E_FLOAT32 : (fad_etype)-1;
+        if (ew != p.etype) {
+            PyErr_SetString(PyExc_TypeError, "w: must have x's dtype");
+            return NULL;
+        }
+        p.w = tensor_data(w);
+    }
+    if (x->shape[1] == 0) {
+        PyErr_SetString(PyExc_ValueError, "x: rows of zero length have no norm");
+        return NULL;
+    }
+    p.rows = x->shape[0], p.cols = x->shape[1];
+    p.x = tensor_data(x), p.y = tensor_data(y), p.s = tensor_data(s);
+    RUN_ON(x, fad_rmsnorm_cpu(&p, msg, sizeof msg), fad_rmsnorm_cuda(&p, stream, msg, sizeof msg));
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+const char fad_xent_bwd_doc[] =
+"xent_bwd(x, lse, g, target, dx, stream)\n"
+"--\n\n"
+"dx = g * exp(x - lse) - [column == target] * g per row of the 2-D x (float16, bfloat16,\n"
+"float32); lse, g float32 (rows,); target None or int64 (rows,) (negative: no term);\n"
+"dx like x. The gradient of log-sum-exp / cross-entropy with respect to the logits.";
+
+PyObject *fad_py_xent_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args ta;
+    DLTensor *x, *lse, *g, *t = NULL, *dx;
+    fad_xent_bwd_params p;
+    fad_etype ed;
+    struct CUstream_st *stream;
+    char msg[512] = "";
+    fad_status st;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "xent_bwd: expected 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    tensor_args_init(&ta, module);
+    memset(&p, 0, sizeof p);
+    if (get_matrix(&ta, args[0], "x", &x, &p.etype, &p.ldx) ||
+        get_row_vector(&ta, args[1], "lse", x, kDLFloat, 32, &lse) ||
+        get_row_vector(&ta, args[2], "g", x, kDLFloat, 32, &g) ||
+        (args[3] != Py_None && get_row_vector(&ta, args[3], "target", x, kDLInt, 64, &t)) ||
+        get_matrix(&ta, args[4], "dx", &dx, &ed, &p.lddx) || check_like(dx, ed, x, p.etype, "dx") ||
+        get_stream(args[5], &stream))
+        return NULL;
+    if (x->shape[1] == 0) {
+        PyErr_SetString(PyExc_ValueError, "x: rows of zero length");
+        return NULL;
+    }
+    p.rows = x->shape[0], p.cols = x->shape[1];
+    p.x = tensor_data(x), p.lse = tensor_data(lse), p.g = tensor_data(g);
+    p.target = t ? tensor_data(t) : NULL, p.dx = tensor_data(dx);
+    RUN_ON(x, fad_xent_bwd_cpu(&p, msg, sizeof msg), fad_xent_bwd_cuda(&p, stream, msg, sizeof msg));
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+/* The row stride of x's leading dims seen as one (rows, cols) matrix, or -1 when they do
+ * not collapse into one evenly strided dim (then the caller reshapes, which copies). */
+static int64_t collapsed_row_stride(const DLTensor *x)
+{
+    int64_t ld = x->shape[x->ndim - 1], expect = -1;
+    for (int d = x->ndim - 2; d >= 0; d--) {
+        if (x->shape[d] == 1)
+            continue;
+        const int64_t st = tensor_stride(x, d);
+        if (expect < 0)
+            ld = st; /* the innermost leading dim of more than one row */
+        else if (st != expect)
+            return -1;
+        expect = st * x->shape[d];
+    }
+    return ld;
+}
+
+/* A weight or bias: a tensor or a subclass of it (nn.Parameter is one; it overrides no
+ * torch function); 0 leaves the call to Python. */
+static int take_parameter(tensor_args *ta, PyObject *obj, DLTensor **t)
+{
+    if (!PyObject_TypeCheck(obj, ta->st->tensor_type))
+        return 0;
+    if (get_tensor(ta, obj, "tensor", t)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+const char fad_linear_infer_doc[] =
+"linear_infer(x, w, bias) -> y or NotImplemented\n"
+"--\n\n"
+"flash_attn_det.blocks.linear's inference path in C: y = x w^T (+ bias), x (..., in),\n"
+"w (out, in), y (..., out) new from torch's allocator, on torch's current stream.\n"
+"NotImplemented when autograd would record the call, or the tensors need the general\n"
+"path's copies or checks (which then runs and raises what it raises).";
+
+PyObject *fad_py_linear_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    const fad_module_state *st = module_state(module);
+    tensor_args ta;
+    DLTensor *x, *w, *bias = NULL;
+    fad_gemm_params p;
+    char msg[512] = "";
+    fad_status run = FAD_OK;
+    int64_t shape[8];
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "linear_infer: expected 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (!st->can_allocate)
+        Py_RETURN_NOTIMPLEMENTED;
+    tensor_args_init(&ta, module);
+    int take = infer_take_tensor(&ta, args[0], 0, &x);
+    if (take == 1)
+        take = take_parameter(&ta, args[1], &w);
+    if (take == 1 && args[2] != Py_None)
+        take = take_parameter(&ta, args[2], &bias);
+    if (take == 1)
+        take = infer_take_no_grad(st, args, args[2] == Py_None ? 2 : 3);
+    if (take < 0)
+        return NULL;
+    if (take == 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    const DLDataType dt = x->dtype;
+    const int half = is_dtype(dt, kDLBfloat, 16) || is_dtype(dt, kDLFloat, 16);
+    if (!(half || is_dtype(dt, kDLFloat, 32)) || x->ndim < 1 || x->ndim > 8 || w->ndim != 2 ||
+        !is_dtype(w->dtype, dt.code, dt.bits) || !same_device(x, w) ||
+        x->shape[x->ndim - 1] != w->shape[1] || w->shape[1] == 0 ||
+        (x->shape[x->ndim - 1] > 1 && tensor_stride(x, x->ndim - 1) != 1) ||
+        (w->shape[1] > 1 && tensor_stride(w, 1) != 1) ||
+        (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0] || !same_device(bias, x) ||
+                  !is_dtype(bias->dtype, dt.code, dt.bits) ||
+                  (bias->shape[0] > 1 && tensor_stride(bias, 0) != 1))))
+        Py_RETURN_NOTIMPLEMENTED;
+    p.lda = collapsed_row_stride(x);
+    p.ldb = w->shape[0] > 1 ? tensor_stride(w, 0) : w->shape[1];
+    const size_t es = dt.bits / 8;
+    if (p.lda < 0 || p.ldb < w->shape[1] ||
+        (x->device.device_type == kDLCUDA &&
+         (((uintptr_t)tensor_data(x) | (uintptr_t)tensor_data(w) |
+           (uintptr_t)(bias ? tensor_data(bias) : NULL)) % 16 ||
+          (p.lda * es) % 16 || (p.ldb * es) % 16 || (w->shape[0] * es) % 16)))
+        Py_RETURN_NOTIMPLEMENTED;
+    p.etype = is_dtype(dt, kDLBfloat, 16) ? FAD_E_BFLOAT16 : half ? FAD_E_FLOAT16 : FAD_E_FLOAT32;
+    p.trans_a = 0, p.trans_b = 1;
+    p.k = w->shape[1], p.n = w->shape[0], p.m = 1;
+    for (int d = 0; d < x->ndim - 1; d++)
+        p.m *= x->shape[d], shape[d] = x->shape[d];
+    shape[x->ndim - 1] = p.n;
+    p.ldc = p.n;
+    DLManagedTensorVersioned *out = infer_new_tensor(st, x, x->ndim, shape, dt);
+    if (!out)
+        return NULL;
+    p.a = tensor_data(x), p.b = tensor_data(w), p.bias = bias ? tensor_data(bias) : NULL;
+    p.c = tensor_data(&out->dl_tensor);
+    if (x->device.device_type == kDLCPU) {
+        Py_BEGIN_ALLOW_THREADS
+        run = fad_gemm_cpu(&p, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        void *stream = NULL;
+        int prev = 0;
+        if (st->api->current_work_stream(kDLCUDA, x->device.device_id, &stream) != 0) {
+            infer_free_tensor(out);
+            return NULL;
+        }
+        run = enter_device(x->device.device_id, &prev, msg, sizeof msg);
+        if (run == FAD_OK) {
+            run = fad_gemm_cuda(&p, (struct CUstream_st *)stream, msg, sizeof msg);
+            leave_device(x->device.device_id, prev);
+        }
+    }
+    if (run != FAD_OK) {
+        infer_free_tensor(out);
+        return raise_status(run, msg);
+    }
+    PyObject *obj = NULL;
+    if (st->api->managed_tensor_to_py_object_no_sync(out, (void **)&obj) != 0)
+        return NULL;
+    return obj;
+}

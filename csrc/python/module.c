@@ -713,6 +713,10 @@ static PyMethodDef fad_methods[] = {
     {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
     {"gemm", (PyCFunction)(void (*)(void))fad_py_gemm, METH_FASTCALL, fad_gemm_doc},
     {"row_reduce", (PyCFunction)(void (*)(void))fad_py_row_reduce, METH_FASTCALL, fad_row_reduce_doc},
+    {"rms_norm", (PyCFunction)(void (*)(void))fad_py_rms_norm, METH_FASTCALL, fad_rms_norm_doc},
+    {"xent_bwd", (PyCFunction)(void (*)(void))fad_py_xent_bwd, METH_FASTCALL, fad_xent_bwd_doc},
+    {"linear_infer", (PyCFunction)(void (*)(void))fad_py_linear_infer, METH_FASTCALL,
+     fad_linear_infer_doc},
     {NULL, NULL, 0, NULL}};
 
 static int fad_exec(PyObject *m)
