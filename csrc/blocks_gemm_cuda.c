@@ -12,7 +12,7 @@
  *
  * Column-major view: row-major C (m x n) = A' B' is column-major C^T (n x m) =
  * B'^T A'^T, so cuBLASLt's "A" is our B and its "B" is our A; the varying row
- * count m is cuBLASLt's n. docs/design.md, "Batch-invariant models".
+ * count m is cuBLASLt's n. docs/design.md, "batch-invariant-models".
  */
 #include <dlfcn.h>
 #include <pthread.h>

@@ -2,7 +2,7 @@
  * fad_blocks.h — batch-invariant building blocks around the attention: a matrix
  * product for linear layers and per-row reductions (sum, dot, log-sum-exp) for
  * norms and log-softmax. Public C API, usable with no Python (docs/design.md,
- * "Batch-invariant models").
+ * "batch-invariant-models").
  *
  * The promise is the attention's, carried to the rest of a model: the bits of one
  * output row depend on that row's inputs and the fixed operand (the weight), never

@@ -17,7 +17,7 @@ ops are invariant by nature and are used for the rest.
 
 Gradients: dx of every block is per row too, so per-sequence input gradients do not depend
 on the batch; weight gradients (summed over rows) are the same bits run to run. See
-docs/design.md, "Batch-invariant models".
+docs/design.md, "batch-invariant-models".
 """
 import torch
 

@@ -8,8 +8,8 @@
  * rows). Why it is invariant: thread t always sums the columns t, t + 256, ...
  * in ascending order, and the 256 partials always meet in the same butterfly
  * (warp shuffles) and then in warp order -- the partition depends on cols alone,
- * never on rows, the grid or the SM count (docs/design.md, "Batch-invariant
- * models").
+ * never on rows, the grid or the SM count (docs/design.md,
+ * "batch-invariant-models").
  */
 #include <math.h>
 
