@@ -66,7 +66,10 @@ fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len
 /* 1 when the call has no query row: nothing to compute or write. */
 int fad_fwd_is_empty(const fad_fwd_params *p);
 
-/* A copy of p with defaults filled in (softmax_scale 0 -> 1/sqrt(head_dim)). */
+/* head_dim ** -0.5 as Python computes it, rounded to float: the default scale. */
+float fad_default_softmax_scale(int head_dim);
+
+/* A copy of p with defaults filled in (softmax_scale 0 -> fad_default_softmax_scale). */
 fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 
 /* Makes dev the current CUDA device; *prev receives the old one. */
