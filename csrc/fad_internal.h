@@ -35,6 +35,9 @@ static inline FAD_HOST_DEVICE int fad_packed_block_m(void) { return FAD_PACKED_W
 /* Keys per tile of the CPU path's walk inside a split (each CUDA variant has
  * its own, also dividing FAD_SPLIT_QUANTUM). */
 #define FAD_BLOCK_N 64
+/* Keys per sequence, at most: the kernels walk a sequence's keys in int, a few tiles past its
+ * end (prefetch), so the last 2^16 below 2^31 are left as headroom. */
+#define FAD_MAX_SEQLEN_K (0x7fffffff - 0xffff)
 /* Auto schedule: never spend more than this on split partials. */
 #define FAD_MAX_WORKSPACE_BYTES ((size_t)256 << 20)
 

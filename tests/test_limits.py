@@ -217,3 +217,172 @@ def test_workspace_larger_than_device_refused():
     kc = _row(d, 1, INT32_MAX, 1, 64)
     with pytest.raises(ValueError, match="^workspace: .* more than the device's"):
         fad.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=INT32_MAX, num_splits=2)
+
+
+# --- long sequences, large grids (GPU) ----------------------------------------
+
+def _one_row_kv(n, Hk, D, gen, device="cuda"):
+    """k, v (1, n, Hk, D): one random row each, expand()ed along the keys (stride 0)."""
+    k = randn(gen, (1, 1, Hk, D), BF, device)
+    v = randn(gen, (1, 1, Hk, D), BF, device)
+    return k, v, k.expand(1, n, Hk, D), v.expand(1, n, Hk, D)
+
+
+def _check_one_row_answer(out, lse, q, k, v, n):
+    """Every key scores q.k alike: out = v's row (2 bf16 steps of it, the suite's short-length
+    tolerance), lse = log(n) + q.k / sqrt(D) (fp32 dots and logs: 1e-3)."""
+    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    G = H // Hk
+    kk = k[0, 0].float().repeat_interleave(G, 0)  # (H, D): query head h reads kv head h // G
+    vv = v[0, 0].float().repeat_interleave(G, 0)
+    want_lse = math.log(n) + (q[0, -1].float() * kk).sum(-1).double() * D ** -0.5
+    got = out[0, -1].float()
+    err = (got - vv).abs().max().item()
+    assert err <= 2 * 2 ** -8 * vv.abs().max().item(), f"n={n}: out off by {err}"
+    assert (lse[0, :, -1].double() - want_lse.to(lse.device)).abs().max().item() <= 1e-3, \
+        (n, lse[0, :, -1], want_lse)
+
+
+# 2**25 keys in 512-key splits: 65536 splits, one past grid z's limit (the launch error at
+# 2**25..2**27); 2**27: 2**18 splits.
+LONG = [2 ** 25, 2 ** 26, 2 ** 27]
+
+
+@gpu
+@pytest.mark.parametrize("n", LONG)
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_long_keys_flash_attn_func(n, schedule):
+    gen = make_gen(20)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("n", LONG)
+@pytest.mark.parametrize("num_splits", [0, 2])
+def test_long_keys_kvcache(n, num_splits):
+    """A decode row over an n-key cache (GQA 8:1), the cache an expand()ed row (read only)."""
+    gen = make_gen(21)
+    q = randn(gen, (1, 1, 8, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 1, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=num_splits,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+def test_long_keys_one_cta_walks_65536_splits():
+    """The one-CTA schedule walks all 2**16 splits of 2**25 keys in one CTA (no grid z)."""
+    gen = make_gen(22)
+    n = 2 ** 25
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=1,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
+def test_long_keys_up_to_the_limit(n):
+    """2**28 keys up to the last one the API takes, a CTA per split (4M CTAs on grid y and z
+    at the limit; the one-CTA plan would walk them in one CTA for minutes). Also the combine's
+    error: out must stay within 2 bf16 steps of v's row whatever the number of splits."""
+    gen = make_gen(23)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 1, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=2,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_keys_past_the_limit_refused(device):
+    """The kernels walk a sequence's keys in int, a few tiles past its end: the last 2**16
+    keys below 2**31 are headroom, refused by name."""
+    gen = make_gen(24)
+    q = randn(gen, (1, 1, 2, 64), BF, device)
+    _, _, kx, vx = _one_row_kv(INT32_MAX, 1, 64, gen, device)
+    with pytest.raises(ValueError, match="^k: seqlen: 2147483647 keys in a sequence, past"):
+        fad.flash_attn_func(q, kx, vx)
+    with pytest.raises(ValueError, match="^k_cache: seqlen: 2147483647 keys in a sequence"):
+        fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=INT32_MAX)
+
+
+def _assert_reference(out, lse, q, k, v, label):
+    """out (Sq, H, D), lse (H, Sq) of one sequence q (Sq, H, D), k, v (Sk, Hk, D) against
+    float64 attention: a few bf16 steps of out, fp32 accuracy of lse."""
+    G = q.shape[1] // k.shape[1]
+    qf, kf, vf = (t.double() for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(G, 1), vf.repeat_interleave(G, 1)
+    s = torch.einsum("ihd,jhd->hij", qf, kf) * q.shape[-1] ** -0.5
+    ref = torch.einsum("hij,jhd->ihd", s.softmax(-1), vf)
+    assert (out.double() - ref).abs().max().item() < 2 ** -7, label
+    assert (lse.double() - s.logsumexp(-1)).abs().max().item() < 1e-4, label
+
+
+@gpu
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_batch_times_heads_past_65535(schedule):
+    """B x H = 2**17 (grid x carries them: FlashAttention-2's grid y fails past 65535), 8
+    splits a row: every sampled sequence has the bits it has alone and the float64 answer."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(25)
+    B, H, Hk, Sk, D = 2 ** 12, 32, 1, 1024, 64
+    q = randn(gen, (B, 1, H, D), BF, "cuda")
+    k = randn(gen, (B, Sk, Hk, D), BF, "cuda")
+    v = randn(gen, (B, Sk, Hk, D), BF, "cuda")
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_func(q, k, v, return_attn_probs=True)
+        for b in (0, 1, B // 2, B - 1):
+            one, one_lse, _ = fad.flash_attn_func(q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                                                  return_attn_probs=True)
+            assert torch.equal(out[b:b + 1], one) and torch.equal(lse[b:b + 1], one_lse), b
+            _assert_reference(out[b], lse[b], q[b], k[b], v[b], b)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+@gpu
+def test_kvcache_batch_times_heads_past_65535():
+    """Decode over a cache with B x H = 2**17 (GQA 4:1), mixed lengths."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(26)
+    B, H, Hk, cap, D = 2 ** 13, 16, 4, 512, 64
+    q = randn(gen, (B, 1, H, D), BF, "cuda")
+    kc = randn(gen, (B, cap, Hk, D), BF, "cuda")
+    vc = randn(gen, (B, cap, Hk, D), BF, "cuda")
+    lens = torch.randint(1, cap + 1, (B,), generator=gen, dtype=torch.int32).cuda()
+    out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_softmax_lse=True)
+    for b in (0, 7, B // 3, B - 1):
+        n = int(lens[b])
+        _assert_reference(out[b], lse[b], q[b], kc[b, :n], vc[b, :n], b)
+
+
+@gpu
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_varlen_more_than_65535_sequences(schedule):
+    """2**17 + 5 sequences in one varlen batch (one of them 4096 keys long, so its rows take
+    32 splits), each with the bits it has alone and the float64 answer."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(27)
+    nseq, H, Hk, D = 2 ** 17 + 5, 4, 2, 64
+    lq = torch.randint(1, 4, (nseq,), generator=gen)
+    lk = torch.randint(4, 48, (nseq,), generator=gen)  # (>= lq: every causal row sees a key)
+    lq[nseq // 2], lk[nseq // 2] = 8, 4096
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.long), lq.cumsum(0)]).int().cuda()
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.long), lk.cumsum(0)]).int().cuda()
+    q = randn(gen, (int(lq.sum()), H, D), BF, "cuda")
+    k = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
+    v = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()),
+                                                 causal=True, return_attn_probs=True)
+        for b in (0, 1, nseq // 2, 70000, nseq - 1):
+            qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+            one, one_lse, _ = fad.flash_attn_func(q[qs][None], k[ks][None], v[ks][None],
+                                                  causal=True, return_attn_probs=True)
+            assert torch.equal(out[qs], one[0]) and torch.equal(lse[:, qs], one_lse[0]), b
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()

@@ -336,6 +336,17 @@ int fits_int(int64_t x, const char *name)
     return 0;
 }
 
+/* A sequence's keys (FAD_MAX_SEQLEN_K, fad_internal.h, says why not 2^31 - 1). */
+static int fits_keys(int64_t n, const char *name)
+{
+    if (n > FAD_MAX_SEQLEN_K) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld keys in a sequence, past the limit of 2^31 - 2^16 "
+                     "(%d)", name, (long long)n, FAD_MAX_SEQLEN_K);
+        return -1;
+    }
+    return 0;
+}
+
 /* a * b for sizes a, b >= 0, INT64_MAX where that would overflow */
 int64_t mul_sat(int64_t a, int64_t b)
 {
@@ -391,7 +402,7 @@ int check_fwd(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLT
         check_lse(lse, q, 3, lshape) ||
         fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
         fits_int(mul_sat(mul_sat(B, Sq), H), "q: batch * seqlen * heads") ||
-        fits_int(Sk, "k: seqlen") || fits_int(Hk, "k: heads"))
+        fits_keys(Sk, "k: seqlen") || fits_int(Hk, "k: heads"))
         return -1;
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
@@ -431,14 +442,14 @@ int check_fwd_kvcache(const DLTensor *q, const DLTensor *kc, const DLTensor *vc,
         (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
         fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
         fits_int(mul_sat(mul_sat(B, Sq), H), "q: batch * seqlen * heads") ||
-        fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
+        fits_int(Bc, "k_cache: batch") || fits_keys(cap, "k_cache: seqlen") ||
         fits_int(Hk, "k_cache: heads"))
         return -1;
     int64_t seqlen_k = cap; /* paged: max_blocks * page_size */
     if (bt) {
         const int64_t btshape[2] = {B, -1};
         if (check_tensor(bt, q, "block_table", kDLInt, 32, 2, btshape) ||
-            fits_int(bt->shape[1] * cap, "block_table: max_blocks * page_size") ||
+            fits_keys(mul_sat(bt->shape[1], cap), "block_table: max_blocks * page_size") ||
             fits_int(tensor_stride(bt, 0), "block_table: row stride"))
             return -1;
         seqlen_k = bt->shape[1] * cap;
@@ -508,6 +519,8 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
                      max_q, max_k);
         return -1;
     }
+    if (fits_keys(max_k, "max_seqlen_k"))
+        return -1;
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
     p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
@@ -523,7 +536,7 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
     p->total_q = (int)Tq, p->total_k = (int)Tk;
     if (table) { /* the pages: sequence lengths from cu_seqlens_k, capacity from the table */
         if (fits_int(k->shape[1], "k: page_size") || fits_int(table->shape[1], "block_table: dim 1") ||
-            fits_int(table->shape[1] * k->shape[1], "block_table: capacity"))
+            fits_keys(mul_sat(table->shape[1], k->shape[1]), "block_table: capacity"))
             return -1;
         p->block_table = (const int32_t *)tensor_data(table);
         p->block_table_stride = (int)tensor_stride(table, 0);
