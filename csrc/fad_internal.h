@@ -100,6 +100,16 @@ void fad_load_kv_head(const fad_fwd_params *p, const struct fad_seq *seq, int hk
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 
+/* seqlen_k within FAD_MAX_SEQLEN_K: the GPU launchers' refusal (the Python glue refuses it
+ * first, naming the tensor). */
+static inline fad_status fad_check_seqlen_k(int seqlen_k, char *msg, size_t msg_len)
+{
+    if (seqlen_k <= FAD_MAX_SEQLEN_K)
+        return FAD_OK;
+    return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: %d keys in a sequence, past the limit "
+                    "of 2^31 - 2^16 (%d)", seqlen_k, FAD_MAX_SEQLEN_K);
+}
+
 /* CUDA side (cuda/, or fad_nocuda.c in a CPU-only build). The current device's
  * SM count and compute-capability major (cuda/device.cu, asked once per device). */
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);

@@ -457,13 +457,12 @@ def _check_sizes(q, *others):
     sizes the kernels cannot count: every dim but the head dim, and q's rows (the product of
     those dims: the grid's CTAs and softmax_lse's rows), at most 2**31 - 1. others: (name,
     tensor) pairs, a tensor None or not a tensor being left to the call's own checks. An
-    expand()ed q of 2**31 rows would otherwise ask torch for its out first."""
+    expand()ed q of 2**31 rows would otherwise ask torch for its out first. (A few max/prod
+    calls: this runs on every call of the general path.)"""
     for name, t in (("q", q),) + others:
-        if not isinstance(t, torch.Tensor):
-            continue
-        for d, n in enumerate(t.shape[:-1]):
-            if n > _INT32_MAX:
-                raise ValueError(f"{name}: dim {d} is {n}, past the limit of 2**31 - 1")
+        if isinstance(t, torch.Tensor) and t.dim() > 1 and max(t.shape[:-1]) > _INT32_MAX:
+            d = next(d for d, n in enumerate(t.shape[:-1]) if n > _INT32_MAX)
+            raise ValueError(f"{name}: dim {d} is {t.shape[d]}, past the limit of 2**31 - 1")
     if isinstance(q, torch.Tensor) and q.dim() and math.prod(q.shape[:-1]) > _INT32_MAX:
         raise ValueError(f"q: {math.prod(q.shape[:-1])} rows (the product of its dims but the "
                          "last), past the limit of 2**31 - 1")

@@ -38,7 +38,8 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
 }
 
 /* Every grid of the backward is 1-D, x capped by CUDA at 2^31 - 1: checked before the
- * first launch (dsum), for whichever kernels run. A padded call is within it (the Python glue
+ * first launch (dsum), for whichever kernels run, with the keys of a sequence
+ * (FAD_MAX_SEQLEN_K). A padded call is within it (the Python glue
  * bounds its query rows), but a varlen batch of many sequences sizes its grids by the longest
  * (batch x heads x blocks of max_seqlen_q / max_seqlen_k). (64: bwd_dsum.cu's kDsumRows.) */
 template <int kHeadDim>
@@ -51,6 +52,9 @@ static fad_status check_grids(const fad_fwd_params &p, char *msg, size_t msg_len
     const int64_t dq = blocks(p.seqlen_q, rows) * p.batch * p.num_heads;
     const int64_t mma = blocks(p.seqlen_k, C::kKeys) * C::kColSplit, wg = blocks(p.seqlen_k, W::kKeys);
     const int64_t dkdv = (mma > wg ? mma : wg) * p.batch * p.num_heads_k;
+    const fad_status st = fad_check_seqlen_k(p.seqlen_k, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     if (dq <= 0x7fffffff && dkdv <= 0x7fffffff)
         return FAD_OK;
     return fad_fail(FAD_ERR_VALUE, msg, msg_len,

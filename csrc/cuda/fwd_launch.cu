@@ -98,12 +98,15 @@ static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, siz
     return dispatch_paged<T, false>(a, s, msg, msg_len);
 }
 
-/* Grid x (CUDA's limit 2^31 - 1) of the attention kernel and of the combine, checked
- * before the first launch: a padded call's query rows are within it (the Python glue refuses
+/* The keys of a sequence (FAD_MAX_SEQLEN_K), and grid x (CUDA's limit 2^31 - 1) of the
+ * attention kernel and of the combine, checked before the first launch: a padded call's query rows are within it (the Python glue refuses
  * more), but a varlen batch of many sequences sizes its grid by the longest
  * (batch x heads x blocks of max_seqlen_q). Grid y and z carry the splits (split_grid). */
 static fad_status check_grid(const fwd_args &a, char *msg, size_t msg_len)
 {
+    const fad_status st = fad_check_seqlen_k(a.p.seqlen_k, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     const int64_t attn = a.plan.packed ? packed_grid_x(a)
                                        : (int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads;
     const int64_t most = a.plan.cta_per_split && combine_grid_x(a) > attn ? combine_grid_x(a) : attn;
