@@ -19,7 +19,7 @@ import torch
 import flash_attn_det as fad
 from flash_attn_det import _C
 
-from conftest import DEVICES, make_gen, randn, requires_cuda
+from conftest import make_gen, randn, requires_cuda
 
 BF = torch.bfloat16
 INT32_MAX = 2 ** 31 - 1
@@ -27,6 +27,10 @@ INT32_MAX = 2 ** 31 - 1
 
 def gpu(f):
     return pytest.mark.gpu(requires_cuda(f))
+
+
+# the CPU path here, the kernels' on a GPU (marked gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]
 
 
 def _overlapping(shape, dtype, device, dim, stride):

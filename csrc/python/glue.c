@@ -267,7 +267,8 @@ int check_no_overlap(const DLTensor *t, const char *name)
                          name, dim[i], (long long)stride[i], (long long)span);
             return -1;
         }
-        span += (size[i] - 1) * stride[i];
+        const int64_t reach = mul_sat(size[i] - 1, stride[i]); /* (saturating: no overflow) */
+        span = reach > INT64_MAX - span ? INT64_MAX : span + reach;
     }
     return 0;
 }
