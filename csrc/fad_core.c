@@ -156,11 +156,22 @@ fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len)
     return st != FAD_OK ? st : check_pointers(p, msg, msg_len);
 }
 
+/* The default softmax scale, head_dim ** -0.5 as Python computes it (in double, then
+ * rounded once to float when it crosses into the params), so that a C caller asking for
+ * the default gets the bits a Python caller gets. 1/sqrtf in float is off by one ulp at
+ * D = 24, 72, 96, ... ; sqrt and / in double are IEEE-exact (correctly rounded), so this
+ * is the same float on every platform; it equals float(D ** -0.5) (glibc's pow) at
+ * every D from 1 to 4096, and tests/test_capi.py compares the forward's bits. */
+float fad_default_softmax_scale(int head_dim)
+{
+    return (float)(1.0 / sqrt((double)head_dim));
+}
+
 fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p)
 {
     fad_fwd_params r = *p;
     if (r.softmax_scale == 0.f)
-        r.softmax_scale = 1.f / sqrtf((float)r.head_dim);
+        r.softmax_scale = fad_default_softmax_scale(r.head_dim);
     return r;
 }
 

@@ -72,10 +72,22 @@ def _launch(entry, head, tail, q, key, extra=()):
     nbytes = _WS_BYTES.get(key, 0)
     need = entry(*head, _workspace(nbytes, q.device), *tail, stream, *extra)
     if need is not None:
+        _check_workspace(need, q.device)
         if len(_WS_BYTES) > 4096:
             _WS_BYTES.clear()
         _WS_BYTES[key] = need
         entry(*head, _workspace(need, q.device), *tail, stream, *extra)
+
+
+def _check_workspace(nbytes, device):
+    """A plan's workspace (split partials of a CTA-per-split schedule) larger than the device
+    is refused by name before torch is asked for it; the one-CTA schedule (num_splits=1)
+    gives the same bits with no workspace."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if nbytes > total:
+        raise ValueError(f"workspace: this call's plan needs {nbytes} bytes of split partials, "
+                         f"more than the device's {total}; num_splits=1 (or the automatic "
+                         "schedule) computes the same bits without them")
 
 
 def _workspace(nbytes, device):
@@ -437,6 +449,25 @@ def _head_pad(q, *others):
     return 8 - D % 8
 
 
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _check_sizes(q, *others):
+    """Refuses, before anything is allocated (out, a padded or contiguous copy), a call whose
+    sizes the kernels cannot count: every dim but the head dim, and q's rows (the product of
+    those dims: the grid's CTAs and softmax_lse's rows), at most 2**31 - 1. others: (name,
+    tensor) pairs, a tensor None or not a tensor being left to the call's own checks. An
+    expand()ed q of 2**31 rows would otherwise ask torch for its out first. (A few max/prod
+    calls: this runs on every call of the general path.)"""
+    for name, t in (("q", q),) + others:
+        if isinstance(t, torch.Tensor) and t.dim() > 1 and max(t.shape[:-1]) > _INT32_MAX:
+            d = next(d for d, n in enumerate(t.shape[:-1]) if n > _INT32_MAX)
+            raise ValueError(f"{name}: dim {d} is {t.shape[d]}, past the limit of 2**31 - 1")
+    if isinstance(q, torch.Tensor) and q.dim() and math.prod(q.shape[:-1]) > _INT32_MAX:
+        raise ValueError(f"q: {math.prod(q.shape[:-1])} rows (the product of its dims but the "
+                         "last), past the limit of 2**31 - 1")
+
+
 def _pad_last(t, pad):
     return None if t is None else torch.nn.functional.pad(t, (0, pad))
 
@@ -473,6 +504,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
+    _check_sizes(q, ("k", k), ("v", v))
     pad = _head_pad(q, k, v)
     if pad:  # (autograd slices the padded gradients back through the pad)
         D = q.shape[-1]
@@ -529,6 +561,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
+    _check_sizes(q, ("k", k), ("v", v))
     pad = _head_pad(q, k, v)
     if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
         D = q.shape[-1]
@@ -674,7 +707,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                              f"{tuple(rotary_sin.shape)}")
     start = None if q.is_cuda else cache_seqlens  # rotary positions: absolute cache rows
     if not q.is_cuda:  # host tensors: check everything before writing anything
-        if n_new:  # (CUDA tensors: the same check in C, csrc/python/glue.c, check_no_overlap)
+        if n_new:  # (CUDA tensors: the append's C entry runs the same check itself)
             _writable(k_cache, "k_cache"), _writable(v_cache, "v_cache")
         capacity = (k_cache.shape[1] if block_table is None
                     else block_table.shape[1] * k_cache.shape[1])
@@ -774,6 +807,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              rotary_interleaved, return_softmax_lse)
         if res is not NotImplemented:
             return res
+    _check_sizes(q, ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
     pad = _head_pad(q, k_cache, v_cache, k, v)
     if pad:
         return _kvcache_padded(
@@ -816,11 +850,9 @@ def _schedule_of(num_splits):
 
 
 def _writable(t, name):
-    """Refuses a tensor written in place whose rows share memory (a stride-0 dim)."""
-    bad = [d for d in range(t.dim()) if t.shape[d] > 1 and t.stride(d) == 0]
-    if bad:
-        raise ValueError(f"{name}: dim {bad[0]} has stride 0 (an expand()ed tensor?): its rows "
-                         "share memory, and it is written in place")
+    """Refuses a tensor written in place whose elements overlap in memory (a stride-0 dim, or
+    strides shorter than the dims inside them): the C entries' own check (glue.c)."""
+    _C.check_writable(_dl(t), name)
 
 
 def _kvcache_padded(pad, q, k_cache, v_cache, k, v, **kw):

@@ -191,6 +191,28 @@ def test_cpu_demo_bits_equal_python_api(cpu_demo):
     assert torch.equal(lse, lse_c)
 
 
+def test_cpu_demo_default_scale_bits_equal_python_api(cpu_demo):
+    """softmax_scale 0 in the C API and softmax_scale=None in Python are one scale: the
+    same bits of out and lse at every head dim the C API takes (one row, three keys, so
+    lse carries the scale's every bit)."""
+    import flash_attn_det
+    set_deterministic_mode(True, split_size=512)
+    for D in range(8, 257, 8):
+        with open(os.path.join(cpu_demo.dump, f"scale_D{D}.bin"), "rb") as f:
+            raw = bytearray(f.read())
+        sizes = [D, 3 * D, 3 * D, D]  # q, k, v, out (bf16); then lse (one fp32)
+        assert len(raw) == 2 * sum(sizes) + 4, (D, len(raw))
+        parts, off = [], 0
+        for n in sizes:
+            parts.append(torch.frombuffer(raw, dtype=torch.bfloat16, count=n, offset=off))
+            off += 2 * n
+        lse_c = torch.frombuffer(raw, dtype=torch.float32, count=1, offset=off)
+        q, k, v, out_c = (t.reshape(1, -1, 1, D) for t in parts)
+        out, lse, _ = flash_attn_det.flash_attn_func(q, k, v, return_attn_probs=True)
+        assert torch.equal(out, out_c), D
+        assert torch.equal(lse.reshape(1), lse_c), (D, lse.item(), lse_c.item())
+
+
 # --- CUDA ---------------------------------------------------------------------
 
 def test_cuda_demo_builds(cuda_demo_exe):

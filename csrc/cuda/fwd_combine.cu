@@ -335,9 +335,7 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
     const bool by_cols = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4;
     if (a.ws_flag && !combine_polls<kHeadDim>(a))
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: ready flags for a combine that does not poll");
-    const int rows_per_cta = by_cols ? 1 : 4;
-    const int64_t blocks =
-        (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
+    const int64_t blocks = combine_grid_x(a); /* (by_cols: a CTA a row) */
     using C4 = combine_cfg<kHeadDim, 4>;
     const bool staged = by_cols && C4::staged(a.plan.num_splits);
     void (*kernel)(fwd_args) = staged    ? combine_kernel<T, kHeadDim, 4, C4::kStaged>

@@ -278,8 +278,7 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
     if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
                         C::kBlockM, fad_block_m(a.p.head_dim));
-    dim3 grid((unsigned)((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads), 1,
-              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    const dim3 grid = split_grid((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads, a.plan);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
 }

@@ -660,8 +660,8 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
         return st;
     /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
      * plan's row blocks only size the grid of fwd_kernel) */
-    dim3 grid((unsigned)((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads), 1,
-              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    const dim3 grid =
+        split_grid((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads, a.plan);
     fwd_ws_args wa;
     wa.a = a;
     /* (the producer's whole K/V tiles through the copy engine where it can) */

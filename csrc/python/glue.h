@@ -66,11 +66,12 @@ int same_device(const DLTensor *a, const DLTensor *b);
 int check_tensor(const DLTensor *t, const DLTensor *q, const char *name, int code, int bits,
                  int ndim, const int64_t *shape);
 int check_contiguous(const DLTensor *t, const char *name);
-/* t, written in place, has no dim of size > 1 with stride 0 (an expand()ed tensor). */
+/* t, written in place, gives every element its own memory (glue.c says what it accepts). */
 int check_no_overlap(const DLTensor *t, const char *name);
 int check_lse(const DLTensor *lse, const DLTensor *q, int ndim, const int64_t *lshape);
 int check_q(const DLTensor *q, int ndim);
 int fits_int(int64_t x, const char *name);
+int64_t mul_sat(int64_t a, int64_t b);
 
 /* ---- an entry's tensors -> parameters (NULL-able ones as each says) ---- */
 

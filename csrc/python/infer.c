@@ -70,7 +70,7 @@ static int take_options(const fad_module_state *st, PyObject *scale, PyObject *c
                         int head_dim, fad_fwd_params *p)
 {
     if (scale == Py_None) {
-        p->softmax_scale = (float)pow((double)head_dim, -0.5);
+        p->softmax_scale = fad_default_softmax_scale(head_dim);
     } else {
         const double s = PyFloat_AsDouble(scale);
         if (s == -1.0 && PyErr_Occurred()) {

@@ -198,7 +198,8 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
         if (grads[t] == Py_None && t > 0)
             continue;
         if (get_tensor(ta, grads[t], names[t], &g[t]) ||
-            check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape))
+            check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape) ||
+            (t > 0 && check_no_overlap(g[t], names[t])))
             return NULL;
         for (int d = 0; d < like->ndim; d++)
             if (like->shape[d] > 1 && tensor_stride(g[t], d) != tensor_stride(like, d)) {
@@ -351,6 +352,26 @@ static PyObject *fad_py_check_fwd_kvcache(PyObject *module, PyObject *const *arg
     const fad_status st = fad_fwd_check_call(&p, q->device.device_type != kDLCPU, msg, sizeof msg);
     if (st != FAD_OK)
         return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(check_writable_doc,
+"check_writable(t, name)\n"
+"--\n\n"
+"Raises ValueError (naming name) when the elements of t, a tensor a call writes in\n"
+"place, overlap in memory: the check the C entries run on their write targets, for\n"
+"the CPU append that runs as torch ops.");
+
+static PyObject *fad_py_check_writable(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *t;
+    if (check_nargs("check_writable", nargs, 2))
+        return NULL;
+    const char *name = PyUnicode_AsUTF8AndSize(args[1], NULL);
+    if (!name || get_tensor(ta, args[0], name, &t) || check_no_overlap(t, name))
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -695,6 +716,8 @@ static PyMethodDef fad_methods[] = {
     {"fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_fwd_kvcache, METH_FASTCALL, fwd_kvcache_doc},
     {"check_fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_check_fwd_kvcache, METH_FASTCALL,
      check_fwd_kvcache_doc},
+    {"check_writable", (PyCFunction)(void (*)(void))fad_py_check_writable, METH_FASTCALL,
+     check_writable_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
     {"append_kvcache", (PyCFunction)(void (*)(void))fad_py_append_kvcache, METH_FASTCALL,
      append_kvcache_doc},
