@@ -101,7 +101,7 @@ def cuda_demo_exe(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("capi_cuda"))
     arch = _cuda_arch()
     objs = []
-    for src in ("fad_core.c", "fad_cpu.c"):
+    for src in ("fad_core.c", "fad_cpu.c", "blocks_cpu.c"):  # (blocks_cpu.c: cuda/rows.cu's checks)
         obj = os.path.join(d, src + ".o")
         r = subprocess.run(["gcc", "-c"] + CFLAGS + [os.path.join(CSRC, src), "-o", obj],
                            capture_output=True, text=True, timeout=300)
