@@ -33,6 +33,10 @@ extern "C" {
 #define FAD_SPLIT_QUANTUM 128
 /* split_size at most this many keys, so that no key index or split count overflows 32 bits */
 #define FAD_MAX_SPLIT_SIZE (1 << 24)
+/* split_size of deterministic mode unless the caller picks another: the one place the
+ * default is written (fad_fwd_params_init, the Python module's state and
+ * set_deterministic_mode's signature all read it) */
+#define FAD_DEFAULT_SPLIT_SIZE 512
 #define FAD_MAX_HEAD_DIM 256
 
 typedef enum fad_status {
@@ -151,7 +155,7 @@ typedef struct fad_fwd_params {
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),
- * no causal mask, unbounded window, deterministic, split_size 512. */
+ * no causal mask, unbounded window, deterministic, split_size FAD_DEFAULT_SPLIT_SIZE. */
 void fad_fwd_params_init(fad_fwd_params *p);
 
 /* Validates p. On failure returns the status and writes a message that names

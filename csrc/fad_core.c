@@ -45,7 +45,7 @@ void fad_fwd_params_init(fad_fwd_params *p)
     p->window_left = -1;
     p->window_right = -1;
     p->deterministic = 1;
-    p->split_size = 512;
+    p->split_size = FAD_DEFAULT_SPLIT_SIZE;
     p->schedule = FAD_SCHEDULE_AUTO;
 }
 
