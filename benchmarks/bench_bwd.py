@@ -39,13 +39,13 @@ def preset_configs(name):
                 for causal in (False, True):
                     out.append(Config("bf16", max(1, 32768 // L), L, L, H, H, D, causal))
         return out
-    if name == "gqa":  # issue 21's GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
+    if name == "gqa":  # GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
         return [Config("bf16", max(1, 32768 // L), L, L, 32, 8, 128, causal)
                 for L in (2048, 8192, 16384) for causal in (False, True)]
     if name == "d256":  # head dim 256 (the wgmma kernels' column-split variants), H8, 32k tokens
         return [Config("bf16", max(1, 32768 // L), L, L, 8, 8, 256, causal)
                 for L in (1024, 4096, 8192) for causal in (False, True)]
-    if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes
+    if name == "dq":  # four rows of quick, for quick probes
         return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
                 Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
                 Config("bf16", 4, 8192, 8192, 16, 16, 128, False),

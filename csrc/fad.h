@@ -11,10 +11,10 @@
  * (cu_seqlens_q/k set): q/out (total_q, Hq, D), k/v (total_k, Hkv, D), sequence b
  * at rows [cu_seqlens[b], cu_seqlens[b+1]); softmax_lse (Hq, total_q).
  *
- * The invariance contract (README): in deterministic mode the bits of one query
- * row's output depend only on that row, the keys/values it may see and their
- * absolute positions, the score options, dtype, head dim, split_size and the
- * GPU architecture family -- never on batch size, batch composition, the
+ * The invariance contract (docs/design.md, "split-plan"): in deterministic
+ * mode the bits of one query row's output depend only on that row, the
+ * keys/values it may see and their absolute positions, the score options,
+ * dtype, head dim, split_size and the GPU architecture family -- never on batch size, batch composition, the
  * number of query rows in the call, the SM count or the run.
  */
 #ifndef FAD_H

@@ -1,4 +1,4 @@
-"""Context parallel over several GPUs (issue 25): bits equal to one GPU, and the speed-up.
+"""Context parallel over several GPUs: bits equal to one GPU, and the speed-up.
 
     torchrun --nproc_per_node=2 dev/cp_check.py [--seqlens 32768 65536 131072] [--json f]
     (also --nproc_per_node=4; run from the checkout root)

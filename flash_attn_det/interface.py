@@ -458,7 +458,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic: accepted for flash_attn compatibility (it concerns the
     backward pass there); the forward's determinism is set_deterministic_mode's.
 
-    dropout_p > 0: dropout with a keep mask keyed by positions (README "Dropout"), so a
+    dropout_p > 0: dropout with a keep mask keyed by positions (docs/api.md, "Dropout"), so a
     sequence is dropped alike in any batch; dropout_seq_ids (flash_attn_det's own keyword:
     None, one int, or one int in [0, 2**32) per batch entry) tells sequences at the same
     positions apart: a sequence's mask depends on its id, not on its batch index.

@@ -1,4 +1,4 @@
-"""A fuzzer of the public entry points (issue 24, item 2), with hypothesis: generated calls of
+"""A fuzzer of the public entry points, with hypothesis: generated calls of
 flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache and set_deterministic_mode,
 valid and not (dtypes, ranks, head dims, views with odd strides, expand()ed caches, NaN/Inf,
 scales, windows, softcaps, ALiBi shapes, index tensors, lengths, modes). For every case:
