@@ -14,8 +14,9 @@
  * The invariance contract (docs/design.md, "split-plan"): in deterministic
  * mode the bits of one query row's output depend only on that row, the
  * keys/values it may see and their absolute positions, the score options,
- * dtype, head dim, split_size and the GPU architecture family -- never on batch size, batch composition, the
- * number of query rows in the call, the SM count or the run.
+ * dtype, head dim, split_size and the GPU architecture family -- never on
+ * batch size, batch composition, the number of query rows in the call, the
+ * SM count or the run.
  */
 #ifndef FAD_H
 #define FAD_H
