@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_so.sh: Same-run A/B of two prebuilt modules, alternating turns. Verdict: the standard A/B; most *_ab_* result files come from it.
 # Same-machine A/B of two builds of the extension: dev/abi/_C_base.abi3.so against
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with

@@ -1,3 +1,4 @@
+# bwd_kernel_times.py: Per-kernel device time of the backward (torch.profiler). Verdict: measuring tool; it showed a fused dQ cannot beat the separate dQ pass on this kernel.
 """Per-kernel mean device time (torch.profiler) of flash_attn_func's backward, bf16, at the
 harness's 32k-token shapes (D128 H16 and D64 H32, L 2k and 8k, causal and not):
 
