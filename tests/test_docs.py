@@ -138,5 +138,6 @@ def test_every_result_file_is_cited():
                if f != "README.md" and f"results/{f}" not in cited]
     assert not uncited, f"benchmarks/results/ files that no doc cites: {uncited}"
     index = _read(os.path.join("benchmarks", "results", "README.md"))
-    unlisted = [f for f in sorted(os.listdir(results)) if f != "README.md" and f"({f})" not in index]
+    unlisted = [f for f in sorted(os.listdir(results))
+                if f != "README.md" and f"({f})" not in index]
     assert not unlisted, f"benchmarks/results/README.md does not list: {unlisted}"
