@@ -45,7 +45,7 @@ void fad_fwd_params_init(fad_fwd_params *p)
     p->window_left = -1;
     p->window_right = -1;
     p->deterministic = 1;
-    p->split_size = 512;
+    p->split_size = FAD_DEFAULT_SPLIT_SIZE;
     p->schedule = FAD_SCHEDULE_AUTO;
 }
 
@@ -179,7 +179,7 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 /* Which forward kernel runs. The packed kernel (GQA heads packed into M)
  * gives every row the bits the prefill kernel gives it -- same tiles, same
- * order, same code (fad_fwd.cu) -- so it may be chosen from the shapes alone.
+ * order, same code (cuda/fwd_tile.cuh) -- so it may be chosen from the shapes alone.
  * It runs query blocks of at most FAD_PACKED_MAX_SQ rows (decode, speculative
  * and short chunks): there it reads a kv head's K/V ceil(Sq*G/16) <= G times
  * where the prefill kernel reads it G times (once per query head), and its MMAs
@@ -260,7 +260,7 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
          * two CTAs an SM leaves some SMs with two and others with one: split
          * below 1.9 CTAs an SM, where a CTA per split measured 1.07-1.18x the
          * one-CTA schedule at 136-192 CTAs (H100, 132 SMs) and 0.95-0.97x at
-         * 256-512 (benchmarks/results/2026-11-27_h100_probe_decode_schedule.md).
+         * 256-512 (docs/design.md, "split-plan").
          * (One CTA per kv head would also win from 0.6 to 1 CTA an SM for
          * same-length batches, 1.03-1.08x, but a plan that sees shapes only
          * cannot know them, and with mixed lengths a long sequence's splits

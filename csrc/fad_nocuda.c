@@ -1,5 +1,5 @@
 /*
- * fad_nocuda.c — stands in for fad_fwd.cu in a build made without nvcc: every
+ * fad_nocuda.c — stands in for csrc/cuda/ in a build made without nvcc: every
  * CUDA entry reports FAD_ERR_NO_CUDA with a message that says why.
  */
 #include "fad_blocks.h"

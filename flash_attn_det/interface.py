@@ -8,8 +8,8 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _C
 from . import dropout as _dropout
-from . import testing as _testing
-from .mode import _state
+from . import mode as _mode
+from .scores import masked_scores
 
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
 # C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
@@ -176,7 +176,7 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, wan
     opts = _options(D, softmax_scale, causal, window_size, softcap, alibi_slopes)
     out = torch.empty_like(q)  # (~3 us cheaper than torch.empty(shape, ...))
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (0, shape, k.shape, det, split_size, schedule, q.get_device()),
@@ -208,7 +208,7 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     fill = float("nan") if q.is_cuda else 0.0
     out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
     lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     _launch(_C.fwd_varlen,
             (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
              _dl(cu_seqlens_q), _dl(cu_seqlens_k), _opt(seqused_k), _opt(block_table),
@@ -247,7 +247,8 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
         ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
         stream = _current_stream(q)
-    mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
+    det, split_size, schedule = _mode.current()
+    mode = (int(det), split_size, schedule, stream)
     extra = _c_dropout(dropout)
     if varlen is None:
         _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
@@ -488,7 +489,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic: accepted for flash_attn compatibility (it concerns the
     backward pass there); the forward's determinism is set_deterministic_mode's.
 
-    dropout_p > 0: dropout with a keep mask keyed by positions (README "Dropout"), so a
+    dropout_p > 0: dropout with a keep mask keyed by positions (docs/api.md, "Dropout"), so a
     sequence is dropped alike in any batch; dropout_seq_ids (flash_attn_det's own keyword:
     None, one int, or one int in [0, 2**32) per batch entry) tells sequences at the same
     positions apart: a sequence's mask depends on its id, not on its batch index.
@@ -647,8 +648,8 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
         slope = None
         if alibi_slopes is not None:
             slope = (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes).float().view(-1, 1, 1)
-        s = _testing.masked_scores(qb.float().transpose(0, 1), kb, scale, float(softcap), slope,
-                                   i, j, left, right)  # (H, Lq, Lk)
+        s = masked_scores(qb.float().transpose(0, 1), kb, scale, float(softcap), slope,
+                          i, j, left, right)  # (H, Lq, Lk)
         m = s.amax(-1, keepdim=True)
         a = torch.exp(s - torch.where(m == -math.inf, 0.0, m))
         keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1), ids[b])
@@ -844,7 +845,7 @@ def _schedule_of(num_splits):
         num_splits = operator.index(num_splits)
     except TypeError:
         raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}") from None
-    if num_splits <= 0 or not _state["enabled"]:  # (flash_attn: below 1 is its heuristic)
+    if num_splits <= 0 or not _mode.current()[0]:  # (flash_attn: below 1 is its heuristic)
         return None
     return _C.SCHEDULE_ONE_CTA if num_splits == 1 else _C.SCHEDULE_CTA_PER_SPLIT
 
@@ -906,7 +907,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
                                  f"outside the cache's {k_cache.shape[0]}")
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     if call_schedule is not None:
         schedule = call_schedule
 
@@ -920,7 +921,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             # The caches are the caller's state: the attention's own checks run on the lengths
             # and the q it will see, before the append writes a row.
             # (GPU: not read, unless the index checks are on: set_index_checks)
-            after = (cache_seqlens if q.is_cuda and not _state["index_checks"]
+            after = (cache_seqlens if q.is_cuda and not _mode.get_index_checks()
                      else cache_seqlens + n_new)
             q_seen = (q if rotary_cos is None or not q.is_cuda
                       else torch.empty_like(q, memory_format=torch.contiguous_format))

@@ -83,14 +83,14 @@ extern "C" fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len)
     return current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, major, msg, msg_len);
 }
 
-/* The sm_90a variants (the prefill kernel's, and the backward's in fad_bwd.cu)
+/* The sm_90a variants (the prefill kernel's, and the backward's: bwd_launch.cu)
  * run when this build has sm_90a code (setup.py defines FAD_SM90A) and the
  * device is sm_90, for the compile-time variants that have them (D 64 or 128,
  * no softcap or ALiBi; the prefill kernel: no paged KV).
  * FLASH_ATTN_DET_WGMMA in the environment (read once): "0" turns them off, for
  * A/B runs and for the tests that compare the two variants' bits; "force"
  * (*use = 2) also runs the backward's variants on grids too small for them
- * to pay (fad_bwd.cu), which those tests need. */
+ * to pay (bwd_launch.cu), which those tests need. */
 #ifndef FAD_SM90A
 #define FAD_SM90A 0
 #endif

@@ -116,7 +116,7 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
  * FAD_WG_R_REGS_MIN_D). The same rows per CTA and the same tile walk as the
  * mma.sync variant. */
 template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
-    /* Knobs in fad_config.h (measured in the notebook, docs/log/). Wide (D <=
+    /* Knobs in fad_config.h (each measured by a same-run A/B). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
      * fragment read from shared memory feeds four MMAs. Otherwise 16 rows per
      * warp, Q held in registers up to D=128. Several small CTAs per SM beat one

@@ -25,7 +25,7 @@ template <int kHeadDim, int kParts> struct combine_cfg {
      * kBatch (32 splits), whose 64-bit index math and live tests per split made the fold
      * instruction-bound: at decode B1 131k (256 splits a row) 21.3 us against
      * 11.4 staged (fast mode's 32 splits: 5.3; Nsight Compute, L2 warm;
-     * docs/log/2026-11-26_notebook.md, seventh session). A stage holds 4
+     * docs/design.md, "combine-staged"). A stage holds 4
      * floats a split holding its (m, l) pair, then its o values, split by
      * split, kC x 32 a split (this warp's columns, lane-contiguous). */
     static constexpr bool kStaged = kParts == 4 && FAD_COMBINE_STAGED;

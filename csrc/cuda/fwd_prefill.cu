@@ -24,7 +24,7 @@
  * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
  * registers and fed back as the A operand, cp.async for global->shared.
  * On sm_90 (from an sm_90a build) the prefill kernel at D 64/128, without
- * softcap, ALiBi or pages, runs its wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, fad_wgmma.cuh):
+ * softcap, ALiBi or pages, runs its wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, wgmma.cuh):
  * each warpgroup issues S = Q K^T (Q from registers) and O += P V (P from
  * registers, V from 128-byte-swizzled shared memory) as wgmma chains, and the
  * merged result R stays in registers. The tile walk, the fragments and the
@@ -283,7 +283,7 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
     return FAD_OK;
 }
 
-/* The warp-specialized kernel (fad_fwd_ws.cuh): one CTA per pair of the
+/* The warp-specialized kernel (fwd_prefill_ws.cu): one CTA per pair of the
  * plan's 64-row query blocks. */
 
 #define FAD_INST(T, D, MOD, PAGED, WG) \

@@ -677,11 +677,23 @@ static PyObject *fad_py_set_index_checks(PyObject *module, PyObject *enabled)
     Py_RETURN_NONE;
 }
 
+static PyObject *fad_py_get_index_checks(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(module_state(module)->check_indices);
+}
+
+PyDoc_STRVAR(get_index_checks_doc,
+"get_index_checks() -> bool\n"
+"--\n\n"
+"Whether CUDA calls check their index tensors on the host first.");
+
 PyDoc_STRVAR(set_mode_doc,
 "set_mode(deterministic, split_size, schedule)\n"
 "--\n\n"
-"The mode the inference entries run in (flash_attn_det.mode keeps it in step\n"
-"with set_deterministic_mode and testing.force_schedule).");
+"Sets the process-wide mode every entry runs in. The module state is the one\n"
+"copy of it: flash_attn_det.mode (set_deterministic_mode, get_deterministic_mode,\n"
+"get_split_size) and testing.force_schedule write and read it here.");
 
 static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -710,6 +722,19 @@ static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(get_mode_doc,
+"get_mode() -> (deterministic, split_size, schedule)\n"
+"--\n\n"
+"The mode set_mode last set (at import: deterministic, DEFAULT_SPLIT_SIZE, SCHEDULE_AUTO).");
+
+static PyObject *fad_py_get_mode(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    const fad_module_state *st = module_state(module);
+    return Py_BuildValue("(Oii)", st->deterministic ? Py_True : Py_False, st->split_size,
+                         (int)st->schedule);
+}
+
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
@@ -733,7 +758,9 @@ static PyMethodDef fad_methods[] = {
     {"infer_kvcache", (PyCFunction)(void (*)(void))fad_py_infer_kvcache, METH_FASTCALL,
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
+    {"get_mode", fad_py_get_mode, METH_NOARGS, get_mode_doc},
     {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
+    {"get_index_checks", fad_py_get_index_checks, METH_NOARGS, get_index_checks_doc},
     {"gemm", (PyCFunction)(void (*)(void))fad_py_gemm, METH_FASTCALL, fad_gemm_doc},
     {"row_reduce", (PyCFunction)(void (*)(void))fad_py_row_reduce, METH_FASTCALL, fad_row_reduce_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))fad_py_rms_norm, METH_FASTCALL, fad_rms_norm_doc},
@@ -745,15 +772,19 @@ static PyMethodDef fad_methods[] = {
 static int fad_exec(PyObject *m)
 {
     fad_module_state *st = module_state(m);
-    st->deterministic = 1; /* set_deterministic_mode's defaults */
-    st->split_size = 512;
-    st->schedule = FAD_SCHEDULE_AUTO;
+    /* the defaults of a fresh fad_fwd_params are the process's mode at import */
+    fad_fwd_params defaults;
+    fad_fwd_params_init(&defaults);
+    st->deterministic = defaults.deterministic;
+    st->split_size = defaults.split_size;
+    st->schedule = defaults.schedule;
     st->requires_grad = PyUnicode_InternFromString("requires_grad");
     if (!st->requires_grad)
         return -1;
     if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SPLIT_SIZE", FAD_MAX_SPLIT_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "DEFAULT_SPLIT_SIZE", FAD_DEFAULT_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_AUTO", FAD_SCHEDULE_AUTO) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_ONE_CTA", FAD_SCHEDULE_ONE_CTA) < 0 ||
