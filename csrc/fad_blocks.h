@@ -118,8 +118,10 @@ fad_status fad_xent_bwd_cpu(const fad_xent_bwd_params *p, char *msg, size_t msg_
 /* On the device current on the calling thread, on stream. The GEMM loads
  * cuBLASLt at the first call (the library of the process's CUDA toolkit: the one
  * torch loaded, else libcublasLt.so.13 / .12 from the loader's path, or the file
- * FLASH_ATTN_DET_CUBLASLT names) and keeps one plan per fixed shape; needs no
- * workspace, so calls are CUDA-graph capturable once the plan exists. */
+ * FLASH_ATTN_DET_CUBLASLT names) and keeps one plan per fixed shape; a plan whose
+ * algorithm needs scratch shares one 32 MiB buffer a device, allocated with the first such
+ * plan: calls are CUDA-graph capturable once their plans exist, and calls on several
+ * streams of one device at once must not both use scratch. */
 fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, char *msg,
                          size_t msg_len);
 fad_status fad_row_reduce_cuda(const fad_row_params *p, struct CUstream_st *stream, char *msg,

@@ -8,6 +8,14 @@
 
 #include "fad_blocks.h"
 
+/* The block element type of dt, or -1. */
+static int etype_of(DLDataType dt)
+{
+    return is_dtype(dt, kDLBfloat, 16) ? FAD_E_BFLOAT16
+         : is_dtype(dt, kDLFloat, 16)  ? FAD_E_FLOAT16
+         : is_dtype(dt, kDLFloat, 32)  ? FAD_E_FLOAT32 : -1;
+}
+
 /* A 2-D tensor with a unit column stride (a 0-row one may have any), of a block
  * element type; *et, *ld receive its type and row stride. */
 static int get_matrix(tensor_args *ta, PyObject *obj, const char *name, DLTensor **t,
@@ -20,16 +28,12 @@ static int get_matrix(tensor_args *ta, PyObject *obj, const char *name, DLTensor
         PyErr_Format(PyExc_ValueError, "%s: expected 2 dims, got %d", name, (int)x->ndim);
         return -1;
     }
-    if (is_dtype(x->dtype, kDLBfloat, 16))
-        *et = FAD_E_BFLOAT16;
-    else if (is_dtype(x->dtype, kDLFloat, 16))
-        *et = FAD_E_FLOAT16;
-    else if (is_dtype(x->dtype, kDLFloat, 32))
-        *et = FAD_E_FLOAT32;
-    else {
+    const int e = etype_of(x->dtype);
+    if (e < 0) {
         PyErr_Format(PyExc_TypeError, "%s: expected dtype float16, bfloat16 or float32", name);
         return -1;
     }
+    *et = (fad_etype)e;
     if (x->shape[1] > 1 && tensor_stride(x, 1) != 1) {
         PyErr_Format(PyExc_ValueError, "%s: last dim must be contiguous (stride 1)", name);
         return -1;
@@ -94,7 +98,7 @@ PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args ta;
     DLTensor *a, *b, *c, *bias = NULL;
-    fad_etype ea, eb, ec, ebias;
+    fad_etype ea, eb, ec;
     fad_gemm_params p;
     struct CUstream_st *stream;
     char msg[512] = "";
@@ -139,10 +143,7 @@ PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_ValueError, "bias: expected a contiguous (%lld,) tensor", (long long)p.n);
             return NULL;
         }
-        ebias = is_dtype(bias->dtype, kDLBfloat, 16) ? FAD_E_BFLOAT16
-              : is_dtype(bias->dtype, kDLFloat, 16)  ? FAD_E_FLOAT16
-              : is_dtype(bias->dtype, kDLFloat, 32)  ? FAD_E_FLOAT32 : (fad_etype)-1;
-        if (ebias != ea) {
+        if (etype_of(bias->dtype) != (int)ea) {
             PyErr_SetString(PyExc_TypeError, "bias: must have a's dtype");
             return NULL;
         }
@@ -260,7 +261,7 @@ PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t na
     tensor_args ta;
     DLTensor *x, *w = NULL, *y, *s;
     fad_rmsnorm_params p;
-    fad_etype ey, ew;
+    fad_etype ey;
     struct CUstream_st *stream;
     char msg[512] = "";
     fad_status st;
@@ -284,10 +285,7 @@ PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t na
                          (long long)x->shape[1]);
             return NULL;
         }
-        ew = is_dtype(w->dtype, kDLBfloat, 16) ? FAD_E_BFLOAT16
-           : is_dtype(w->dtype, kDLFloat, 16)  ? FAD_E_FLOAT16
-           : is_dtype(w->dtype, kDLFloat, 32)  ? FAD_E_FLOAT32 : (fad_etype)-1;
-        if (ew != p.etype) {
+        if (etype_of(w->dtype) != (int)p.etype) {
             PyErr_SetString(PyExc_TypeError, "w: must have x's dtype");
             return NULL;
         }
@@ -433,7 +431,7 @@ PyObject *fad_py_linear_infer(PyObject *module, PyObject *const *args, Py_ssize_
            (uintptr_t)(bias ? tensor_data(bias) : NULL)) % 16 ||
           (p.lda * es) % 16 || (p.ldb * es) % 16 || (w->shape[0] * es) % 16)))
         Py_RETURN_NOTIMPLEMENTED;
-    p.etype = is_dtype(dt, kDLBfloat, 16) ? FAD_E_BFLOAT16 : half ? FAD_E_FLOAT16 : FAD_E_FLOAT32;
+    p.etype = (fad_etype)etype_of(dt);
     p.trans_a = 0, p.trans_b = 1;
     p.k = w->shape[1], p.n = w->shape[0], p.m = 1;
     for (int d = 0; d < x->ndim - 1; d++)
