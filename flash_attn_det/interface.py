@@ -413,18 +413,13 @@ def _c_dropout(dropout):
 def _index32(t, name):
     """An int64 index tensor (what torch.tensor([0, 3, 8]) gives flash_attn users) as the int32
     the kernels read; anything else as it is, for the usual checks. On CPU a value past int32
-    is an error naming the argument (on the GPU that check would be a sync)."""
+    is an error naming the argument (on the GPU that check would be a sync). Only the general
+    path pays for it: the C fast paths leave int64 index tensors to it (NotImplemented)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
         return t
     if not t.is_cuda and t.numel() and not -2 ** 31 <= int(t.min()) <= int(t.max()) < 2 ** 31:
         raise ValueError(f"{name}: int64 values past int32's range (the kernels read int32)")
     return t.to(torch.int32)
-
-
-def _any_int64(*ts):
-    """True when an index tensor is int64: a fast path's TypeError is then retried with them
-    converted (the check costs nothing on calls that pass int32)."""
-    return any(isinstance(t, torch.Tensor) and t.dtype == torch.int64 for t in ts)
 
 
 def _batch_of(x, dim=0, minus=0):
@@ -542,13 +537,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if (_infer_varlen is not None and not (dropout_p or softcap) and alibi_slopes is None
             and window_size == (-1, -1) and dropout_seq_ids is None
             and not torch.compiler.is_compiling()):
-        try:
-            res = _infer_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                seqused_k, block_table, softmax_scale, causal, return_attn_probs)
-        except TypeError:
-            if not _any_int64(cu_seqlens_q, cu_seqlens_k, seqused_k, block_table):
-                raise
-            res = NotImplemented  # (converted below)
+        res = _infer_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
     cu_seqlens_q, cu_seqlens_k = (_index32(cu_seqlens_q, "cu_seqlens_q"),
@@ -794,14 +784,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (_infer_kvcache is not None and not softcap and alibi_slopes is None
             and window_size == (-1, -1) and cache_seqlens is not None and schedule is None
             and not torch.compiler.is_compiling()):
-        try:
-            res = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                 cache_batch_idx, cache_leftpad, block_table, softmax_scale,
-                                 causal, rotary_interleaved, return_softmax_lse)
-        except TypeError:
-            if not _any_int64(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
-                raise
-            res = NotImplemented  # (converted below)
+        res = _infer_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                             rotary_interleaved, return_softmax_lse)
         if res is not NotImplemented:
             return res
     cache_seqlens, cache_batch_idx = (_index32(cache_seqlens, "cache_seqlens"),
