@@ -33,8 +33,9 @@ SM90A_SOURCES = ("bwd_dkdv_wgmma.cu", "bwd_dq_wgmma.cu", "fwd_prefill_ws.cu")
 
 # The compiler wheels a build without a CUDA toolkit takes. The runtime is linked statically,
 # so the driver must support their release: 13.0 needs driver >= 580. PyPI has no CUDA 12
-# compiler wheel (nvidia-cuda-nvcc-cu12 12.0-12.9 hold ptxas and libnvvm, no nvcc), so a
-# driver below 580 needs a CUDA 12 toolkit. FLASH_ATTN_DET_CUDA_WHEELS picks another release.
+# compiler wheel (nvidia-cuda-nvcc-cu12 holds ptxas and libnvvm but no nvcc: 12.8.93 and
+# 12.9.86 looked at), so a driver below 580 needs a CUDA 12 toolkit.
+# FLASH_ATTN_DET_CUDA_WHEELS picks another release.
 DEFAULT_WHEELS_RELEASE = "13.0"
 WHEEL_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-nvvm",
                   "nvidia-cuda-cccl")
@@ -161,7 +162,7 @@ def choose_archs(gpus):
     """(archs, why); archs None when no visible GPU can run the kernels."""
     env = os.environ.get("FLASH_ATTN_DET_CUDA_ARCHS", "").strip()
     if env:
-        return env, "FLASH_ATTN_DET_CUDA_ARCHS"
+        return env, f"FLASH_ATTN_DET_CUDA_ARCHS={env}"
     if not gpus:
         return DEFAULT_ARCHS, "no GPU to read the architecture from: the default archs"
     names = ", ".join(sorted({f"{n} (sm_{c[0]}{c[1]})" for n, c in gpus}))

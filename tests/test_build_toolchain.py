@@ -80,7 +80,7 @@ def test_archs_variable_wins(machine, monkeypatch):
     machine.update(gpus=[H200], driver=(13, 0), which="/usr/local/bin/nvcc")
     monkeypatch.setenv("FLASH_ATTN_DET_CUDA_ARCHS", "80;90")
     plan = tc.build_plan()
-    assert plan.archs == "80;90" and "(FLASH_ATTN_DET_CUDA_ARCHS)" in plan.line
+    assert plan.archs == "80;90" and "(FLASH_ATTN_DET_CUDA_ARCHS=80;90)" in plan.line
 
 
 def test_gpu_older_than_sm80_gets_cpu_only_unless_asked(machine, monkeypatch):
