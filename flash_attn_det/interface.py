@@ -413,11 +413,13 @@ def _c_dropout(dropout):
 def _index32(t, name):
     """An int64 index tensor (what torch.tensor([0, 3, 8]) gives flash_attn users) as the int32
     the kernels read; anything else as it is, for the usual checks. On CPU a value past int32
-    is an error naming the argument (on the GPU that check would be a sync). Only the general
-    path pays for it: the C fast paths leave int64 index tensors to it (NotImplemented)."""
+    is an error naming the argument (on the GPU that check would be a sync, under
+    torch.compile a graph break). Only the general path pays for it: the C fast paths leave
+    int64 index tensors to it (NotImplemented)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
         return t
-    if not t.is_cuda and t.numel() and not -2 ** 31 <= int(t.min()) <= int(t.max()) < 2 ** 31:
+    if (not t.is_cuda and t.numel() and not torch.compiler.is_compiling()
+            and not -2 ** 31 <= int(t.min()) <= int(t.max()) < 2 ** 31):
         raise ValueError(f"{name}: int64 values past int32's range (the kernels read int32)")
     return t.to(torch.int32)
 
