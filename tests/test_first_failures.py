@@ -80,6 +80,16 @@ def test_int64_kvcache_indices_give_the_int32_bits(device):
     assert not torch.equal(got[1], pages[0])  # the new keys were appended
 
 
+def test_int64_cu_seqlens_under_torch_compile_fullgraph():
+    g = torch.Generator().manual_seed(6)
+    q = _randn(g, (8, 2, 64), "cpu")
+    cu = torch.tensor([0, 3, 8])
+    f = torch.compile(lambda q, cu: flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, causal=True),
+                      fullgraph=True)
+    assert torch.equal(f(q, cu), flash_attn_varlen_func(q, q, q, cu.int(), cu.int(), 5, 5,
+                                                        causal=True))
+
+
 def test_int64_past_int32_is_refused_naming_the_argument():
     g = torch.Generator().manual_seed(3)
     q = _randn(g, (8, 2, 64), "cpu")
