@@ -70,10 +70,11 @@ def cudart_dir(nvcc):
 
 
 def run_jobs(cmds):
-    """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the CPU count) at a time, the largest source
-    first: each nvcc already compiles its arch targets in parallel (--threads 0), and starting
-    every file at once on a small machine only adds contention. One progress line a file
-    ("[3/22] nvcc fwd_prefill_ws.cu"), since a build of every arch takes minutes."""
+    """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the
+    CPU count) at a time, the largest source first: each nvcc already compiles its arch
+    targets in parallel (--threads 0), and starting every file at once on a small machine only
+    adds contention. One progress line a file ("[3/13] nvcc fwd_combine.cu"): a build of every
+    arch takes minutes."""
     limit = int(os.environ.get("FLASH_ATTN_DET_BUILD_JOBS", "0")) or os.cpu_count() or 1
     todo = sorted(cmds, key=lambda c: -os.path.getsize(c[2]))  # c[2]: the source
     running = []
@@ -118,7 +119,8 @@ class BuildExt(build_ext):
         plan = fad_toolchain.build_plan()
         print(f"flash_attn_det: {plan.line}", file=sys.stderr, flush=True)
         # the line, compiled in: `python -m flash_attn_det.verify` prints it (pip hides this output)
-        ext.define_macros.append(("FAD_BUILD", '"' + plan.line.replace("\\", "/").replace('"', "'") + '"'))
+        quoted = '"' + plan.line.replace("\\", "/").replace('"', "'") + '"'  # (a C string)
+        ext.define_macros.append(("FAD_BUILD", quoted))
         if plan.nvcc is None:
             ext.sources.append(os.path.join(CSRC, "fad_nocuda.c"))
         else:

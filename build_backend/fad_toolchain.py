@@ -63,7 +63,8 @@ def env_flag(name):
 
 
 def cuda_switched_off():
-    """FLASH_ATTN_DET_FORCE_CPU=1 or FLASH_ATTN_DET_CUDA=0: the CPU-only module, whatever is installed."""
+    """FLASH_ATTN_DET_FORCE_CPU=1 or FLASH_ATTN_DET_CUDA=0: the CPU-only module, whatever is
+    installed."""
     return env_flag("FLASH_ATTN_DET_FORCE_CPU") == "1" or env_flag("FLASH_ATTN_DET_CUDA") == "0"
 
 
@@ -230,7 +231,8 @@ def wheels_release():
     release = os.environ.get("FLASH_ATTN_DET_CUDA_WHEELS", "").strip()
     if release:
         if not release.replace(".", "").isdigit() or release.count(".") != 1:
-            raise ValueError(f"FLASH_ATTN_DET_CUDA_WHEELS: expected a release like 13.0, got {release!r}")
+            raise ValueError("FLASH_ATTN_DET_CUDA_WHEELS: expected a release like 13.0, got "
+                             f"{release!r}")
         return release
     driver = driver_cuda()
     if driver is not None and driver < (13, 0):
