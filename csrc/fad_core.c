@@ -67,7 +67,10 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "num_heads_k: query heads (%d) must be a multiple of key/value heads (%d)",
                         p->num_heads, p->num_heads_k);
-    if (p->head_dim <= 0 || p->head_dim % 8 || p->head_dim > FAD_MAX_HEAD_DIM)
+    if (p->head_dim > FAD_MAX_HEAD_DIM) /* (its own message: the Python API pads the rest) */
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "head_dim: must be at most %d (got %d)",
+                        FAD_MAX_HEAD_DIM, p->head_dim);
+    if (p->head_dim <= 0 || p->head_dim % 8)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "head_dim: must be a multiple of 8 in [8, %d] (got %d)", FAD_MAX_HEAD_DIM,
                         p->head_dim);

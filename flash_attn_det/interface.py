@@ -423,6 +423,20 @@ def _c_dropout(dropout):
     return (tuple(_opt(x) if isinstance(x, torch.Tensor) else x for x in dropout),)
 
 
+def _index32(t, name):
+    """An int64 index tensor (what torch.tensor([0, 3, 8]) gives flash_attn users) as the int32
+    the kernels read; anything else as it is, for the usual checks. On CPU a value past int32
+    is an error naming the argument (on the GPU that check would be a sync, under
+    torch.compile a graph break). Only the general path pays for it: the C fast paths leave
+    int64 index tensors to it (NotImplemented)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+        return t
+    if (not t.is_cuda and t.numel() and not torch.compiler.is_compiling()
+            and not -2 ** 31 <= int(t.min()) <= int(t.max()) < 2 ** 31):
+        raise ValueError(f"{name}: int64 values past int32's range (the kernels read int32)")
+    return t.to(torch.int32)
+
+
 def _batch_of(x, dim=0, minus=0):
     """x.shape[dim] - minus for a tensor (the batch the seq ids must match), else 0 (the
     call's own checks then raise their errors)."""
@@ -563,6 +577,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
     _check_sizes(q, ("k", k), ("v", v))
+    cu_seqlens_q, cu_seqlens_k = (_index32(cu_seqlens_q, "cu_seqlens_q"),
+                                  _index32(cu_seqlens_k, "cu_seqlens_k"))
+    seqused_k, block_table = _index32(seqused_k, "seqused_k"), _index32(block_table, "block_table")
     pad = _head_pad(q, k, v)
     if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
         D = q.shape[-1]
@@ -809,6 +826,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if res is not NotImplemented:
             return res
     _check_sizes(q, ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+    cache_seqlens, cache_batch_idx = (_index32(cache_seqlens, "cache_seqlens"),
+                                      _index32(cache_batch_idx, "cache_batch_idx"))
+    cache_leftpad, block_table = (_index32(cache_leftpad, "cache_leftpad"),
+                                  _index32(block_table, "block_table"))
     pad = _head_pad(q, k_cache, v_cache, k, v)
     if pad:
         return _kvcache_padded(

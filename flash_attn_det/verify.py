@@ -517,6 +517,7 @@ def main(argv=None):
     cfg = _config(args, info["on_cpu"])
     device = torch.device("cpu" if info["on_cpu"] else "cuda")
     dtype = DTYPES[args.dtype]
+    _log(f"build: {flash_attn_det._C.BUILD}")  # what setup.py built on this machine, and why
     if info["on_cpu"]:
         _log(f"running on CPU: {info['cpu_reason']}")
     _log(f"device: {info['device']}")

@@ -37,7 +37,7 @@ CASES = [  # (name, bad arguments, exception, text the message must contain)
     ("softcap", dict(softcap=-1.0), ValueError, "softcap"),
     ("alibi shape", dict(alibi_slopes=lambda kw, d: torch.ones(H + 1, device=d)), ValueError,
      "alibi_slopes"),
-    ("batch_idx dtype", dict(cache_batch_idx=lambda kw, d: torch.tensor([1, 0], device=d)),
+    ("batch_idx dtype", dict(cache_batch_idx=lambda kw, d: torch.tensor([1.0, 0.0], device=d)),
      TypeError, "cache_batch_idx"),
     ("batch_idx range", dict(cache_batch_idx=lambda kw, d: torch.tensor(
         [0, 7], dtype=torch.int32, device=d)), ValueError, "cache_batch_idx"),

@@ -89,8 +89,9 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (wgmma)
-        return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
+    if constexpr (FAD_SM90A) /* (else the sm_90a-only kernel files are not linked) */
+        if (wgmma)
+            return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
     a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
     a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;

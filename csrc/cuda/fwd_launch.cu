@@ -36,12 +36,14 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
         /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
          * spilled 8-16 B at D128 (where, not yet read off their SASS), and
          * spills around in-flight wgmma are the suspect in the D64 failure
-         * (docs/design.md, "wgmma-limits"). */
-        constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
+         * (docs/design.md, "wgmma-limits"). A build without sm_90a code
+         * (FAD_SM90A 0) references no wgmma variant, so the sm_90a-only
+         * kernel files are left out of it. */
+        constexpr bool kHasWgmma = FAD_SM90A && kHeadDim <= 128 && !kMod && !kPaged;
         /* D256 has the warp-specialized kernel only (fwd_kernel's wgmma
          * variant is for D 64 and 128); fad_core.c's make_gpu_plan reserves
          * its R pool under the same condition */
-        constexpr bool kWs256 = kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
+        constexpr bool kWs256 = FAD_SM90A && kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
         int wgmma = 0;
         fad_status st = kHasWgmma || kWs256 ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
         constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||

@@ -290,10 +290,13 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
     template fad_status launch_prefill<T, D, MOD, PAGED, WG>(const fwd_args &, cudaStream_t, char *, size_t);
 #define FAD_INST_ALL(T, D, MOD, PAGED) FAD_INST(T, D, MOD, PAGED, false)
 FAD_FWD_VARIANTS(FAD_INST_ALL)
-/* the wgmma variant: D 64, and D 128 where the warp-specialized kernel is off */
+/* the wgmma variant: D 64, and D 128 where the warp-specialized kernel is off;
+ * only in a build with sm_90a code, the one that launches it */
+#if FAD_SM90A
 FAD_INST(__half, 64, false, false, true)
 FAD_INST(__nv_bfloat16, 64, false, false, true)
 #if !FAD_WG_WS
 FAD_INST(__half, 128, false, false, true)
 FAD_INST(__nv_bfloat16, 128, false, false, true)
+#endif
 #endif

@@ -769,6 +769,12 @@ static PyMethodDef fad_methods[] = {
      fad_linear_infer_doc},
     {NULL, NULL, 0, NULL}};
 
+/* What setup.py built and why, in one line (build_backend/fad_toolchain.py's
+ * build_plan), for `python -m flash_attn_det.verify` to print. */
+#ifndef FAD_BUILD
+#define FAD_BUILD "not recorded (built without setup.py)"
+#endif
+
 static int fad_exec(PyObject *m)
 {
     fad_module_state *st = module_state(m);
@@ -782,6 +788,7 @@ static int fad_exec(PyObject *m)
     if (!st->requires_grad)
         return -1;
     if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
+        PyModule_AddStringConstant(m, "BUILD", FAD_BUILD) < 0 ||
         PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SPLIT_SIZE", FAD_MAX_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "DEFAULT_SPLIT_SIZE", FAD_DEFAULT_SPLIT_SIZE) < 0 ||
