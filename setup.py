@@ -2,17 +2,22 @@
 
 No torch at build time and none at link time: the module talks to torch through
 DLPack only, and links the CUDA runtime statically, so it survives torch upgrades.
+What to build on this machine is build_backend/fad_toolchain.py's decision (build_plan);
+its one line is printed here and compiled into the module (flash_attn_det._C.BUILD).
 
 Environment:
-  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default "80;90", plus PTX of the newest;
-                              90 is built as sm_90a, the Hopper target with wgmma)
-  FLASH_ATTN_DET_FORCE_CPU=1  build the CPU-only module even when nvcc is present
-  FLASH_ATTN_DET_CUDA=1 / 0   CUDA kernels required (an error if no nvcc can be had) / never
-  FLASH_ATTN_DET_CUDA_WHEELS  the CUDA release of the compiler wheels (default 13.0)
+  FLASH_ATTN_DET_CUDA=1 / 0   CUDA kernels even with no GPU here (build boxes, wheels; an error if
+                              no nvcc can be had) / never. Unset: kernels when a GPU is visible.
+  FLASH_ATTN_DET_FORCE_CPU=1  the CPU-only module (as FLASH_ATTN_DET_CUDA=0)
+  FLASH_ATTN_DET_CUDA_ARCHS   e.g. "90" or "80;86;90" (default: the visible GPUs' archs, else
+                              "80;90"), plus PTX of the newest; 90 is built as sm_90a (wgmma)
+  FLASH_ATTN_DET_CUDA_WHEELS  the CUDA release of the compiler wheels (default: 13.0, which the
+                              driver must support: >= 580)
   FLASH_ATTN_DET_BUILD_JOBS   nvcc jobs at a time (default: the CPU count)
   CUDA_HOME / CUDA_PATH       where to find nvcc (else nvcc on PATH, else the nvidia-cuda-nvcc
                               wheel, which the in-tree backend build_backend/fad_backend.py adds
-                              to the build requirements when there is a GPU and no toolkit)
+                              to the build requirements when the kernels are wanted and there is
+                              no toolkit)
 """
 import glob
 import os
@@ -25,14 +30,15 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "build_backend"))
-from fad_toolchain import cpu_only_reason, find_nvcc  # noqa: E402  (shared with the build backend)
+import fad_toolchain  # noqa: E402  (shared with the build backend)
 
 CSRC = os.path.join("csrc")
-C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "fad_core.c", "fad_cpu.c",
-             "fad_bwd_cpu.c", "cpu/kernels.c", "cpu/threads.c"]
+C_SOURCES = ["python/module.c", "python/glue.c", "python/infer.c", "python/blocks.c",
+             "fad_core.c", "fad_cpu.c", "fad_bwd_cpu.c", "blocks_cpu.c",
+             "cpu/kernels.c", "cpu/threads.c"]
+CUDA_C_SOURCES = ["blocks_gemm_cuda.c"]  # C sources of the CUDA build only (cuBLASLt)
 CUDA_SOURCES = sorted(os.path.join("cuda", f) for f in os.listdir(os.path.join(ROOT, CSRC, "cuda"))
                       if f.endswith(".cu"))
-DEFAULT_ARCHS = "80;90"  # sm_80 cubins also run on sm_86 and sm_89
 # The glue uses only the stable ABI of CPython 3.10 (METH_FASTCALL is in it from 3.10), so one
 # module (_C.abi3.so) serves every CPython from 3.10 on. FLASH_ATTN_DET_ABI3=0 builds a
 # version-specific module instead (_C.cpython-3XY-....so).
@@ -65,35 +71,22 @@ def cudart_dir(nvcc):
     raise RuntimeError(f"cannot find libcudart_static.a near {nvcc}")
 
 
-def gencode_flags(archs):
-    """nvcc flags for archs like "80;90". sm_90 code is built for sm_90a, the
-    target with wgmma (the prefill kernel's Hopper variant; FAD_SM90A tells the
-    host it may launch it). PTX of the newest arch, without the "a" (arch-
-    specific PTX does not run on later GPUs), lets newer GPUs JIT the rest."""
-    archs = [a.strip().rstrip("a") for a in archs.replace(",", ";").split(";") if a.strip()]
-    flags = []
-    for a in archs:
-        sm = a + "a" if a == "90" else a
-        flags.append(f"-gencode=arch=compute_{sm},code=sm_{sm}")
-    if "90" in archs:
-        flags.append("-DFAD_SM90A=1")
-    newest = max(archs, key=int)
-    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # PTX for newer GPUs
-    return flags
-
-
 def run_jobs(cmds):
-    """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the CPU
-    count) at a time, the largest source first: each nvcc already compiles its arch targets in
-    parallel (--threads 0), and starting every file at once on a small machine only adds
-    contention on a small machine."""
+    """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the
+    CPU count) at a time, the largest source first: each nvcc already compiles its arch
+    targets in parallel (--threads 0), and starting every file at once on a small machine only
+    adds contention. One progress line a file ("[3/13] nvcc fwd_combine.cu"): a build of every
+    arch takes minutes."""
     limit = int(os.environ.get("FLASH_ATTN_DET_BUILD_JOBS", "0")) or os.cpu_count() or 1
     todo = sorted(cmds, key=lambda c: -os.path.getsize(c[2]))  # c[2]: the source
     running = []
+    started = 0
     while todo or running:
         while todo and len(running) < limit:
             cmd = todo.pop(0)
-            print(" ".join(cmd), file=sys.stderr)
+            started += 1
+            print(f"[{started}/{len(cmds)}] nvcc {os.path.basename(cmd[2])}", file=sys.stderr,
+                  flush=True)
             running.append((cmd, subprocess.Popen(cmd)))
         done = [(cmd, job) for cmd, job in running if job.poll() is not None]
         if not done:
@@ -125,27 +118,29 @@ class BuildExt(build_ext):
         for old in glob.glob(os.path.join(self.build_lib, "flash_attn_det", "_C.*.so")):
             os.remove(old)
         ext = self.extensions[0]
-        nvcc = find_nvcc()
-        if nvcc is None:
-            print(f"flash_attn_det: CPU-only module: {cpu_only_reason()}", file=sys.stderr)
+        plan = fad_toolchain.build_plan()
+        print(f"flash_attn_det: {plan.line}", file=sys.stderr, flush=True)
+        # the line, compiled in: `python -m flash_attn_det.verify` prints it (pip hides this output)
+        quoted = '"' + plan.line.replace("\\", "/").replace('"', "'") + '"'  # (a C string)
+        ext.define_macros.append(("FAD_BUILD", quoted))
+        if plan.nvcc is None:
             ext.sources.append(os.path.join(CSRC, "fad_nocuda.c"))
         else:
-            libdir = cudart_dir(nvcc)
-            print(f"flash_attn_det: building the CUDA kernels with {nvcc}", file=sys.stderr)
-            archs = os.environ.get("FLASH_ATTN_DET_CUDA_ARCHS", DEFAULT_ARCHS)
+            libdir = cudart_dir(plan.nvcc)
             obj_dir = os.path.join(self.build_temp, "cuda")
             os.makedirs(obj_dir, exist_ok=True)
             t0 = time.time()
             cmds = []
-            for src in CUDA_SOURCES:
+            for src, gencode in fad_toolchain.cuda_compiles(plan.archs, CUDA_SOURCES):
                 obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
-                cmds.append([nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3", "-std=c++17",
-                             "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,
-                             "--expt-relaxed-constexpr"] + gencode_flags(archs))
+                cmds.append([plan.nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3",
+                             "-std=c++17", "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,
+                             "--expt-relaxed-constexpr"] + gencode)
                 ext.extra_objects.append(obj)
             run_jobs(cmds)
-            print(f"flash_attn_det: nvcc for archs {archs} took {time.time() - t0:.1f} s",
+            print(f"flash_attn_det: nvcc for archs {plan.archs} took {time.time() - t0:.1f} s",
                   file=sys.stderr)
+            ext.sources += [os.path.join(CSRC, s) for s in CUDA_C_SOURCES]
             ext.library_dirs.append(libdir)
             ext.libraries += ["cudart_static", "dl", "rt", "pthread", "stdc++"]
         super().build_extensions()

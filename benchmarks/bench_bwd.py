@@ -39,18 +39,18 @@ def preset_configs(name):
                 for causal in (False, True):
                     out.append(Config("bf16", max(1, 32768 // L), L, L, H, H, D, causal))
         return out
-    if name == "gqa":  # issue 21's GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
+    if name == "gqa":  # GQA rows: 32 query heads on 8 kv heads, D128, quick's lengths
         return [Config("bf16", max(1, 32768 // L), L, L, 32, 8, 128, causal)
                 for L in (2048, 8192, 16384) for causal in (False, True)]
     if name == "d256":  # head dim 256 (the wgmma kernels' column-split variants), H8, 32k tokens
         return [Config("bf16", max(1, 32768 // L), L, L, 8, 8, 256, causal)
                 for L in (1024, 4096, 8192) for causal in (False, True)]
-    if name == "dq":  # four rows of quick: dev/ab_bwd_dq.sh's probes
+    if name == "dq":  # four rows of quick, for quick probes
         return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
                 Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
                 Config("bf16", 4, 8192, 8192, 16, 16, 128, False),
                 Config("bf16", 4, 8192, 8192, 16, 16, 128, True)]
-    if name == "issue":  # the issue's reference point: B2 L16k H16 D128 causal
+    if name == "long":  # one long causal row: B2 L16k H16 D128
         return [Config("bf16", 2, 16384, 16384, 16, 16, 128, True)]
     if name == "cpu-smoke":
         return [Config("bf16", 1, 64, 64, 2, 2, 64, True)]
@@ -131,7 +131,7 @@ def markdown(records, env):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "d256", "dq", "issue", "cpu-smoke"])
+    ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "d256", "dq", "long", "cpu-smoke"])
     ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
     ap.add_argument("--rounds", type=int, default=4,

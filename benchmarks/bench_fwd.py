@@ -5,7 +5,7 @@ Exact commands (from the repository root, after
 
     python3 benchmarks/bench_fwd.py --preset quick   # bf16, D64/128, L 1k/4k/16k (~1-3 min)
     python3 benchmarks/bench_fwd.py --preset full    # the whole matrix, 96 configs
-    python3 benchmarks/bench_fwd.py --preset seed    # the seed report's two configs, fp16
+    python3 benchmarks/bench_fwd.py --preset verify  # flash_attn_det.verify's two configs, fp16
 
 Writes under benchmarks/out/ (--out; ignored by git): <tag>.jsonl (one record per (impl, config)),
 <tag>.md (tables) and <tag>.png (TFLOP/s vs seqlen; skipped without matplotlib);
@@ -64,7 +64,7 @@ def preset_configs(name):
     if name == "quick":
         return [_std("bf16", D, L, causal) for D in (64, 128) for L in (1024, 4096, 16384)
                 for causal in (False, True)]
-    if name == "seed":  # the seed verification report: memory config, performance config
+    if name == "verify":  # flash_attn_det.verify's memory config and performance config
         return [Config("fp16", 4, 2048, 2048, 32, 32, 64, False),
                 Config("fp16", 8, 4096, 4096, 32, 32, 64, False)]
     if name == "cpu-smoke":
@@ -232,7 +232,7 @@ def parse_args(argv=None):
         description="Forward benchmark of flash_attn_det (deterministic and fast mode) beside "
                     "torch SDPA flash/cuDNN/efficient (and flash_attn when importable). "
                     "Writes JSONL, a Markdown table and a PNG plot.")
-    ap.add_argument("--preset", choices=["quick", "full", "seed"], default="quick",
+    ap.add_argument("--preset", choices=["quick", "full", "verify"], default="quick",
                     help="config matrix (default quick)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "out"),

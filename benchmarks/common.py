@@ -67,7 +67,7 @@ def short_error(exc, limit=300):
 def git_commit():
     """Short commit of the checkout, '+dirty' when it has uncommitted changes; None if no git.
     FLASH_ATTN_DET_COMMIT overrides it: a copy of a commit made with `git archive` (what
-    dev/device_all.sh runs on the lent GPU) has no .git of its own."""
+    dev/device_all.sh runs on a GPU machine) has no .git of its own."""
     if os.environ.get("FLASH_ATTN_DET_COMMIT"):
         return os.environ["FLASH_ATTN_DET_COMMIT"]
     try:

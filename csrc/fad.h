@@ -11,11 +11,12 @@
  * (cu_seqlens_q/k set): q/out (total_q, Hq, D), k/v (total_k, Hkv, D), sequence b
  * at rows [cu_seqlens[b], cu_seqlens[b+1]); softmax_lse (Hq, total_q).
  *
- * The invariance contract (README): in deterministic mode the bits of one query
- * row's output depend only on that row, the keys/values it may see and their
- * absolute positions, the score options, dtype, head dim, split_size and the
- * GPU architecture family -- never on batch size, batch composition, the
- * number of query rows in the call, the SM count or the run.
+ * The invariance contract (docs/design.md, "split-plan"): in deterministic
+ * mode the bits of one query row's output depend only on that row, the
+ * keys/values it may see and their absolute positions, the score options,
+ * dtype, head dim, split_size and the GPU architecture family -- never on
+ * batch size, batch composition, the number of query rows in the call, the
+ * SM count or the run.
  */
 #ifndef FAD_H
 #define FAD_H
@@ -33,6 +34,10 @@ extern "C" {
 #define FAD_SPLIT_QUANTUM 128
 /* split_size at most this many keys, so that no key index or split count overflows 32 bits */
 #define FAD_MAX_SPLIT_SIZE (1 << 24)
+/* split_size of deterministic mode unless the caller picks another: the one place the
+ * default is written (fad_fwd_params_init, the Python module's state and
+ * set_deterministic_mode's signature all read it) */
+#define FAD_DEFAULT_SPLIT_SIZE 512
 #define FAD_MAX_HEAD_DIM 256
 
 typedef enum fad_status {
@@ -156,7 +161,7 @@ typedef struct fad_fwd_params {
 } fad_fwd_params;
 
 /* Fills every field with a neutral default: scale 0 means 1/sqrt(head_dim),
- * no causal mask, unbounded window, deterministic, split_size 512. */
+ * no causal mask, unbounded window, deterministic, split_size FAD_DEFAULT_SPLIT_SIZE. */
 void fad_fwd_params_init(fad_fwd_params *p);
 
 /* Validates p. On failure returns the status and writes a message that names

@@ -12,12 +12,12 @@
  * FAD_SM90A, which setup.py defines when it builds sm_90a code.
  *
  * Switches kept although the default build does not compile the code they
- * select, each the losing side of an A/B in the notebook (docs/log/), kept so
- * that the A/B can be re-run on another GPU or compiler: FAD_WIDE_MAX_D (32
- * rows per warp, "v4"/"v5" of the first prefill table), FAD_WG_LEAN_LOADS=0
- * and FAD_WG_LOADS_DURING_S=0 ("Prefill v3"), FAD_WS_Q_REGS=0 and FAD_WG_WS=0
- * ("Prefill v6"), FAD_BWD_WG_DKDV_DEFER_MAX_D (at D64 ptxas serialized the
- * wgmmas, "Backward v2"), FAD_PACKED_Q_IN_REGS (the packed kernel with Q in
+ * select, each the losing side of a same-run A/B, kept so that the A/B can
+ * be re-run on another GPU or compiler: FAD_WIDE_MAX_D (32 rows per warp),
+ * FAD_WG_LEAN_LOADS=0 and FAD_WG_LOADS_DURING_S=0 (the sm_90a prefill
+ * variant's older copies), FAD_WS_Q_REGS=0 and FAD_WG_WS=0 (before the
+ * warp-specialized kernel), FAD_BWD_WG_DKDV_DEFER_MAX_D (at D64 ptxas
+ * serialized the wgmmas), FAD_PACKED_Q_IN_REGS (the packed kernel with Q in
  * registers; no A/B of it is recorded: measure it or remove it).
  */
 #ifndef FAD_CONFIG_H
@@ -48,7 +48,7 @@
  * At D64 (two warpgroups per CTA) Q in registers gives wrong results on the
  * H100 (docs/design.md, "wgmma-limits"), so D64 keeps Q in shared
  * memory; R in registers, no faster at first, is 5-7% faster at D64 since
- * the copy and fold changes of "Prefill v3" (0 B spilled). */
+ * the variant's lean copies and early fold (0 B spilled). */
 #ifndef FAD_WG_Q_REGS_MIN_D
 #define FAD_WG_Q_REGS_MIN_D 128
 #endif
@@ -66,7 +66,7 @@
 #define FAD_WG_LOADS_DURING_S 1
 #endif
 /* FAD_WG_WS: 1 = at D128 the sm_90a prefill runs the warp-specialized
- * kernel (fad_fwd_ws.cuh: a cp.async producer warpgroup, two consumer
+ * kernel (fwd_prefill_ws.cu: a cp.async producer warpgroup, two consumer
  * warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the same bits.
  * FAD_WS_STAGES: its K/V ring depth. FAD_WS_PRODUCER_REGS /
  * FAD_WS_CONSUMER_REGS: the registers per thread setmaxnreg gives each side
@@ -80,9 +80,8 @@
 /* FAD_WS_DROP_Q_SMEM: 1 = with dropout its consumers read Q from shared
  * memory (SS wgmma) all the same: the draws' registers then fit (D128 spill
  * 44 B -> 8 B, narrow 44 -> 0), and the D128 forward at p = 0.1 takes
- * 0.93-0.95x the time (benchmarks/results/2026-11-27_h100_ab_fwd_dropout_q_smem.md).
- * Without dropout Q stays in registers: there shared memory costs 1-12% at
- * D128 (2026-11-27_h100_ab_fwd_q_smem_p0.md). */
+ * 0.93-0.95x the time. Without dropout Q stays in registers: there shared
+ * memory costs 1-12% at D128 (docs/design.md, "dropout-kernels"). */
 #ifndef FAD_WS_DROP_Q_SMEM
 #define FAD_WS_DROP_Q_SMEM 1
 #endif
@@ -114,7 +113,7 @@
  * calls whose seqlen_k is at least FAD_WS_D64_MIN_SK. Three, with the TMA
  * producer, against fwd_kernel's variant (H100, bf16): 0.81-0.84x at L512,
  * 0.85-0.91x at L1k, 0.97-1.01x at L2k, 1.03-1.04x at L4k, 1.09x at L8k,
- * 1.12x at L16k (docs/log/2026-11-26_notebook.md, ninth session): one CTA of
+ * 1.12x at L16k (docs/design.md, "warp-specialized-prefill"): one CTA of
  * 12 math warps per SM against two of 8, which overlap one's prologue and
  * epilogue with the other's tiles, so short walks stay on fwd_kernel. (With
  * the cp.async producer three measured 0.80-1.03x and were off.)
@@ -122,8 +121,8 @@
  * runs the lean variant instead (0: never): four consumers with R and Q in
  * shared memory, setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against
  * fwd_kernel at L2k and three consumers from L4k (H100, bf16): 1.03-1.06x at
- * L2k, 1.03-1.09x at L4k, 0.96-1.00x at L16k (docs/log/2026-11-27_notebook.md,
- * tenth and eleventh sessions). */
+ * L2k, 1.03-1.09x at L4k, 0.96-1.00x at L16k (docs/design.md,
+ * "warp-specialized-prefill"). */
 #ifndef FAD_WS_D64_CONSUMERS
 #define FAD_WS_D64_CONSUMERS 3
 #endif
@@ -140,10 +139,9 @@
  * bits. Against the two-consumer kernel (H100, bf16), with cp.async
  * producers: 1.02-1.14x at L512, 0.90-1.00x at L1k-2k, 0.84-0.93x at
  * L4k-16k, where each K/V tile feeding half the rows costs more than the
- * overlap gains (eighth session); with TMA producers 1.05-1.07x at L1k and
- * 0.98-1.05x at L2k (docs/log/2026-11-26_notebook.md, ninth session), and at
- * 2048-4096 keys (MHA, GQA) within the spread, 0.94-1.07x (thirteenth
- * session: benchmarks/results/2026-11-27_h100_ab_fwd_narrow_more_shapes.md). */
+ * overlap gains; with TMA producers 1.05-1.07x at L1k and 0.98-1.05x at
+ * L2k, and at 2048-4096 keys (MHA, GQA) within the spread, 0.94-1.07x
+ * (docs/design.md, "warp-specialized-prefill"). */
 #ifndef FAD_WS_NARROW_MAX_SK
 #define FAD_WS_NARROW_MAX_SK 1024
 #endif
@@ -169,7 +167,7 @@
  * 132 SMs), with setmaxnreg FAD_WS_D256_PRODUCER_REGS / _CONSUMER_REGS (one:
  * 255 registers a thread, no setmaxnreg, R in shared memory). Two against
  * one (H100, bf16, 512-16k keys): 1.09-1.26x non-causal, 1.03-1.19x causal
- * (docs/log/2026-11-27_notebook.md, eleventh session). */
+ * (docs/design.md, "warp-specialized-prefill"). */
 #ifndef FAD_WS_D256_CONSUMERS
 #define FAD_WS_D256_CONSUMERS 2
 #endif
@@ -188,8 +186,8 @@
  * cores idle. Its fold loads FAD_WS_RG_LONG_BATCH n8 blocks ahead. Against
  * R wholly in its slot (H100, bf16): 1.01-1.09x at 2k-8k keys and 1.10-1.17x
  * at 16k, but 0.92-0.98x at 512-1k, where a row folds at most once and the
- * larger shared memory only costs (docs/log/2026-11-27_notebook.md, twelfth
- * session). */
+ * larger shared memory only costs (docs/design.md,
+ * "warp-specialized-prefill"). */
 #ifndef FAD_WS_D256_LONG_MIN_SK
 #define FAD_WS_D256_LONG_MIN_SK 2048
 #endif
@@ -270,7 +268,7 @@
  * (FAD_COMBINE_PDL), folds each chunk of splits as soon as it is flagged,
  * while later splits still run (0: it waits for the whole grid). At 64
  * splits (32k keys) polling measured 0.8-1.3% slower at B 4 and 8, at 256
- * 2-3% faster at B1 (H100; docs/log/2026-11-26_notebook.md, eighth session). */
+ * 2-3% faster at B1 (H100; docs/design.md, "combine-poll"). */
 #ifndef FAD_COMBINE_POLL
 #define FAD_COMBINE_POLL 1
 #endif
@@ -306,8 +304,8 @@
 #ifndef FAD_BWD_WG_DKDV_WGS
 #define FAD_BWD_WG_DKDV_WGS 2
 #endif
-/* (D64: two since the dQ kernel got its producer there, thirteenth session;
- * before, without one, two measured 3-5% slower: docs/log/2026-11-22_notebook.md) */
+/* (D64: two since the dQ kernel got its producer there; before, without one,
+ * two measured 3-5% slower: docs/design.md, "backward-order") */
 #ifndef FAD_BWD_WG_DQ_WGS_D64
 #define FAD_BWD_WG_DQ_WGS_D64 2
 #endif
@@ -320,8 +318,7 @@
  * stage is reloaded only after every warpgroup has passed such a wait.
  * FAD_BWD_WG_DKDV_DEFER_MAX_D: dkdv defers up to this head dim. At 128 the
  * D64 and D128 kernels fit their registers (no spill), but ptxas serializes
- * their wgmmas (C7515) and the backward measured 0.89-0.91x
- * (benchmarks/results/2026-11-26_h100_ab_bwd_dkdv_defer.md).
+ * their wgmmas (C7515) and the backward measured 0.89-0.91x.
  * FAD_BWD_WG_DQ_DEFER: dq defers (1) or not (0). */
 /* FAD_BWD_WG_DKDV_WS: 1 = the wgmma dK/dV kernel gets a producer warpgroup
  * (cp.async into a ring of FAD_BWD_WG_DKDV_WS_STAGES stages through mbarriers)
@@ -331,11 +328,9 @@
 #endif
 /* FAD_BWD_WG_DQ_WS_MIN_D: the same for the wgmma dQ kernel (its ring: its
  * kDqStages) at head dims from this one. At D128 (two math warpgroups) the
- * backward measured 1.04-1.12x with it, at D64 with one 0.88-0.95x
- * (benchmarks/results/2026-11-26_h100_ab_bwd_dq_ws.md); at D64 with two
- * (FAD_BWD_WG_DQ_WGS_D64 = 2) the dQ kernel took 8-19% less time and the
- * backward measured 1.02-1.15x (thirteenth session:
- * benchmarks/results/2026-11-27_h100_ab_bwd_dq_d64_ws2.md). */
+ * backward measured 1.04-1.12x with it, at D64 with one 0.88-0.95x; at D64
+ * with two (FAD_BWD_WG_DQ_WGS_D64 = 2) the dQ kernel took 8-19% less time and
+ * the backward measured 1.02-1.15x (docs/design.md, "backward-order"). */
 #ifndef FAD_BWD_WG_DQ_WS_MIN_D
 #define FAD_BWD_WG_DQ_WS_MIN_D 64
 #endif

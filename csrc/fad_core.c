@@ -45,7 +45,7 @@ void fad_fwd_params_init(fad_fwd_params *p)
     p->window_left = -1;
     p->window_right = -1;
     p->deterministic = 1;
-    p->split_size = 512;
+    p->split_size = FAD_DEFAULT_SPLIT_SIZE;
     p->schedule = FAD_SCHEDULE_AUTO;
 }
 
@@ -67,7 +67,10 @@ fad_status fad_fwd_check(const fad_fwd_params *p, char *msg, size_t msg_len)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "num_heads_k: query heads (%d) must be a multiple of key/value heads (%d)",
                         p->num_heads, p->num_heads_k);
-    if (p->head_dim <= 0 || p->head_dim % 8 || p->head_dim > FAD_MAX_HEAD_DIM)
+    if (p->head_dim > FAD_MAX_HEAD_DIM) /* (its own message: the Python API pads the rest) */
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "head_dim: must be at most %d (got %d)",
+                        FAD_MAX_HEAD_DIM, p->head_dim);
+    if (p->head_dim <= 0 || p->head_dim % 8)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
                         "head_dim: must be a multiple of 8 in [8, %d] (got %d)", FAD_MAX_HEAD_DIM,
                         p->head_dim);
@@ -156,11 +159,22 @@ fad_status fad_fwd_check_run(const fad_fwd_params *p, char *msg, size_t msg_len)
     return st != FAD_OK ? st : check_pointers(p, msg, msg_len);
 }
 
+/* The default softmax scale, head_dim ** -0.5 as Python computes it (in double, then
+ * rounded once to float when it crosses into the params), so that a C caller asking for
+ * the default gets the bits a Python caller gets. 1/sqrtf in float is off by one ulp at
+ * D = 24, 72, 96, ... ; sqrt and / in double are IEEE-exact (correctly rounded), so this
+ * is the same float on every platform; it equals float(D ** -0.5) (glibc's pow) at
+ * every D from 1 to 4096, and tests/test_capi.py compares the forward's bits. */
+float fad_default_softmax_scale(int head_dim)
+{
+    return (float)(1.0 / sqrt((double)head_dim));
+}
+
 fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p)
 {
     fad_fwd_params r = *p;
     if (r.softmax_scale == 0.f)
-        r.softmax_scale = 1.f / sqrtf((float)r.head_dim);
+        r.softmax_scale = fad_default_softmax_scale(r.head_dim);
     return r;
 }
 
@@ -168,7 +182,7 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 /* Which forward kernel runs. The packed kernel (GQA heads packed into M)
  * gives every row the bits the prefill kernel gives it -- same tiles, same
- * order, same code (fad_fwd.cu) -- so it may be chosen from the shapes alone.
+ * order, same code (cuda/fwd_tile.cuh) -- so it may be chosen from the shapes alone.
  * It runs query blocks of at most FAD_PACKED_MAX_SQ rows (decode, speculative
  * and short chunks): there it reads a kv head's K/V ceil(Sq*G/16) <= G times
  * where the prefill kernel reads it G times (once per query head), and its MMAs
@@ -249,7 +263,7 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
          * two CTAs an SM leaves some SMs with two and others with one: split
          * below 1.9 CTAs an SM, where a CTA per split measured 1.07-1.18x the
          * one-CTA schedule at 136-192 CTAs (H100, 132 SMs) and 0.95-0.97x at
-         * 256-512 (benchmarks/results/2026-11-27_h100_probe_decode_schedule.md).
+         * 256-512 (docs/design.md, "split-plan").
          * (One CTA per kv head would also win from 0.6 to 1 CTA an SM for
          * same-length batches, 1.03-1.08x, but a plan that sees shapes only
          * cannot know them, and with mixed lengths a long sequence's splits

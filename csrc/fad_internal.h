@@ -35,6 +35,9 @@ static inline FAD_HOST_DEVICE int fad_packed_block_m(void) { return FAD_PACKED_W
 /* Keys per tile of the CPU path's walk inside a split (each CUDA variant has
  * its own, also dividing FAD_SPLIT_QUANTUM). */
 #define FAD_BLOCK_N 64
+/* Keys per sequence, at most: the kernels walk a sequence's keys in int, a few tiles past its
+ * end (prefetch), so the last 2^16 below 2^31 are left as headroom. */
+#define FAD_MAX_SEQLEN_K (0x7fffffff - 0xffff)
 /* Auto schedule: never spend more than this on split partials. */
 #define FAD_MAX_WORKSPACE_BYTES ((size_t)256 << 20)
 
@@ -66,7 +69,10 @@ fad_status fad_bwd_check_run(const fad_bwd_params *bp, char *msg, size_t msg_len
 /* 1 when the call has no query row: nothing to compute or write. */
 int fad_fwd_is_empty(const fad_fwd_params *p);
 
-/* A copy of p with defaults filled in (softmax_scale 0 -> 1/sqrt(head_dim)). */
+/* head_dim ** -0.5 as Python computes it, rounded to float: the default scale. */
+float fad_default_softmax_scale(int head_dim);
+
+/* A copy of p with defaults filled in (softmax_scale 0 -> fad_default_softmax_scale). */
 fad_fwd_params fad_fwd_resolve(const fad_fwd_params *p);
 
 /* Makes dev the current CUDA device; *prev receives the old one. */
@@ -90,6 +96,16 @@ uint16_t fad_float_to_fp16(float f); /* round to nearest even */
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 
+/* seqlen_k within FAD_MAX_SEQLEN_K: the GPU launchers' refusal (the Python glue refuses it
+ * first, naming the tensor). */
+static inline fad_status fad_check_seqlen_k(int seqlen_k, char *msg, size_t msg_len)
+{
+    if (seqlen_k <= FAD_MAX_SEQLEN_K)
+        return FAD_OK;
+    return fad_fail(FAD_ERR_VALUE, msg, msg_len, "seqlen_k: %d keys in a sequence, past the limit "
+                    "of 2^31 - 2^16 (%d)", seqlen_k, FAD_MAX_SEQLEN_K);
+}
+
 /* CUDA side (cuda/, or fad_nocuda.c in a CPU-only build). The current device's
  * SM count and compute-capability major (cuda/device.cu, asked once per device). */
 fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
@@ -97,6 +113,11 @@ fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len);
  * fad_check_seqlens_host: the checked mode (fad_fwd_params.check_indices). */
 fad_status fad_check_indices_cuda(const fad_fwd_params *p, char *msg, size_t msg_len);
 fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len);
+/* The device current on the calling thread (this module's cudart is static; the
+ * current device is the driver's current context, which cuBLASLt's runtime reads too). */
+fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len);
+/* bytes of device memory on the current device, kept for the life of the process. */
+fad_status fad_cuda_alloc(void **ptr, size_t bytes, char *msg, size_t msg_len);
 /* The forward's kernels (cuda/fwd_launch.cu). */
 fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, void *workspace,
                                struct CUstream_st *stream, char *msg, size_t msg_len);

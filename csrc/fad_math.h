@@ -145,7 +145,10 @@ FAD_HD int fad_num_splits(int len_k, int split_size)
 FAD_HD int fad_split_of(int t, int split_size) { return t / split_size; }
 FAD_HD fad_key_range fad_split_keys(int s, int split_size)
 {
-    fad_key_range r = {s * split_size, (s + 1) * split_size};
+    /* in 64 bits, clamped to int's range: near 2^31 keys a sequence's last split ends past
+     * it (and is cut at len_k <= 2^31 - 1 anyway) */
+    const long long lo = (long long)s * split_size, hi = lo + split_size;
+    fad_key_range r = {(int)(lo < 0x7fffffff ? lo : 0x7fffffff), (int)(hi < 0x7fffffff ? hi : 0x7fffffff)};
     return r;
 }
 

@@ -1,7 +1,8 @@
 /*
- * fad_nocuda.c — stands in for fad_fwd.cu in a build made without nvcc: every
+ * fad_nocuda.c — stands in for csrc/cuda/ in a build made without nvcc: every
  * CUDA entry reports FAD_ERR_NO_CUDA with a message that says why.
  */
+#include "fad_blocks.h"
 #include "fad_internal.h"
 
 #define NO_CUDA_MSG                                                                          \
@@ -37,6 +38,34 @@ fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *strea
 }
 
 int fad_has_cuda(void) { return 0; }
+
+fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, char *msg,
+                         size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+fad_status fad_rmsnorm_cuda(const fad_rmsnorm_params *p, struct CUstream_st *stream, char *msg,
+                            size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+fad_status fad_xent_bwd_cuda(const fad_xent_bwd_params *p, struct CUstream_st *stream, char *msg,
+                             size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+fad_status fad_row_reduce_cuda(const fad_row_params *p, struct CUstream_st *stream, char *msg,
+                               size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
 
 fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len)
 {

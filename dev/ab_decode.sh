@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_decode.sh: A/B of the packed decode kernel's compile-time knobs in one device call. Verdict: chose the decode defaults in csrc/fad_config.h.
 # A/B of the packed decode kernel's knobs in ONE device call. Each variant is a comma-separated
 # list of preprocessor defines (csrc/fad_config.h), "-" for none, e.g.
 #   dev/ab_decode.sh FAD_PACKED_COL_WARPS=1 FAD_PACKED_COL_WARPS=2 -

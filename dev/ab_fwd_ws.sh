@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_fwd_ws.sh: The warp-specialized forward against fwd_kernel's variants, same machine. Verdict: the warp-specialized kernel wins at D128, D256 and D64 from 2048 keys (the dispatch in fwd_launch.cu).
 # Same-machine A/B of the forward's warp-specialized kernel: FLASH_ATTN_DET_FWD_WS=0 (fwd_kernel's
 # wgmma variant at D64 in a build with FAD_WS_D64_CONSUMERS > 0, the mma.sync kernel at D128)
 # against the default, bench_fwd's quick preset

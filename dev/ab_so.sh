@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_so.sh: Same-run A/B of two prebuilt modules, alternating turns. Verdict: the standard A/B; most *_ab_* result files come from it.
 # Same-machine A/B of two builds of the extension: dev/abi/_C_base.abi3.so against
 # dev/abi/_C_new.abi3.so (carried to the device; *.so is ignored by git), each copied in turn to
 # flash_attn_det/_C.abi3.so, running bench_fwd (BENCH=fwd, default) or bench_bwd (BENCH=bwd) with
@@ -7,8 +8,8 @@
 # fad_det and SDPA cuDNN, graph and eager us, ${LENS} x ${BATCHES}, default 8k/32k/131k x B 1/8/16),
 # N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset (default quick).
 # BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in that order in odd
-# turns and in reverse in even ones (default "base new"; in the twelfth session one pair of backward
-# builds read 0.95-1.00x at D128 8k-16k taken in one order, 0.97-1.06x in the other).
+# turns and in reverse in even ones (default "base new"; one pair of backward builds once read
+# 0.95-1.00x at D128 8k-16k taken in one order, 0.97-1.06x in the other).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}/run

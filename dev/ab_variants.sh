@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ab_variants.sh: One build per set of defines, the quick perf probe on each. Verdict: chose the forward's tile defaults (csrc/fad_config.h).
 # Builds the extension once per variant (side by side, each in its own copy under /tmp/ab/<n>)
 # and runs the quick perf probe on each, so tile configurations are compared in one device
 # call. A variant is a comma-separated list of preprocessor defines for both the C and the CUDA

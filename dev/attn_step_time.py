@@ -1,3 +1,4 @@
+# attn_step_time.py: Time of one forward + backward per call, eager or in a CUDA graph. Verdict: measuring tool; it showed gradients that start empty save 0.9 us (2.3%) a call in a graph.
 """Time of one forward + backward of flash_attn_func (deterministic mode), per call:
 
     PYTHONPATH=$PWD python3 dev/attn_step_time.py TAG [iters] [graph]

@@ -1,4 +1,5 @@
-"""What the backward costs where it leaves the wgmma kernels (issue 21, item 2): softcap and ALiBi
+# bench_bwd_mod.py: The backward's softcap / ALiBi / D256 calls against the plain call. Verdict: measuring tool; it rejected the shared score-to-P element function (1.07-1.14x slower).
+"""What the backward costs where it leaves the wgmma kernels (docs/performance.md): softcap and ALiBi
 (the score-mod kernels) and head dim 256 run on mma.sync. Times the gradient call of
 flash_attn_func (deterministic mode, bf16, causal) for each variant beside the plain call on the
 same shape, in alternating turns, and prints ms and the ratio to plain:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# bench_dropout.py: Dropout's cost against p = 0 and against SDPA flash with dropout. Verdict: p = 0.1 costs 1.11-1.26x in the forward, 1.12-1.31x in forward + backward (H100, ad673e3).
 """What dropout costs: forward and forward+backward of flash_attn_det with dropout_p 0 and 0.1
 beside SDPA's flash backend (FA2's kernel, which has dropout) on the same inputs, same run,
 alternating turns, median of CUDA-event times. bf16, causal and not. SDPA runs in both of its

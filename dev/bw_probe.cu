@@ -1,3 +1,4 @@
+// bw_probe.cu: How fast one CTA per SM can stream a decode split's K/V. Verdict: cp.async reaches 3.3 TB/s (10.1 us for 8k keys, H200); 256-byte bulk copies took 35 us, so decode keeps cp.async.
 // bw_probe.cu — how fast can one CTA per SM stream a decode split's K/V into shared memory?
 //
 // The read pattern of the packed decode kernel at batch 1 (Hkv 8, D 128, bf16, cache 8k):

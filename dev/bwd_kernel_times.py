@@ -1,3 +1,4 @@
+# bwd_kernel_times.py: Per-kernel device time of the backward (torch.profiler). Verdict: measuring tool; it showed a fused dQ cannot beat the separate dQ pass on this kernel.
 """Per-kernel mean device time (torch.profiler) of flash_attn_func's backward, bf16, at the
 harness's 32k-token shapes (D128 H16 and D64 H32, L 2k and 8k, causal and not):
 
@@ -6,8 +7,8 @@ harness's 32k-token shapes (D128 H16 and D64 H32, L 2k and 8k, causal and not):
 (d256: bench_bwd.py's d256 preset's shapes instead, D256 H8 at 32k tokens, L 1k/4k/8k.)
 
 Prints one line per config (TAG, config, {kernel: us}) and writes the dict to OUT.json.
-(Used for the thirteenth session's fused-dQ probe, dev/wip/dq_fused_ws_probe.patch, whose
-dK/dV kernel is timed beside the dQ pass it would replace.)"""
+(Used to time a fused-dQ probe's dK/dV kernel beside the dQ pass it would replace:
+docs/performance.md.)"""
 import json
 import os
 import sys

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call that does what the GPU issues ask to be shown: build for sm_90, the whole
+# device_all.sh: The whole GPU check in one device call: build, tests, verify, benchmarks, training check. Verdict: runner, no verdict of its own.
+# One device call that shows the product on a GPU: build for sm_90, the whole
 # test suite (CPU + GPU + C API), the verify job, the forward / backward / decode benchmarks,
 # the training check and the host-overhead probe. Every log and result goes under $OUT/run
 # (or ./device_out/run) and into one archive $OUT/results.tgz (the device returns few files).

@@ -1,9 +1,10 @@
+# grads_bits.py: Saves the backward's gradients on fixed inputs, or compares them bit for bit. Verdict: tool for changes that must keep every bit (it passed the dsum rewrite).
 """Backward gradients of fixed random inputs, saved, or compared bit for bit with a saved file:
 
     python3 dev/grads_bits.py /tmp/ref.pt        # with the old build
     python3 dev/grads_bits.py /tmp/ref.pt cmp    # with the new one: how many cases differ in any bit
 
-A check for changes that must leave every gradient as it was (the dsum kernel rewrite: twelfth session)."""
+A check for changes that must leave every gradient as it was (such as a rewrite of the dsum kernel)."""
 import sys
 import torch
 import flash_attn_det as fad

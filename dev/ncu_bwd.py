@@ -1,3 +1,4 @@
+# ncu_bwd.py: One backward under Nsight Compute. Verdict: it showed the backward issues 7 products a tile pair to cuDNN's 5 and keeps the tensor pipe as busy.
 """One backward under the profiler (ncu --profile-from-start off), warm-up first, then the
 profiled call:
 

@@ -1,3 +1,4 @@
+# ncu_fwd.py: One call of each forward implementation under Nsight Compute. Verdict: it showed the forward's gap to cuDNN is tensor-pipe idle time, not more work.
 """One call of each forward implementation inside a profiler range, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \

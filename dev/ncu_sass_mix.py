@@ -1,3 +1,4 @@
+# ncu_sass_mix.py: Executed instructions by opcode per unit of work, from an ncu SASS export. Verdict: tool; it counted dropout's added instructions per score element.
 """Executed instructions by opcode per unit of work, from an `ncu --page source --print-source
 sass --csv` export (dev/ncu_source.sh), one table per profiled kernel:
 

@@ -1,3 +1,4 @@
+# ncu_sass_top.py: The SASS instructions with the most warp-stall samples, from an ncu SASS export. Verdict: tool; it showed the consumers stall on their own chains.
 """Ranks the SASS instructions of an `ncu --page source --print-source sass --csv` export
 (dev/ncu_source.sh) by warp-stall samples, and sums samples by stall reason:
 

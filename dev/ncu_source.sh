@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ncu_source.sh: Nsight Compute's full set with source counters on chosen kernels, exported as CSV. Verdict: runner for the two ncu_sass_* tools.
 # Where a kernel's warps stall, instruction by instruction: Nsight Compute's full set (with
 # the source counters' warp-state samples) on the kernels whose names match $KERNELS of one
 # `dev/ncu_fwd.py` / `dev/ncu_bwd.py` run, then the SASS table of each profiled kernel as CSV

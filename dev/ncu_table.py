@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# ncu_table.py: An Nsight Compute text report as one Markdown table. Verdict: tool, no verdict of its own.
 """Nsight Compute's text report (`ncu --section SpeedOfLight --section ComputeWorkloadAnalysis
 --section WarpStateStats --section LaunchStats ...`, as dev/ncu_fwd.py runs it) as one Markdown
 table: per profiled kernel its case (the `== tag` line dev/ncu_fwd.py prints before the

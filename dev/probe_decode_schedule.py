@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# probe_decode_schedule.py: Decode's automatic schedule against each forced one. Verdict: one CTA per (sequence, kv head) wins 1.03-1.08x only for 10-16 same-length sequences and is 0.1x at batch 1, so the plan keeps splits.
 """Decode's schedule, timed: deterministic mode's automatic choice against each forced schedule
 (`flash_attn_det.testing.force_schedule`: "one_cta", every 512-key split of a (sequence, kv head)
 in one CTA, folded in registers; "cta_per_split", one CTA per split plus the combine; the same

@@ -1,3 +1,4 @@
+# probe_heads.py: Does the forward's ratio to cuDNN depend on GQA or the head count? Verdict: no; GQA and MHA alike (0.79-0.83x cuDNN at 4k, H100).
 """Does the forward's ratio to cuDNN depend on GQA or on the head count? flash_attn_det
 (deterministic) and SDPA cuDNN (contiguous (B, H, L, D), enable_gqa) on bf16 D128 prefill
 shapes that differ only in heads: H16/16, H32/32, H32/8 at B8 L4k, and H32/8 at B4 (MHA B8

@@ -1,3 +1,4 @@
+# probe_kernels.py: Per-kernel device time of a few calls. Verdict: tool, no verdict of its own.
 """Per-kernel device time of a few calls (torch.profiler), to see where a call's time goes.
 
     PYTHONPATH=. python3 dev/probe_kernels.py            # decode B1 8k and prefill D128 4k

@@ -1,3 +1,4 @@
+# quick_perf.py: Quick forward timing beside SDPA. Verdict: sanity check only; benchmarks/bench_fwd.py is the harness.
 """Quick forward timing beside SDPA flash/cuDNN (the full harness is benchmarks/bench_fwd.py).
 
     PYTHONPATH=. python dev/quick_perf.py

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# sanitize_cpu.sh: The C module under AddressSanitizer + UBSan with the C-heavy tests. Verdict: clean; CI runs it.
 # The C glue and the CPU path built with AddressSanitizer + UndefinedBehaviorSanitizer (gcc), and
 # the tests that drive the C code hardest run under them: the C API, every argument check, the
 # fuzzer (FAD_FUZZ_EXAMPLES per entry, default 300), KV cache, append, varlen, inference entries,

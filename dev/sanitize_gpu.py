@@ -1,3 +1,4 @@
+# sanitize_gpu.py: One small call of every CUDA kernel variant, for compute-sanitizer. Verdict: clean under memcheck, racecheck, initcheck and synccheck (H100).
 """One small call of every CUDA kernel variant, for compute-sanitizer (dev/sanitize_gpu.sh runs
 it under memcheck, racecheck, initcheck and synccheck). Sizes are small so that racecheck's
 shared-memory tracking finishes in minutes; each shape still crosses tile, split and page

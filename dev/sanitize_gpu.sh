@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# sanitize_gpu.sh: compute-sanitizer's four tools over dev/sanitize_gpu.py. Verdict: clean, wgmma forced and mma.sync only (H100).
 # compute-sanitizer over every CUDA kernel variant (dev/sanitize_gpu.py), each of the four tools,
 # with FLASH_ATTN_DET_WGMMA=force (the wgmma variants wherever they exist, the backward's on these
 # small grids too) and =0 (mma.sync everywhere). torch's caching

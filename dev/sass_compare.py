@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# sass_compare.py: Compares the SASS of every kernel in two sets of objects. Verdict: tool; it showed the split of the kernels into files changed no instruction.
 """Compare the SASS of every kernel in two sets of CUDA objects, per (arch, kernel).
 
     python3 dev/sass_compare.py OBJDIR_A OBJDIR_B [OLD=NEW ...]

@@ -1,4 +1,4 @@
-"""Training check on the GPU (issue 5): a tiny causal transformer whose attention is
+"""Training check on the GPU: a tiny causal transformer whose attention is
 flash_attn_det's, trained on random tokens.
 
   1. Two runs of --steps steps from the same seed give bit-identical losses and weights.

@@ -8,8 +8,8 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _C
 from . import dropout as _dropout
-from . import testing as _testing
-from .mode import _state
+from . import mode as _mode
+from .scores import masked_scores
 
 # Tensors go to _C through torch's DLPack C exchange API where torch has it (>= 2.11): the
 # C side unpacks the tensor object itself, no capsule is made (~0.3 us per tensor saved).
@@ -74,10 +74,22 @@ def _launch(entry, head, tail, q, key, extra=()):
     nbytes = _WS_BYTES.get(key, 0)
     need = entry(*head, _workspace(nbytes, q.device), *tail, stream, *extra)
     if need is not None:
+        _check_workspace(need, q.device)
         if len(_WS_BYTES) > 4096:
             _WS_BYTES.clear()
         _WS_BYTES[key] = need
         entry(*head, _workspace(need, q.device), *tail, stream, *extra)
+
+
+def _check_workspace(nbytes, device):
+    """A plan's workspace (split partials of a CTA-per-split schedule) larger than the device
+    is refused by name before torch is asked for it; the one-CTA schedule (num_splits=1)
+    gives the same bits with no workspace."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if nbytes > total:
+        raise ValueError(f"workspace: this call's plan needs {nbytes} bytes of split partials, "
+                         f"more than the device's {total}; num_splits=1 (or the automatic "
+                         "schedule) computes the same bits without them")
 
 
 def _workspace(nbytes, device):
@@ -166,7 +178,7 @@ def _fwd(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, wan
     opts = _options(D, softmax_scale, causal, window_size, softcap, alibi_slopes)
     out = torch.empty_like(q)  # (~3 us cheaper than torch.empty(shape, ...))
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     _launch(_C.fwd, (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
                      opts[0]), (*opts[1:], int(det), split_size, schedule), q,
             (0, shape, k.shape, det, split_size, schedule, q.get_device()),
@@ -198,7 +210,7 @@ def _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     fill = float("nan") if q.is_cuda else 0.0
     out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
     lse = torch.full((H, Tq), fill, dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     _launch(_C.fwd_varlen,
             (_dl(q), _dl(k), _dl(v), _dl(out), _opt(lse),
              _dl(cu_seqlens_q), _dl(cu_seqlens_k), _opt(seqused_k), _opt(block_table),
@@ -237,7 +249,8 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
         ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
         stream = _current_stream(q)
-    mode = (int(_state["enabled"]), _state["split_size"], _state["schedule"], stream)
+    det, split_size, schedule = _mode.current()
+    mode = (int(det), split_size, schedule, stream)
     extra = _c_dropout(dropout)
     if varlen is None:
         _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
@@ -412,6 +425,20 @@ def _c_dropout(dropout):
     return (tuple(_opt(x) if isinstance(x, torch.Tensor) else x for x in dropout),)
 
 
+def _index32(t, name):
+    """An int64 index tensor (what torch.tensor([0, 3, 8]) gives flash_attn users) as the int32
+    the kernels read; anything else as it is, for the usual checks. On CPU a value past int32
+    is an error naming the argument (on the GPU that check would be a sync, under
+    torch.compile a graph break). Only the general path pays for it: the C fast paths leave
+    int64 index tensors to it (NotImplemented)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+        return t
+    if (not t.is_cuda and t.numel() and not torch.compiler.is_compiling()
+            and not -2 ** 31 <= int(t.min()) <= int(t.max()) < 2 ** 31):
+        raise ValueError(f"{name}: int64 values past int32's range (the kernels read int32)")
+    return t.to(torch.int32)
+
+
 def _batch_of(x, dim=0, minus=0):
     """x.shape[dim] - minus for a tensor (the batch the seq ids must match), else 0 (the
     call's own checks then raise their errors)."""
@@ -439,6 +466,25 @@ def _head_pad(q, *others):
     return 8 - D % 8
 
 
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _check_sizes(q, *others):
+    """Refuses, before anything is allocated (out, a padded or contiguous copy), a call whose
+    sizes the kernels cannot count: every dim but the head dim, and q's rows (the product of
+    those dims: the grid's CTAs and softmax_lse's rows), at most 2**31 - 1. others: (name,
+    tensor) pairs, a tensor None or not a tensor being left to the call's own checks. An
+    expand()ed q of 2**31 rows would otherwise ask torch for its out first. (A few max/prod
+    calls: this runs on every call of the general path.)"""
+    for name, t in (("q", q),) + others:
+        if isinstance(t, torch.Tensor) and t.dim() > 1 and max(t.shape[:-1]) > _INT32_MAX:
+            d = next(d for d, n in enumerate(t.shape[:-1]) if n > _INT32_MAX)
+            raise ValueError(f"{name}: dim {d} is {t.shape[d]}, past the limit of 2**31 - 1")
+    if isinstance(q, torch.Tensor) and q.dim() and math.prod(q.shape[:-1]) > _INT32_MAX:
+        raise ValueError(f"q: {math.prod(q.shape[:-1])} rows (the product of its dims but the "
+                         "last), past the limit of 2**31 - 1")
+
+
 def _pad_last(t, pad):
     return None if t is None else torch.nn.functional.pad(t, (0, pad))
 
@@ -459,7 +505,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic: accepted for flash_attn compatibility (it concerns the
     backward pass there); the forward's determinism is set_deterministic_mode's.
 
-    dropout_p > 0: dropout with a keep mask keyed by positions (README "Dropout"), so a
+    dropout_p > 0: dropout with a keep mask keyed by positions (docs/api.md, "Dropout"), so a
     sequence is dropped alike in any batch; dropout_seq_ids (flash_attn_det's own keyword:
     None, one int, or one int in [0, 2**32) per batch entry) tells sequences at the same
     positions apart: a sequence's mask depends on its id, not on its batch index.
@@ -475,6 +521,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         res = _infer(q, k, v, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
+    _check_sizes(q, ("k", k), ("v", v))
     pad = _head_pad(q, k, v)
     if pad:  # (autograd slices the padded gradients back through the pad)
         D = q.shape[-1]
@@ -531,6 +578,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             seqused_k, block_table, softmax_scale, causal, return_attn_probs)
         if res is not NotImplemented:  # (NotImplemented: not a call it takes as it is)
             return (*res, None) if return_attn_probs else res
+    _check_sizes(q, ("k", k), ("v", v))
+    cu_seqlens_q, cu_seqlens_k = (_index32(cu_seqlens_q, "cu_seqlens_q"),
+                                  _index32(cu_seqlens_k, "cu_seqlens_k"))
+    seqused_k, block_table = _index32(seqused_k, "seqused_k"), _index32(block_table, "block_table")
     pad = _head_pad(q, k, v)
     if pad:  # (paged k/v: the pages are copied, as flash_attn's padding does)
         D = q.shape[-1]
@@ -616,8 +667,8 @@ def _s_dmask(q, k, varlen, softmax_scale, causal, window_size, softcap, alibi_sl
         slope = None
         if alibi_slopes is not None:
             slope = (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes).float().view(-1, 1, 1)
-        s = _testing.masked_scores(qb.float().transpose(0, 1), kb, scale, float(softcap), slope,
-                                   i, j, left, right)  # (H, Lq, Lk)
+        s = masked_scores(qb.float().transpose(0, 1), kb, scale, float(softcap), slope,
+                          i, j, left, right)  # (H, Lq, Lk)
         m = s.amax(-1, keepdim=True)
         a = torch.exp(s - torch.where(m == -math.inf, 0.0, m))
         keep = _dropout.keep_mask(p, seed, offset, heads, i.view(-1), j.view(-1), ids[b])
@@ -676,7 +727,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                              f"{tuple(rotary_sin.shape)}")
     start = None if q.is_cuda else cache_seqlens  # rotary positions: absolute cache rows
     if not q.is_cuda:  # host tensors: check everything before writing anything
-        if n_new:  # (CUDA tensors: the same check in C, csrc/python/glue.c, check_no_overlap)
+        if n_new:  # (CUDA tensors: the append's C entry runs the same check itself)
             _writable(k_cache, "k_cache"), _writable(v_cache, "v_cache")
         capacity = (k_cache.shape[1] if block_table is None
                     else block_table.shape[1] * k_cache.shape[1])
@@ -776,6 +827,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              rotary_interleaved, return_softmax_lse)
         if res is not NotImplemented:
             return res
+    _check_sizes(q, ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+    cache_seqlens, cache_batch_idx = (_index32(cache_seqlens, "cache_seqlens"),
+                                      _index32(cache_batch_idx, "cache_batch_idx"))
+    cache_leftpad, block_table = (_index32(cache_leftpad, "cache_leftpad"),
+                                  _index32(block_table, "block_table"))
     pad = _head_pad(q, k_cache, v_cache, k, v)
     if pad:
         return _kvcache_padded(
@@ -812,17 +868,15 @@ def _schedule_of(num_splits):
         num_splits = operator.index(num_splits)
     except TypeError:
         raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}") from None
-    if num_splits <= 0 or not _state["enabled"]:  # (flash_attn: below 1 is its heuristic)
+    if num_splits <= 0 or not _mode.current()[0]:  # (flash_attn: below 1 is its heuristic)
         return None
     return _C.SCHEDULE_ONE_CTA if num_splits == 1 else _C.SCHEDULE_CTA_PER_SPLIT
 
 
 def _writable(t, name):
-    """Refuses a tensor written in place whose rows share memory (a stride-0 dim)."""
-    bad = [d for d in range(t.dim()) if t.shape[d] > 1 and t.stride(d) == 0]
-    if bad:
-        raise ValueError(f"{name}: dim {bad[0]} has stride 0 (an expand()ed tensor?): its rows "
-                         "share memory, and it is written in place")
+    """Refuses a tensor written in place whose elements overlap in memory (a stride-0 dim, or
+    strides shorter than the dims inside them): the C entries' own check (glue.c)."""
+    _C.check_writable(_dl(t), name)
 
 
 def _kvcache_padded(pad, q, k_cache, v_cache, k, v, **kw):
@@ -876,7 +930,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
                                  f"outside the cache's {k_cache.shape[0]}")
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if want_lse else None
-    det, split_size, schedule = _state["enabled"], _state["split_size"], _state["schedule"]
+    det, split_size, schedule = _mode.current()
     if call_schedule is not None:
         schedule = call_schedule
 
@@ -890,7 +944,7 @@ def _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
             # The caches are the caller's state: the attention's own checks run on the lengths
             # and the q it will see, before the append writes a row.
             # (GPU: not read, unless the index checks are on: set_index_checks)
-            after = (cache_seqlens if q.is_cuda and not _state["index_checks"]
+            after = (cache_seqlens if q.is_cuda and not _mode.get_index_checks()
                      else cache_seqlens + n_new)
             q_seen = (q if rotary_cos is None or not q.is_cuda
                       else torch.empty_like(q, memory_format=torch.contiguous_format))

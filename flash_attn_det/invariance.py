@@ -18,6 +18,11 @@ puts every sequence into one row (B = 1, mask None, position_ids restarting at e
 A sequence alone is the same call with B = 1 and no padding. fn returns a tensor whose dims 0
 and 1 are batch and sequence (logits, hidden states) for assert_batch_invariant; anything for
 find_divergence, which compares the ops it runs.
+
+`sequences`: tensors (L, ...), or token ids as a tokenizer gives them: lists of ints, or the
+tokenizer's output itself (its "input_ids", unpadded by its "attention_mask" when it padded
+them into one tensor). Token lists become int64 tensors on `device` (default the CPU; pass
+the model's device).
 """
 import difflib
 import itertools
@@ -29,12 +34,45 @@ from torch.utils._pytree import tree_flatten
 SIDES = ("right", "left", "packed")
 
 
+def as_sequences(sequences, device=None):
+    """sequences as a list of tensors, each at least 1-D: a tensor passes as it is (a 0-D one,
+    a lone token, becomes 1-D), a list of ints becomes an int64 tensor on `device`; a mapping
+    with "input_ids" (a tokenizer's output) gives its input_ids, a padded (B, L) tensor of them
+    cut to the tokens its "attention_mask" keeps. A flat list of ints (one prompt's tokens) is
+    refused: one sequence makes no batch."""
+    mask = None
+    if hasattr(sequences, "keys") and "input_ids" in sequences:  # (a tokenizer's BatchEncoding)
+        sequences, mask = sequences["input_ids"], sequences.get("attention_mask")
+    if isinstance(sequences, torch.Tensor) and mask is not None:
+        mask = torch.as_tensor(mask, device=sequences.device).bool()
+        if mask.shape != sequences.shape[:2]:
+            raise ValueError(f"sequences: attention_mask shape {tuple(mask.shape)} does not match "
+                             f"input_ids {tuple(sequences.shape)}")
+        sequences = [row[keep] for row, keep in zip(sequences, mask)]
+    if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__len__") or not len(sequences):
+        raise TypeError("sequences: expected a non-empty list of token-id tensors or int lists "
+                        f"(or a tokenizer's output), got {type(sequences).__name__}")
+    if all(isinstance(s, int) for s in sequences):
+        raise TypeError("sequences: got one list of ints (one prompt's tokens); pass a list of "
+                        "sequences, e.g. tokenizer(prompts)['input_ids'] or [ids_a, ids_b]")
+    out = []
+    for i, s in enumerate(sequences):
+        if not isinstance(s, torch.Tensor):
+            try:
+                s = torch.tensor(s, dtype=torch.long, device=device)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"sequences[{i}]: expected a tensor or a list of ints, got "
+                                f"{type(s).__name__}") from None
+        out.append(s if s.dim() >= 1 else s.reshape(1))
+    return out
+
+
 def pad_batch(sequences, side="right", pad_value=0):
     """(ids, mask, position_ids, rows) for the batched call; rows[b] = (batch row, slice of
     dim 1) where sequence b's tokens sit."""
     if side not in SIDES:
         raise ValueError(f"side: expected one of {SIDES}, got {side!r}")
-    seqs = [s if s.dim() >= 1 else s.reshape(1) for s in sequences]
+    seqs = as_sequences(sequences)
     dev = seqs[0].device
     if side == "packed":
         ids = torch.cat(seqs, 0)[None]
@@ -61,10 +99,11 @@ def _alone(fn, seq):
               torch.arange(n, device=dev)[None])
 
 
-def assert_batch_invariant(fn, sequences, side="right", pad_value=0):
+def assert_batch_invariant(fn, sequences, side="right", pad_value=0, device=None):
     """Asserts that fn gives every sequence the same bits alone and inside the batch (padded on
     `side`, or packed). Raises AssertionError naming the first sequence that differs, its largest
     difference, and what find_divergence would be asked next."""
+    sequences = as_sequences(sequences, device)
     ids, mask, pos, rows = pad_batch(sequences, side, pad_value)
     with torch.no_grad():
         batched = fn(ids, mask, pos)
@@ -199,12 +238,13 @@ class Divergence:
 
 
 def find_divergence(fn, sequences, index=0, side="right", pad_value=0, backward=False,
-                    modules=()):
+                    modules=(), device=None):
     """Runs fn on sequence `index` alone and on the batch (as assert_batch_invariant does),
     records every op of both runs (and of out.backward() when `backward`: fn must then return a
     scalar), aligns the two op sequences, and returns the first op whose inputs it could map
     were bit-equal while an output differed (a Divergence; falsy when none did). `modules`:
     nn.Modules whose submodule paths name where each op ran."""
+    sequences = as_sequences(sequences, device)
     ids, mask, pos, rows = pad_batch(sequences, side, pad_value)
     b, sl = rows[index]
     seq = sequences[index]

@@ -12,7 +12,8 @@ import torch
 
 from . import _C
 from . import dropout as _dropout
-from .mode import _state, _sync
+from . import mode as _mode
+from .scores import masked_scores
 
 _SCHEDULES = {
     "auto": _C.SCHEDULE_AUTO,
@@ -22,26 +23,6 @@ _SCHEDULES = {
 
 # Bound on the float64 score block one chunk of query rows may hold (elements).
 _MAX_SCORE_ELEMS = 1 << 25
-
-
-def masked_scores(qd, kd, scale, softcap, slopes, pos, j, left, right):
-    """Scores of rows at key positions pos ((rows, 1)) against keys j ((1, Sk)), as
-    flash_attn_det defines them: q.k * scale, softcap * tanh(. / softcap) when softcap > 0,
-    minus slopes * |pos - j| (ALiBi, slopes broadcastable to (B, H, 1, 1) or None), and -inf
-    where the window (left, right; -1 unbounded) hides the key. qd (..., rows, D), kd
-    (..., Sk, D), in the dtype the scores are computed in. The one torch copy of the rule:
-    attention_ref and S_dmask (interface._s_dmask) both use it."""
-    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    if slopes is not None:
-        s = s - slopes * (pos - j).abs().to(s.dtype)
-    mask = torch.zeros((pos.shape[0], j.shape[1]), dtype=torch.bool, device=s.device)
-    if left >= 0:
-        mask |= j < pos - left
-    if right >= 0:
-        mask |= j > pos + right
-    return s.masked_fill(mask, float("-inf"))
 
 
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -132,14 +113,11 @@ def force_schedule(name):
     except KeyError:
         raise ValueError(f"force_schedule: unknown schedule {name!r}; "
                          f"expected one of {sorted(_SCHEDULES)}") from None
-    saved = _state["schedule"]
-    _state["schedule"] = value
-    _sync()
+    saved = _mode.set_schedule(value)
     try:
         yield
     finally:
-        _state["schedule"] = saved
-        _sync()
+        _mode.set_schedule(saved)
 
 
 def assert_batch_invariant(fn, *batched, splits=None):

@@ -1,9 +1,9 @@
-"""Reproduce the seed project's verification report for flash_attn_det.
+"""Checks an install of flash_attn_det: memory, speed and batch invariance beside torch SDPA.
 
     python -m flash_attn_det.verify                 # or the console script: flash-attn-det
     python -m flash_attn_det.verify --json verify.json
 
-Three checks, each for flash_attn_det beside torch SDPA on the same inputs:
+Three checks, each for flash_attn_det beside torch SDPA on the same inputs, in one run:
 
   MEMORY       peak extra memory beyond inputs and output (B4 L2048 H32 D64 fp16)
   PERFORMANCE  median CUDA-event time and TFLOP/s = 4*B*H*L*L*D / t
@@ -11,19 +11,21 @@ Three checks, each for flash_attn_det beside torch SDPA on the same inputs:
   INVARIANCE   batch 8 == batch 4 + batch 4, bit for bit (B8 L2048 H32 D64), and a
                decode row (1 query token, 4096 keys) alone == inside a batch of 16
 
-plus a correctness line (max abs error against a float64 SDPA math reference) and
-a run-to-run determinism check. Implementations: flash_attn_det in deterministic
-mode ("fad det") and in fast mode ("fad fast"), torch SDPA's flash, efficient and
-cuDNN backends; a backend that errors is reported "unavailable".
+plus a correctness line (max abs error against a float64 SDPA math reference), a
+run-to-run determinism check, and a line in words saying which implementation was
+faster. Implementations: flash_attn_det in deterministic mode ("fad det") and in
+fast mode ("fad fast"); on the GPU torch SDPA's flash, efficient and cuDNN backends
+(a backend that errors is reported "unavailable"), on the CPU torch SDPA as it runs there.
+Every figure printed is measured in this run.
 
 Exit status: 0 when flash_attn_det's deterministic mode passes the invariance
 checks (batch split, decode, run-to-run), 1 otherwise. SDPA and fast-mode
-invariance are informational. The seed fork's numbers are printed beside.
+invariance are informational.
 
 Without a usable GPU (torch sees no CUDA device, or this build of flash_attn_det
-has no CUDA path) the same checks run on the CPU path at a small size (B2 L256 H4
-D64, invariance B2 vs 1+1) and the report says so; the memory check needs CUDA.
-The table goes to stdout, progress lines to stderr.
+has no CUDA kernels) the same checks run on the CPU path at a small size (B2 L256 H4
+D64, invariance B2 vs 1+1) and the report says so, and how to build the kernels; the
+memory check needs CUDA. The table goes to stdout, progress lines to stderr.
 """
 import argparse
 import contextlib
@@ -48,10 +50,6 @@ except ImportError:  # torch < 2.3: SDPA rows are reported unavailable
     SDPBackend = sdpa_kernel = None
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-# The seed fork's verification report, printed beside ours for comparison.
-SEED = {"memory_mb": 650.0, "memory_baseline_mb": 33.0, "memory_ratio": 18.7,
-        "slowdown_vs_standard": 2.2}
 
 # Default sizes (B, L, H, D); decode = (batch, keys).
 GPU_DEFAULTS = {"memory": (4, 2048, 32, 64), "perf": (8, 4096, 32, 64),
@@ -116,6 +114,8 @@ class Impl:
     def context(self):
         if self.is_fad:
             return _fad_mode(self.det)
+        if self.backend is None:  # (the CPU: SDPA picks its own kernel)
+            return contextlib.nullcontext()
         if sdpa_kernel is None:
             raise RuntimeError("torch.nn.attention.sdpa_kernel needs torch >= 2.3")
         return sdpa_kernel(self.backend)
@@ -151,8 +151,11 @@ class Impl:
                                                if reasons else "")) from None
 
 
-def make_impls():
+def make_impls(on_cpu):
+    """flash_attn_det's two modes and the SDPA backends that can exist on this device."""
     impls = [Impl("fad_det", "fad det", det=True), Impl("fad_fast", "fad fast", det=False)]
+    if on_cpu:  # SDPA's GPU backends cannot run here: one row for SDPA as the CPU runs it
+        return impls + [Impl("sdpa", "sdpa (cpu)")]
     names = [("sdpa_flash", "sdpa flash", "FLASH_ATTENTION", False),
              ("sdpa_efficient", "sdpa efficient", "EFFICIENT_ATTENTION", False),
              ("sdpa_cudnn", "sdpa cudnn", "CUDNN_ATTENTION", False),
@@ -370,11 +373,13 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
     p(f"{mem} | perf {_shape_str(cfg['perf'])} non-causal, median of {cfg['iters']} | "
       f"invariance B{Bi} vs {Bi // 2}+{Bi - Bi // 2} L{cfg['invariance'][1]}; decode 1 q x "
       f"{cfg['decode'][1]} keys, B1 vs B{cfg['decode'][0]} | t_det/t = det time / impl time")
-    hdr = (f"{'impl':<16}{'extra MB':>9}{'vs flash':>9}{'ms':>9}{'TFLOP/s':>9}"
+    mem_cols = not info["on_cpu"]  # (memory is measured on the GPU only)
+    hdr = (f"{'impl':<16}" + (f"{'extra MB':>9}{'vs flash':>9}" if mem_cols else "") +
+           f"{'ms':>9}{'TFLOP/s':>9}"
            f"{'t_det/t':>9}  {'batch split':<17}decode B1 in B{cfg['decode'][0]}")
     p(hdr)
     det_ms = res["fad_det"].get("ms")
-    flash_mb = res["sdpa_flash"].get("extra_mb")
+    flash_mb = res.get("sdpa_flash", {}).get("extra_mb")
     for impl in impls:
         r = res[impl.key]
         if impl.error:
@@ -391,7 +396,7 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
         else:
             ms_s = f"{'err':>9}{'-':>9}"
         slow = f"{det_ms / ms:8.2f}x" if ms and det_ms else f"{'-':>9}"
-        p(f"{impl.label:<16}{mb_s}{ratio}{ms_s}{slow}  "
+        p(f"{impl.label:<16}{mb_s + ratio if mem_cols else ''}{ms_s}{slow}  "
           f"{_fmt_eq(r.get('batch_equal'), r.get('batch_max_diff')):<17}"
           f"{_fmt_eq(r.get('decode_equal'), r.get('decode_max_diff')):<17}")
     errs = [f"{impl.label}: {k.split('_')[0]} {v}" for impl in impls if not impl.error
@@ -403,13 +408,37 @@ def print_report(info, cfg, impls, res, correctness, passed, out=sys.stdout):
     p(f"correctness: max |out - float64 math ref| over {correctness.get('reference_sequences', 0)}"
       f" seq of perf config: {corr or 'n/a'}")
     rerun = res["fad_det"].get("rerun_equal")
-    p(f"determinism: fad det 3 reruns bit-identical: {'yes' if rerun else 'NO'}"
-      f" | seed fork: {SEED['memory_mb']:.0f} MB vs {SEED['memory_baseline_mb']:.0f} MB "
-      f"({SEED['memory_ratio']}x), {SEED['slowdown_vs_standard']}x slower")
+    p(f"determinism: fad det 3 reruns bit-identical: {'yes' if rerun else 'NO'}")
+    for line in _in_words(impls, res):
+        p(line)
+    if info["on_cpu"]:
+        p(f"build: {info['build']}")
     verdict = "PASS" if passed else "FAIL"
     p(f"RESULT: {verdict}: flash_attn_det deterministic mode "
       f"{'is' if passed else 'is NOT'} batch-invariant and run-to-run identical"
       f"{' (CPU path)' if info['on_cpu'] else ''}")
+
+
+def _in_words(impls, res):
+    """Which implementation was faster (and used less memory), from this run's figures."""
+    det = res["fad_det"]
+    lines = []
+    for impl in impls:
+        r = res[impl.key]
+        if impl.key == "fad_det" or impl.error:
+            continue
+        if det.get("ms") and r.get("ms"):
+            a, b = det["ms"], r["ms"]
+            if a <= b:
+                lines.append(f"speed: fad det is {b / a:.2f}x as fast as {impl.label} "
+                             f"({a:.3f} ms against {b:.3f} ms)")
+            else:
+                lines.append(f"speed: {impl.label} is {a / b:.2f}x as fast as fad det "
+                             f"({b:.3f} ms against {a:.3f} ms)")
+        if det.get("extra_mb") is not None and r.get("extra_mb") is not None:
+            lines.append(f"memory: fad det used {det['extra_mb']:.1f} MB beyond inputs and "
+                         f"output, {impl.label} {r['extra_mb']:.1f} MB")
+    return lines
 
 
 # --------------------------------------------------------------------------
@@ -421,9 +450,12 @@ def _environment():
     fad_cuda = flash_attn_det.has_cuda()
     info = {"flash_attn_det": flash_attn_det.__version__, "torch": torch.__version__,
             "python": platform.python_version(), "on_cpu": not (cuda_ok and fad_cuda)}
+    info["build"] = ("CUDA kernels and the CPU path" if fad_cuda else
+                     "CPU-only module (no CUDA kernels); to build the kernels, reinstall with "
+                     "FLASH_ATTN_DET_CUDA=1 pip install -e . (README, Install)")
     if info["on_cpu"]:
         info["cpu_reason"] = ("no CUDA device visible to torch" if not cuda_ok else
-                              "this flash_attn_det build has no CUDA path")
+                              "this flash_attn_det build has no CUDA kernels")
         info["device"] = f"CPU {platform.processor() or platform.machine()} " \
                          f"({torch.get_num_threads()} threads)"
     else:
@@ -459,9 +491,9 @@ def _config(args, on_cpu):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         prog="flash-attn-det",
-        description="Reproduce the seed verification report (memory, performance, batch "
-                    "invariance) for flash_attn_det beside torch SDPA. Exit 0 when deterministic "
-                    "mode is batch-invariant.")
+        description="Check this install of flash_attn_det: memory, speed and batch "
+                    "invariance beside torch SDPA, every figure measured in this run. Exit 0 "
+                    "when deterministic mode is batch-invariant.")
     ap.add_argument("--batch", type=int, help="batch of every check (defaults: memory 4, "
                     "perf 8, invariance 8; CPU 2)")
     ap.add_argument("--seqlen", type=int, help="seqlen of every check and decode keys "
@@ -485,11 +517,12 @@ def main(argv=None):
     cfg = _config(args, info["on_cpu"])
     device = torch.device("cpu" if info["on_cpu"] else "cuda")
     dtype = DTYPES[args.dtype]
+    _log(f"build: {flash_attn_det._C.BUILD}")  # what setup.py built on this machine, and why
     if info["on_cpu"]:
         _log(f"running on CPU: {info['cpu_reason']}")
     _log(f"device: {info['device']}")
 
-    impls = make_impls()
+    impls = make_impls(info["on_cpu"])
     res = {impl.key: {} for impl in impls}
     correctness = {}
     with torch.no_grad():
@@ -515,7 +548,7 @@ def main(argv=None):
     passed = bool(det.get("batch_equal") and det.get("decode_equal") and det.get("rerun_equal"))
     print_report(info, cfg, impls, res, correctness, passed)
     if args.json:
-        doc = {"env": info, "config": cfg, "seed_report": SEED, "passed": passed,
+        doc = {"env": info, "config": cfg, "passed": passed,
                "impls": {impl.key: dict(res[impl.key], label=impl.label,
                                         unavailable=impl.error) for impl in impls},
                "correctness_max_abs_err": correctness}

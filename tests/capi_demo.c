@@ -437,6 +437,31 @@ static void dump(const problem *pr, const char *dir)
     }
 }
 
+/* For each head dim D = 8, 16, ..., 256: a one-row problem run with softmax_scale 0 (the
+ * C API's default), dumped as scale_D<D>.bin = q | k | v | out | lse, for the comparison
+ * with the Python API's default, head_dim ** -0.5 (tests/test_capi.py). */
+static void dump_default_scale(const char *dir)
+{
+    for (int D = 8; D <= FAD_MAX_HEAD_DIM; D += 8) {
+        const config c = {1, 1, 3, 1, 1, D, 0, -1, -1, 0.f, 0, 512};
+        problem pr;
+        fad_fwd_params p;
+        char msg[256] = "", path[1024];
+        problem_init(&pr, &c);
+        fill_params(&p, &pr, pr.q, pr.k, pr.v, pr.out, pr.lse, pr.alibi);
+        p.softmax_scale = 0.f;
+        fad_status st = fad_fwd_cpu(&p, msg, sizeof msg);
+        snprintf(path, sizeof path, "%s/scale_D%d.bin", dir, D);
+        FILE *f = st == FAD_OK ? fopen(path, "wb") : NULL;
+        const int ok = f && fwrite(pr.q, 2, pr.nq, f) == pr.nq && fwrite(pr.k, 2, pr.nk, f) == pr.nk &&
+                       fwrite(pr.v, 2, pr.nk, f) == pr.nk && fwrite(pr.out, 2, pr.nq, f) == pr.nq &&
+                       fwrite(pr.lse, 4, pr.nlse, f) == pr.nlse;
+        if (f) fclose(f);
+        if (!ok) check("dump", 0, st == FAD_OK ? path : msg);
+        problem_free(&pr);
+    }
+}
+
 /* --- the CUDA entry ------------------------------------------------------- */
 
 #ifdef FAD_DEMO_CUDA
@@ -563,6 +588,9 @@ int main(int argc, char **argv)
         if (idx == 0 && dump_dir) dump(&pr, dump_dir);
         problem_free(&pr);
     }
+#ifndef FAD_DEMO_CUDA
+    if (dump_dir) dump_default_scale(dump_dir); /* (last: it draws from the inputs' LCG) */
+#endif
     if (g_failed) {
         printf("FAILED %d\n", g_failed);
         return 1;

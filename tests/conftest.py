@@ -33,13 +33,10 @@ UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 @pytest.fixture(autouse=True)
 def _restore_mode():
     """Every test starts from, and leaves behind, the default mode."""
-    saved = dict(mode._state)
-    mode._state.update(enabled=True, split_size=512, schedule=_C.SCHEDULE_AUTO, index_checks=False)
-    mode._sync()
+    saved = mode.state()
+    mode.restore((True, _C.DEFAULT_SPLIT_SIZE, _C.SCHEDULE_AUTO, False))
     yield
-    mode._state.clear()
-    mode._state.update(saved)
-    mode._sync()
+    mode.restore(saved)
 
 
 def warm_up_for_capture(step, calls=2):
@@ -209,9 +206,9 @@ def raw_fwd(q, k, v, out, lse, alibi=None, softmax_scale=None, softcap=0.0, wind
 def workspace_bytes(q, k):
     """Bytes of workspace the CUDA forward asks for q, k under the current mode."""
     B, Sq, H, D = q.shape
-    return _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(mode._state["enabled"]),
-                                 mode._state["split_size"], mode._state["schedule"],
-                                 q.device.index or 0)
+    det, split_size, schedule = mode.current()
+    return _C.fwd_workspace_size(B, Sq, k.shape[1], H, k.shape[2], D, int(det), split_size,
+                                 schedule, q.device.index or 0)
 
 
 def row_mask_count(Sq, Sk, window, causal):

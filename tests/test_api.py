@@ -30,6 +30,18 @@ def test_mode_defaults_and_roundtrip():
     assert get_split_size() == 512
 
 
+def test_mode_has_one_copy_in_the_c_module():
+    # the Python getters read the C module's state, which the C inference entries read too:
+    # a mode set through _C directly is what the Python API reports
+    assert _C.DEFAULT_SPLIT_SIZE == 512 and _C.get_mode() == (True, 512, _C.SCHEDULE_AUTO)
+    _C.set_mode(0, 1024, _C.SCHEDULE_AUTO)
+    try:
+        assert get_deterministic_mode() is False and get_split_size() == 1024
+    finally:
+        set_deterministic_mode()
+    assert _C.get_mode() == (True, 512, _C.SCHEDULE_AUTO)
+
+
 @pytest.mark.parametrize("bad", [0, 100, -128, 1.5, 127, 129, True, "512", None, 2**24 + 128,
                                  2**31 - 128])
 def test_split_size_rejected(bad):
@@ -41,21 +53,21 @@ def test_split_size_rejected(bad):
 
 
 def test_force_schedule_sets_and_restores():
-    assert mode._state["schedule"] == _C.SCHEDULE_AUTO
+    assert mode.current()[2] == _C.SCHEDULE_AUTO
     with force_schedule("one_cta"):
-        assert mode._state["schedule"] == _C.SCHEDULE_ONE_CTA
+        assert mode.current()[2] == _C.SCHEDULE_ONE_CTA
         with force_schedule("cta_per_split"):
-            assert mode._state["schedule"] == _C.SCHEDULE_CTA_PER_SPLIT
-        assert mode._state["schedule"] == _C.SCHEDULE_ONE_CTA
-    assert mode._state["schedule"] == _C.SCHEDULE_AUTO
+            assert mode.current()[2] == _C.SCHEDULE_CTA_PER_SPLIT
+        assert mode.current()[2] == _C.SCHEDULE_ONE_CTA
+    assert mode.current()[2] == _C.SCHEDULE_AUTO
     with pytest.raises(RuntimeError):
         with force_schedule("cta_per_split"):
             raise RuntimeError("boom")
-    assert mode._state["schedule"] == _C.SCHEDULE_AUTO
+    assert mode.current()[2] == _C.SCHEDULE_AUTO
     with pytest.raises(ValueError):
         with force_schedule("fastest"):
             pass
-    assert mode._state["schedule"] == _C.SCHEDULE_AUTO
+    assert mode.current()[2] == _C.SCHEDULE_AUTO
 
 
 def test_module_constants():

@@ -1,4 +1,4 @@
-"""flash_attn_with_kvcache's append + rotary kernel (csrc/fad_append.cu) against the torch-op
+"""flash_attn_with_kvcache's append + rotary kernel (csrc/cuda/append.cu) against the torch-op
 version that the CPU path runs (interface._kvcache_append): the same bits for the rotated
 queries and for every cache row, contiguous and paged, and no write outside the rows a
 sequence owns. GPU only; the CPU path's own tests are in test_kvcache.py."""

@@ -1,5 +1,5 @@
 """Bad arguments raise an exception that names the argument, on every path (the C inference
-entries and the general Python path), and leave the mode as it was (issue 24, items 2, 4-6)."""
+entries and the general Python path), and leave the mode as it was."""
 import math
 
 import pytest

@@ -167,7 +167,7 @@ def _gpu_inputs(seed, shapes, dtype=torch.bfloat16):
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(64, 32)), dict(softcap=4.0)],
                          ids=["causal", "window", "softcap"])
 def test_gpu_grads_batch_invariant_and_run_to_run(kw):
-    """The seed test for gradients: B=8 against the same sequences as 4 + 4 and alone."""
+    """The batch-split test for gradients: B=8 against the same sequences as 4 + 4 and alone."""
     B, S, H, Hk, D = 8, 333, 8, 2, 128
     q, k, v, dout = _gpu_inputs(41, [(B, S, h, D) for h in (H, Hk, Hk, H)])
     full = grads(fad.flash_attn_func, q, k, v, dout, **kw)

@@ -2,7 +2,9 @@
 
 The CPU variant is compiled with gcc against the C core (no Python, no torch)
 and runs everywhere gcc is present. The CUDA variant links the kernel files
-of csrc/cuda/ built by nvcc; it is built when nvcc is present and run when a GPU is.
+of csrc/cuda/ built by nvcc, the files and flags setup.py's build takes for the
+GPU's arch; it is built and run only where a GPU and nvcc are (a build that
+could not run is minutes of nvcc for nothing).
 """
 import math
 import os
@@ -20,7 +22,7 @@ from conftest import HAS_CUDA
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 sys.path.insert(0, os.path.join(ROOT, "build_backend"))
-from fad_toolchain import system_nvcc  # noqa: E402  (the build's own rule for finding nvcc)
+from fad_toolchain import cuda_compiles, system_nvcc  # noqa: E402  (the build's own rules)
 DEMO = os.path.join(ROOT, "tests", "capi_demo.c")
 # the C core and the CPU path (setup.py's C_SOURCES without the CPython glue)
 CPU_SOURCES = ("fad_core.c", "fad_cpu.c", "cpu/kernels.c", "cpu/threads.c")
@@ -88,35 +90,35 @@ def cpu_demo(tmp_path_factory):
 
 
 def _cuda_arch():
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"{major}{minor}"
-    archs = os.environ.get("FLASH_ATTN_DET_CUDA_ARCHS", "90")
-    return archs.replace(",", ";").split(";")[0].strip()
+    """The family arch of this GPU, as the build picks it (8.x: 80; 9.0 on: 90)."""
+    major, _ = torch.cuda.get_device_capability()
+    return "80" if major == 8 else "90"
 
 
 @pytest.fixture(scope="module")
 def cuda_demo_exe(tmp_path_factory):
+    if not HAS_CUDA:
+        pytest.skip("no CUDA GPU: the CUDA demo is built only where it can run")
     nvcc = system_nvcc()
     if nvcc is None or shutil.which("gcc") is None:
         pytest.skip("nvcc or gcc not found")
     d = str(tmp_path_factory.mktemp("capi_cuda"))
     arch = _cuda_arch()
     objs = []
-    for src in CPU_SOURCES:
+    for src in CPU_SOURCES + ("blocks_cpu.c",):  # (blocks_cpu.c: cuda/rows.cu's checks)
         obj = os.path.join(d, os.path.basename(src) + ".o")
         r = subprocess.run(["gcc", "-c"] + CFLAGS + [os.path.join(CSRC, src), "-o", obj],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         objs.append(obj)
     cuda_dir = os.path.join(CSRC, "cuda")
-    cuda_srcs = sorted(f for f in os.listdir(cuda_dir) if f.endswith(".cu"))
-    cuda_objs = [os.path.join(d, src + ".o") for src in cuda_srcs]
+    plan = cuda_compiles(arch, sorted(f for f in os.listdir(cuda_dir) if f.endswith(".cu")))
+    cuda_objs = [os.path.join(d, src + ".o") for src, _ in plan]
     compiles = [  # the kernel files compile side by side
         subprocess.Popen([nvcc, "-c", "-O2", "-std=c++17", os.path.join(cuda_dir, src), "-I" + CSRC,
-                          "--expt-relaxed-constexpr", f"-arch=sm_{arch}", "-o", obj],
+                          "--expt-relaxed-constexpr", *gencode, "-o", obj],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for src, obj in zip(cuda_srcs, cuda_objs)
+        for (src, gencode), obj in zip(plan, cuda_objs)
     ]
     for job in compiles:
         out, err = job.communicate(timeout=900)
@@ -191,6 +193,28 @@ def test_cpu_demo_bits_equal_python_api(cpu_demo):
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert torch.equal(out, out_c)
     assert torch.equal(lse, lse_c)
+
+
+def test_cpu_demo_default_scale_bits_equal_python_api(cpu_demo):
+    """softmax_scale 0 in the C API and softmax_scale=None in Python are one scale: the
+    same bits of out and lse at every head dim the C API takes (one row, three keys, so
+    lse carries the scale's every bit)."""
+    import flash_attn_det
+    set_deterministic_mode(True, split_size=512)
+    for D in range(8, 257, 8):
+        with open(os.path.join(cpu_demo.dump, f"scale_D{D}.bin"), "rb") as f:
+            raw = bytearray(f.read())
+        sizes = [D, 3 * D, 3 * D, D]  # q, k, v, out (bf16); then lse (one fp32)
+        assert len(raw) == 2 * sum(sizes) + 4, (D, len(raw))
+        parts, off = [], 0
+        for n in sizes:
+            parts.append(torch.frombuffer(raw, dtype=torch.bfloat16, count=n, offset=off))
+            off += 2 * n
+        lse_c = torch.frombuffer(raw, dtype=torch.float32, count=1, offset=off)
+        q, k, v, out_c = (t.reshape(1, -1, 1, D) for t in parts)
+        out, lse, _ = flash_attn_det.flash_attn_func(q, k, v, return_attn_probs=True)
+        assert torch.equal(out, out_c), D
+        assert torch.equal(lse.reshape(1), lse_c), (D, lse.item(), lse_c.item())
 
 
 # --- CUDA ---------------------------------------------------------------------

@@ -19,8 +19,8 @@ SPLITS = [128, 512]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("device,split_size", on_devices(cpu=SPLITS, cuda=[512]))
 @pytest.mark.parametrize("causal", [False, True])
-def test_seed_batch8_vs_two_batches_of_4(device, dtype, split_size, causal):
-    """The seed report's check: a batch of 8 equals two batches of 4."""
+def test_batch8_vs_two_batches_of_4(device, dtype, split_size, causal):
+    """The smallest clause of the contract: a batch of 8 equals two batches of 4."""
     set_deterministic_mode(True, split_size=split_size)
     L, H = (300, 2) if device == "cpu" else (2048, 32)
     q, k, v = make_qkv(make_gen(100), 8, L, L, H, H, 64, dtype, device)

@@ -1,4 +1,4 @@
-"""Dropout (issue 22, item 4): the keep mask is Philox4x32-7 keyed only by the generator's
+"""Dropout: the keep mask is Philox4x32-7 keyed only by the generator's
 seed and offset, the head and the positions (flash_attn_det/dropout.py, csrc/fad_math.h), so
 a sequence's dropped elements and its output and gradient bits do not depend on the batch.
 Checked on both paths against a float64 reference that uses the mask of dropout.keep_mask

@@ -1,4 +1,4 @@
-"""flash_attn v2.8.3's own test file, unmodified, on flash_attn_det's CPU path (issue 22): a
+"""flash_attn v2.8.3's own test file, unmodified, on flash_attn_det's CPU path: a
 CPU-sized random sample of its parametrizations (tests/fa_compat/fa_compat_plugin.py,
 FA_DEVICE=cpu), run in a subprocess. The file is fetched from the flash-attn 2.8.3 sdist into
 tests/fa_compat/.cache/ (tests/fa_compat/fetch.py); without network and without a cached copy

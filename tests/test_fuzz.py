@@ -1,4 +1,4 @@
-"""A fuzzer of the public entry points (issue 24, item 2), with hypothesis: generated calls of
+"""A fuzzer of the public entry points, with hypothesis: generated calls of
 flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache and set_deterministic_mode,
 valid and not (dtypes, ranks, head dims, views with odd strides, expand()ed caches, NaN/Inf,
 scales, windows, softcaps, ALiBi shapes, index tensors, lengths, modes). For every case:
@@ -73,13 +73,13 @@ OUTCOMES = collections.Counter()  # (entry, "ok" or the exception type) -> cases
 
 def _call(fn, args):
     """fn(**args): ('ok', result) or ('raised', exception), checking what a raise must keep."""
-    before, mode_before = _snapshot(args), dict(mode._state)
+    before, mode_before = _snapshot(args), mode.state()
     try:
         res = fn(**args)
     except DOCUMENTED as exc:
         assert NAMED.match(str(exc)), f"{type(exc).__name__} not naming its argument: {exc}"
         _unchanged(before, args)
-        assert mode._state == mode_before, "the mode changed under a call that raised"
+        assert mode.state() == mode_before, "the mode changed under a call that raised"
         OUTCOMES[(fn.__name__, type(exc).__name__)] += 1
         return "raised", exc
     OUTCOMES[(fn.__name__, "ok")] += 1
@@ -251,12 +251,12 @@ def test_flash_attn_with_kvcache(args):
 @given(st.sampled_from([True, False, None, "x"]),
        st.sampled_from([512, 128, 256, 0, 100, -128, 2 ** 24 + 128, 2 ** 31 - 128, "x", 512.0]))
 def test_set_deterministic_mode(enabled, split_size):
-    before = dict(mode._state)
+    before = mode.state()
     try:
         fad.set_deterministic_mode(enabled, split_size)
     except DOCUMENTED as exc:
         assert NAMED.match(str(exc)), exc
-        assert mode._state == before
+        assert mode.state() == before
         return
     assert fad.get_split_size() == split_size and fad.get_deterministic_mode() == bool(enabled)
 

@@ -1,4 +1,4 @@
-"""Head dims that are not a multiple of 8 (issue 22, item 1): flash_attn accepts any head dim up
+"""Head dims that are not a multiple of 8: flash_attn accepts any head dim up
 to 256 and pads it with zero columns (in Python; for the KV cache in C++, cache copy included).
 flash_attn_det does the same in every entry point, so flash_attn's tests at d=59 and d=111 run
 unmodified. Checked here: forward and gradients against float64, the default scale of the

@@ -228,7 +228,9 @@ def test_infer_kvcache_leaves_what_the_general_path_handles(device):
         fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_batch_idx=idx,
                                     block_table=table)
     with pytest.raises(TypeError, match="cache_seqlens: expected an int or an int32 tensor"):
-        fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens.long())
+        fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens.float())
+    assert torch.equal(fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens.long()),
+                       fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))  # converted
     # an int cache_seqlens goes the general way and gives the same bits
     full = torch.full((2,), 100, dtype=torch.int32, device=device)
     assert torch.equal(fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=100),
@@ -425,7 +427,9 @@ def test_infer_varlen_leaves_what_the_general_path_handles(device):
     with pytest.raises(ValueError, match="max_seqlen_q, max_seqlen_k: must be >= 0"):
         fad.flash_attn_varlen_func(q, k, v, cu, cu, -1, 7)
     with pytest.raises(TypeError, match="cu_seqlens_q: expected dtype int32"):
-        fad.flash_attn_varlen_func(q, k, v, cu.long(), cu, 7, 7)
+        fad.flash_attn_varlen_func(q, k, v, cu.float(), cu, 7, 7)
+    assert torch.equal(fad.flash_attn_varlen_func(q, k, v, cu.long(), cu, 7, 7),
+                       fad.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7))  # int64: converted
     table = torch.arange(8, dtype=torch.int32, device=device).view(2, 4)
     kp, vp = (randn(g, (8, 16, 2, 64), torch.float16, device) for _ in range(2))
     # paged KV with an input that requires grad: the forward runs (flash_attn runs it too, with

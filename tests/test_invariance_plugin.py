@@ -1,4 +1,4 @@
-"""flash_attn_det.invariance and its pytest plugin (issue 23, item 3): the batch-invariance
+"""flash_attn_det.invariance and its pytest plugin: the batch-invariance
 assertion passes on a model that keeps it and fails, naming the sequence, on one that does not;
 the divergence finder names the op that breaks it (forward and backward) and finds none where
 nothing breaks; the `invariance` fixture comes from the installed entry point."""

@@ -100,7 +100,7 @@ def test_kvcache_bad_input(device):
     with pytest.raises(ValueError, match="^block_table:"):
         call(q, kc, vc, cache_seqlens=5, block_table=i32([[0]], device))  # batch 1 != 2
     with pytest.raises(TypeError, match="^cache_seqlens:"):
-        call(q, kc, vc, cache_seqlens=torch.tensor([5, 5], device=device))  # int64
+        call(q, kc, vc, cache_seqlens=torch.tensor([5.0, 5.0], device=device))  # (int64: taken)
     with pytest.raises(ValueError, match="^cache_batch_idx:"):
         call(q, kc, vc, cache_seqlens=5, cache_batch_idx=i32([0], device))  # wrong length
     with pytest.raises(ValueError, match="^v_cache:"):

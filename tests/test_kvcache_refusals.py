@@ -1,7 +1,7 @@
 """A KV cache is the caller's state: flash_attn_with_kvcache checks everything (its own
 arguments, then the attention's, on the lengths after the append) before the append writes a
 row. Each bad call below must raise an exception naming the argument and leave k_cache,
-v_cache, cache_seqlens and q bit-identical (issue 24: on CPU tensors these used to append first
+v_cache, cache_seqlens and q bit-identical (on CPU tensors these used to append first
 and raise after)."""
 import pytest
 import torch
@@ -29,7 +29,7 @@ def _call(device, **bad):
 
 
 # Index tensors' contents are read only on the CPU: on the GPU they are not read back (no sync,
-# graph-safe), and a bad index gives NaN rows instead (README, "KV cache"). These cases are
+# graph-safe), and a bad index gives NaN rows instead (docs/api.md, "KV cache"). These cases are
 # refusals on CPU tensors only.
 HOST_ONLY = {"batch_idx range", "leftpad past seqlens"}
 
@@ -37,7 +37,7 @@ CASES = [  # (name, bad arguments, exception, text the message must contain)
     ("softcap", dict(softcap=-1.0), ValueError, "softcap"),
     ("alibi shape", dict(alibi_slopes=lambda kw, d: torch.ones(H + 1, device=d)), ValueError,
      "alibi_slopes"),
-    ("batch_idx dtype", dict(cache_batch_idx=lambda kw, d: torch.tensor([1, 0], device=d)),
+    ("batch_idx dtype", dict(cache_batch_idx=lambda kw, d: torch.tensor([1.0, 0.0], device=d)),
      TypeError, "cache_batch_idx"),
     ("batch_idx range", dict(cache_batch_idx=lambda kw, d: torch.tensor(
         [0, 7], dtype=torch.int32, device=d)), ValueError, "cache_batch_idx"),

@@ -148,7 +148,7 @@ def test_varlen_bad_input(device):
     q, k, v, cu_q, cu_k = make_varlen(gen, [10, 20], [10, 20], 2, 2, 64, torch.bfloat16, device)
     call = fad.flash_attn_varlen_func
     with pytest.raises(TypeError, match="^cu_seqlens_q:"):
-        call(q, k, v, cu_q.long(), cu_k, 20, 20)
+        call(q, k, v, cu_q.float(), cu_k, 20, 20)  # (int64: converted)
     with pytest.raises(ValueError, match="^cu_seqlens_k:"):
         call(q, k, v, cu_q, cu_k[:2], 20, 20)
     with pytest.raises(ValueError, match="^q:"):

@@ -1,5 +1,5 @@
 /*
- * fad_append.cu — flash_attn_with_kvcache's steps before attention in one
+ * append.cu — flash_attn_with_kvcache's steps before attention in one
  * kernel: rotary on q and on the new keys, new keys/values written into the
  * cache (contiguous or paged). fad.h (fad_append_params) states the semantics;
  * the torch-op version in flash_attn_det/interface.py (_kvcache_append) is the

@@ -5,7 +5,7 @@
  *
  * Same work, same order, same fragments: each variant computes what its
  * mma.sync sibling computes, chain by chain (every product a chain of k16
- * steps in increasing order, fad_wgmma.cuh), with the same element-wise math
+ * steps in increasing order, wgmma.cuh), with the same element-wise math
  * on the same accumulator layout. A wgmma chain rounds like the mma.sync
  * chain it replaces (tests/wgmma_probe.cu), so the gradients keep their
  * bits (tests/test_backward.py compares the two variants bit for bit).
@@ -51,10 +51,10 @@
  * stages, and the warpgroups above ("w" here counts from the first math one)
  * only compute: no copy and no CTA barrier per step, so the two math
  * warpgroups run out of step. The whole backward measured 1.04-1.13x faster
- * with it at D128 (docs/log/2026-11-26_notebook.md, fourth session). Whole
+ * with it at D128 (docs/design.md, "backward-order"). Whole
  * tiles (Q and dO here, K and V in the dQ kernel) come by the bulk tensor
  * copy engine where a tensor map can be made (tma.cuh; bwd_ws_args carries
- * the maps), the rest by cp.async: 0.99-1.04x more (ninth session).
+ * the maps), the rest by cp.async: 0.99-1.04x more.
  */
 #include "bwd_tile_wgmma.cuh"
 

@@ -13,8 +13,8 @@ template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
     static constexpr int kThreads = C::kDqThreads + (kWs ? 128 : 0);
     static constexpr int kStages = C::kDqStages;
     /* setmaxnreg where the launch's share (65536 / kThreads) is below what the
-     * math needs: two math warpgroups (D128, and D64 since the thirteenth
-     * session: FAD_BWD_WG_DQ_WGS_D64) */
+     * math needs: two math warpgroups (D128, and D64:
+     * FAD_BWD_WG_DQ_WGS_D64) */
     static constexpr bool kRegs = kWs && C::kDqWGs == 2;
     static constexpr int kProducerRegs = 40, kMathRegs = 232;
     static constexpr size_t kBarOffset = C::kDqSmem; /* (a multiple of 8) */

@@ -30,7 +30,7 @@
  * via ldmatrix (.trans where the contraction runs over the tile's rows), P and
  * dS fed from the accumulators straight back as A operands. On sm_90 (from an
  * sm_90a build) D <= 128 without softcap/ALiBi runs the wgmma variants of the
- * two matmul kernels instead (fad_bwd_wgmma.cuh): the same chains, the same
+ * two matmul kernels instead (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): the same chains, the same
  * bits, 1.7-1.8x faster on the H100 (docs/design.md, "wgmma-bits").
  */
 #include "bwd_block.cuh"

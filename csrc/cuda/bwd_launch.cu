@@ -37,12 +37,40 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
     return st;
 }
 
+/* Every grid of the backward is 1-D, x capped by CUDA at 2^31 - 1: checked before the
+ * first launch (dsum), for whichever kernels run, with the keys of a sequence
+ * (FAD_MAX_SEQLEN_K). A padded call is within it (the Python glue
+ * bounds its query rows), but a varlen batch of many sequences sizes its grids by the longest
+ * (batch x heads x blocks of max_seqlen_q / max_seqlen_k). (64: bwd_dsum.cu's kDsumRows.) */
+template <int kHeadDim>
+static fad_status check_grids(const fad_fwd_params &p, char *msg, size_t msg_len)
+{
+    using C = bwd_cfg<kHeadDim>;
+    using W = bwd_wg_cfg<kHeadDim>;
+    auto blocks = [](int n, int per) { return ((int64_t)n + per - 1) / per; };
+    const int rows = C::kRows < W::kRows ? (C::kRows < 64 ? C::kRows : 64) : (W::kRows < 64 ? W::kRows : 64);
+    const int64_t dq = blocks(p.seqlen_q, rows) * p.batch * p.num_heads;
+    const int64_t mma = blocks(p.seqlen_k, C::kKeys) * C::kColSplit, wg = blocks(p.seqlen_k, W::kKeys);
+    const int64_t dkdv = (mma > wg ? mma : wg) * p.batch * p.num_heads_k;
+    const fad_status st = fad_check_seqlen_k(p.seqlen_k, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (dq <= 0x7fffffff && dkdv <= 0x7fffffff)
+        return FAD_OK;
+    return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                    "batch, num_heads, seqlen_q, seqlen_k: the backward needs %lld CTAs (batch %d "
+                    "x heads x blocks of the longest sequence), past CUDA's grid limit of 2^31 - 1",
+                    (long long)(dq > dkdv ? dq : dkdv), p.batch);
+}
+
 template <typename T, int kHeadDim, bool kMod>
 static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = bwd_cfg<kHeadDim>;
     int wgmma = 0;
-    fad_status st = FAD_OK;
+    fad_status st = check_grids<kHeadDim>(a.p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     /* (a score mod with dropout stays on mma.sync: its dK/dV wgmma build at D64
      * spilled 1.2 KB, and the pair is rare; so does D256 with dropout) */
     const bool drop = a.p.dropout_p > 0.f;
@@ -61,8 +89,9 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (wgmma)
-        return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
+    if constexpr (FAD_SM90A) /* (else the sm_90a-only kernel files are not linked) */
+        if (wgmma)
+            return launch_bwd_wgmma<T, kHeadDim, kMod>(a, stream, msg, msg_len);
     a.n_blocks = (p.seqlen_k + C::kKeys - 1) / C::kKeys;
     a.m_blocks = (p.seqlen_q + C::kRows - 1) / C::kRows;
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * C::kColSplit * p.batch * p.num_heads_k;

@@ -31,6 +31,20 @@ extern "C" fad_status fad_cuda_num_sms(int *num_sms, char *msg, size_t msg_len)
 
 extern "C" int fad_has_cuda(void) { return 1; }
 
+extern "C" fad_status fad_cuda_alloc(void **ptr, size_t bytes, char *msg, size_t msg_len)
+{
+    CUDA_TRY(cudaMalloc(ptr, bytes));
+    return FAD_OK;
+}
+
+extern "C" fad_status fad_cuda_current_device(int *dev, char *msg, size_t msg_len)
+{
+    CUDA_TRY(cudaGetDevice(dev));
+    if (*dev < 0 || *dev >= FAD_MAX_DEVICES)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "device %d: too many devices", *dev);
+    return FAD_OK;
+}
+
 extern "C" fad_status fad_cuda_set_device(int dev, int *prev, char *msg, size_t msg_len)
 {
     CUDA_TRY(cudaGetDevice(prev));
@@ -69,14 +83,14 @@ extern "C" fad_status fad_cuda_cc_major(int *major, char *msg, size_t msg_len)
     return current_device_attr(cudaDevAttrComputeCapabilityMajor, majors, major, msg, msg_len);
 }
 
-/* The sm_90a variants (the prefill kernel's, and the backward's in fad_bwd.cu)
+/* The sm_90a variants (the prefill kernel's, and the backward's: bwd_launch.cu)
  * run when this build has sm_90a code (setup.py defines FAD_SM90A) and the
  * device is sm_90, for the compile-time variants that have them (D 64 or 128,
  * no softcap or ALiBi; the prefill kernel: no paged KV).
  * FLASH_ATTN_DET_WGMMA in the environment (read once): "0" turns them off, for
  * A/B runs and for the tests that compare the two variants' bits; "force"
  * (*use = 2) also runs the backward's variants on grids too small for them
- * to pay (fad_bwd.cu), which those tests need. */
+ * to pay (bwd_launch.cu), which those tests need. */
 #ifndef FAD_SM90A
 #define FAD_SM90A 0
 #endif

@@ -127,7 +127,7 @@ __device__ __forceinline__ uint32_t dropout_halves(uint32_t m)
  * The draw of (row i, key pair pr) holds the group's 16 keys 8 w + 2 pr +
  * {0, 1}, of which one warp's 16 keys are 4: drawn by the warps that need
  * them, each draw would be made 4 times (twice, with lanes L and L ^ 4
- * sharing one through a shuffle, as these kernels did until 2026-11-26).
+ * sharing one through a shuffle, as these kernels once did).
  * Both dK/dV kernels give one warpgroup (128 threads) exactly one 64-key
  * group, so its threads make each of a step's kRows x 4 draws once
  * (dropout_draw_group), the warpgroup syncs, and each thread reads one word

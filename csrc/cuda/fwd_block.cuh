@@ -89,7 +89,7 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
  * decides bits): the kBlockN-aligned tiles of splits [s_begin, s_end) that
  * intersect keys [first.lo, last.hi) of its rows (first/last: the key ranges of
  * its first and last query row, which only grow with the row index). On the
- * CTA-per-split schedule the CTA walks split blockIdx.z only; returns false
+ * CTA-per-split schedule the CTA walks its split (split_of_cta) only; returns false
  * when that split is masked for every row (the combine skips it too). */
 template <int kBlockN>
 __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range first,
@@ -99,10 +99,11 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
     const fad_key_range keys = {first.lo, last.hi};
     int s_begin = fad_first_split(keys, S), s_end = fad_end_split(keys, S);
     if (plan.cta_per_split) {
-        if ((int)blockIdx.z < s_begin || (int)blockIdx.z >= s_end)
+        const int split = split_of_cta(); /* (fwd_launch.h's split_grid) */
+        if (split < s_begin || split >= s_end)
             return false;
-        s_begin = blockIdx.z;
-        s_end = blockIdx.z + 1;
+        s_begin = split;
+        s_end = split + 1;
     }
     *t_first = max(fad_split_keys(s_begin, S).lo, keys.lo / kBlockN * kBlockN);
     *t_last = min(min(fad_split_keys(s_end, S).lo, keys.hi), len_k);
@@ -115,7 +116,7 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
  * FAD_WG_R_REGS_MIN_D). The same rows per CTA and the same tile walk as the
  * mma.sync variant. */
 template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
-    /* Knobs in fad_config.h (measured in the notebook, docs/log/). Wide (D <=
+    /* Knobs in fad_config.h (each measured by a same-run A/B). Wide (D <=
      * FAD_WIDE_MAX_D): 32 query rows per warp (two m16 tiles), so each K/V
      * fragment read from shared memory feeds four MMAs. Otherwise 16 rows per
      * warp, Q held in registers up to D=128. Several small CTAs per SM beat one

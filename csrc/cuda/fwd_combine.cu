@@ -25,7 +25,7 @@ template <int kHeadDim, int kParts> struct combine_cfg {
      * kBatch (32 splits), whose 64-bit index math and live tests per split made the fold
      * instruction-bound: at decode B1 131k (256 splits a row) 21.3 us against
      * 11.4 staged (fast mode's 32 splits: 5.3; Nsight Compute, L2 warm;
-     * docs/log/2026-11-26_notebook.md, seventh session). A stage holds 4
+     * docs/design.md, "combine-staged"). A stage holds 4
      * floats a split holding its (m, l) pair, then its o values, split by
      * split, kC x 32 a split (this warp's columns, lane-contiguous). */
     static constexpr bool kStaged = kParts == 4 && FAD_COMBINE_STAGED;
@@ -335,9 +335,7 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
     const bool by_cols = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4;
     if (a.ws_flag && !combine_polls<kHeadDim>(a))
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: ready flags for a combine that does not poll");
-    const int rows_per_cta = by_cols ? 1 : 4;
-    const int64_t blocks =
-        (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
+    const int64_t blocks = combine_grid_x(a); /* (by_cols: a CTA a row) */
     using C4 = combine_cfg<kHeadDim, 4>;
     const bool staged = by_cols && C4::staged(a.plan.num_splits);
     void (*kernel)(fwd_args) = staged    ? combine_kernel<T, kHeadDim, 4, C4::kStaged>

@@ -75,7 +75,11 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     /* a.ws_flag (a combine that polls): this CTA's flag is cleared before the
      * combine may launch, which is once every CTA of this grid has passed
      * pdl_launch_dependents, and set once its partials are written. */
-    int *const flag = a.ws_flag ? a.ws_flag + (size_t)blockIdx.z * gridDim.x + blockIdx.x : nullptr;
+    /* (a CTA past the last split, split_grid's, has none) */
+    const int split = split_of_cta();
+    int *const flag = a.ws_flag && split < a.plan.num_splits
+                          ? a.ws_flag + (size_t)split * gridDim.x + blockIdx.x
+                          : nullptr;
     if (flag) {
         if (threadIdx.x == 0) {
             *flag = 0;
@@ -355,10 +359,8 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    dim3 grid((unsigned)packed_grid_x(a), 1,
-              plan.cta_per_split ? plan.num_splits : 1);
-    return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, grid, C::kThreads,
-                         C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
+    return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, split_grid(packed_grid_x(a), plan),
+                         C::kThreads, C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
 }
 
 #define FAD_INST(T, D, MOD, PAGED) \

@@ -36,12 +36,14 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
         /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
          * spilled 8-16 B at D128 (where, not yet read off their SASS), and
          * spills around in-flight wgmma are the suspect in the D64 failure
-         * (docs/design.md, "wgmma-limits"). */
-        constexpr bool kHasWgmma = kHeadDim <= 128 && !kMod && !kPaged;
+         * (docs/design.md, "wgmma-limits"). A build without sm_90a code
+         * (FAD_SM90A 0) references no wgmma variant, so the sm_90a-only
+         * kernel files are left out of it. */
+        constexpr bool kHasWgmma = FAD_SM90A && kHeadDim <= 128 && !kMod && !kPaged;
         /* D256 has the warp-specialized kernel only (fwd_kernel's wgmma
          * variant is for D 64 and 128); fad_core.c's make_gpu_plan reserves
          * its R pool under the same condition */
-        constexpr bool kWs256 = kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
+        constexpr bool kWs256 = FAD_SM90A && kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
         int wgmma = 0;
         fad_status st = kHasWgmma || kWs256 ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
         constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||
@@ -98,6 +100,26 @@ static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, siz
     return dispatch_paged<T, false>(a, s, msg, msg_len);
 }
 
+/* The keys of a sequence (FAD_MAX_SEQLEN_K), and grid x (CUDA's limit 2^31 - 1) of the
+ * attention kernel and of the combine, checked before the first launch: a padded call's query rows are within it (the Python glue refuses
+ * more), but a varlen batch of many sequences sizes its grid by the longest
+ * (batch x heads x blocks of max_seqlen_q). Grid y and z carry the splits (split_grid). */
+static fad_status check_grid(const fwd_args &a, char *msg, size_t msg_len)
+{
+    const fad_status st = fad_check_seqlen_k(a.p.seqlen_k, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    const int64_t attn = a.plan.packed ? packed_grid_x(a)
+                                       : (int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads;
+    const int64_t most = a.plan.cta_per_split && combine_grid_x(a) > attn ? combine_grid_x(a) : attn;
+    if (most <= 0x7fffffff)
+        return FAD_OK;
+    return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                    "batch, num_heads, seqlen_q: the forward needs %lld CTAs (batch %d x heads "
+                    "x blocks of seqlen_q %d, the longest), past CUDA's grid limit of 2^31 - 1",
+                    (long long)most, a.p.batch, a.p.seqlen_q);
+}
+
 extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan,
                                           void *workspace, struct CUstream_st *stream, char *msg,
                                           size_t msg_len)
@@ -110,6 +132,9 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_flag = plan->cta_per_split ? (int *)((char *)workspace + plan->ws_flag_offset) : nullptr;
     a.ws_r = plan->r_slots ? (float *)((char *)workspace + plan->ws_r_offset) : nullptr;
     a.ws_r_flag = plan->r_slots ? (unsigned *)((char *)workspace + plan->ws_r_flag_offset) : nullptr;
+    const fad_status st = check_grid(a, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

@@ -45,6 +45,29 @@ __host__ __device__ inline int packed_cta_x(const fwd_args &a, int b, int hk, in
     return (b * a.p.num_heads_k + hk) * a.plan.m_blocks + pr / fad_packed_block_m();
 }
 
+/* The combine's grid x: a CTA per 4 query rows of each (sequence, head), or per row where
+ * fewer than 4 (decode: its 4 warps share the row's columns). */
+__host__ __device__ inline int64_t combine_grid_x(const fwd_args &a)
+{
+    const int rows_per_cta = FAD_COMBINE_BY_COLS && a.p.seqlen_q < 4 ? 1 : 4;
+    return (int64_t)(a.p.seqlen_q + rows_per_cta - 1) / rows_per_cta * a.p.batch * a.p.num_heads;
+}
+
+/* The split CTAs of a CTA-per-split plan lie on grid y and z (x: the row blocks), which CUDA
+ * caps at 65535 each, where a long sequence has more splits (2^25 keys in 512-key splits:
+ * 65536). Up to 65535 splits, z is the split (y = 1); past that, split = y gridDim.z + z, and
+ * the y z - num_splits CTAs past the last split walk nothing (tile_walk). Which CTA runs a
+ * split never changes a bit. */
+inline dim3 split_grid(int64_t x, const fad_plan &plan)
+{
+    const int splits = plan.cta_per_split ? plan.num_splits : 1;
+    const int y = (splits + 65534) / 65535;
+    return dim3((unsigned)x, (unsigned)y, (unsigned)((splits + y - 1) / y));
+}
+#ifdef __CUDACC__
+__device__ __forceinline__ int split_of_cta() { return (int)(blockIdx.y * gridDim.z + blockIdx.z); }
+#endif
+
 /* The compile-time variants, X(T, kHeadDim, kMod, kPaged): dtype x head-dim
  * class x whether scores need a mod (softcap/ALiBi) x paged KV. */
 #define FAD_FWD_VARIANTS_D(X, T, D) X(T, D, false, false) X(T, D, false, true) X(T, D, true, false) X(T, D, true, true)

@@ -24,7 +24,7 @@
  * from XOR-swizzled shared memory through ldmatrix (.trans for V), P kept in
  * registers and fed back as the A operand, cp.async for global->shared.
  * On sm_90 (from an sm_90a build) the prefill kernel at D 64/128, without
- * softcap, ALiBi or pages, runs its wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, fad_wgmma.cuh):
+ * softcap, ALiBi or pages, runs its wgmma variant instead (fwd_cfg<D, true>, attend_tile_wgmma, wgmma.cuh):
  * each warpgroup issues S = Q K^T (Q from registers) and O += P V (P from
  * registers, V from 128-byte-swizzled shared memory) as wgmma chains, and the
  * merged result R stays in registers. The tile walk, the fragments and the
@@ -278,23 +278,25 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
     if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
                         C::kBlockM, fad_block_m(a.p.head_dim));
-    dim3 grid((unsigned)((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads), 1,
-              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    const dim3 grid = split_grid((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads, a.plan);
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return FAD_OK;
 }
 
-/* The warp-specialized kernel (fad_fwd_ws.cuh): one CTA per pair of the
+/* The warp-specialized kernel (fwd_prefill_ws.cu): one CTA per pair of the
  * plan's 64-row query blocks. */
 
 #define FAD_INST(T, D, MOD, PAGED, WG) \
     template fad_status launch_prefill<T, D, MOD, PAGED, WG>(const fwd_args &, cudaStream_t, char *, size_t);
 #define FAD_INST_ALL(T, D, MOD, PAGED) FAD_INST(T, D, MOD, PAGED, false)
 FAD_FWD_VARIANTS(FAD_INST_ALL)
-/* the wgmma variant: D 64, and D 128 where the warp-specialized kernel is off */
+/* the wgmma variant: D 64, and D 128 where the warp-specialized kernel is off;
+ * only in a build with sm_90a code, the one that launches it */
+#if FAD_SM90A
 FAD_INST(__half, 64, false, false, true)
 FAD_INST(__nv_bfloat16, 64, false, false, true)
 #if !FAD_WG_WS
 FAD_INST(__half, 128, false, false, true)
 FAD_INST(__nv_bfloat16, 128, false, false, true)
+#endif
 #endif

@@ -40,18 +40,16 @@
  * issued, while s's registers are free. (Applied after that issue instead, so
  * that the draws run under it, ptxas spilled 200 B against 86 B, and the
  * forward at p = 0.1 measured 1.48-1.62x the time of p = 0 against
- * 1.24-1.32x: docs/log/2026-11-26_notebook.md. Made by the producer
+ * 1.24-1.32x. Made by the producer
  * warpgroup into shared memory beside the stage's K/V, with a second arrival
- * on its full barrier, they measured 1.28-1.32x against 1.23-1.24x:
- * docs/log/2026-11-26_notebook.md, third session; and 1.30-1.54x against
- * 1.17-1.37x with the TMA producer otherwise idle:
- * docs/log/2026-11-27_notebook.md. Drawn for the next tile
+ * on its full barrier, they measured 1.28-1.32x against 1.23-1.24x, and
+ * 1.30-1.54x against 1.17-1.37x with the TMA producer otherwise idle
+ * (docs/design.md, "dropout-kernels"). Drawn for the next tile
  * while the consumer waits for its S, they kept 8 registers live across
  * the softmax: 112 B of spill against 28 B, and the D128 forward at p = 0.1
- * took 1.14-1.20x longer: fifth session. With Q in shared memory and no
- * spill, after the next S's issue or a tile ahead they took 1.07-1.16x
- * the time of the draws here: benchmarks/results/
- * 2026-11-27_h100_ab_fwd_dropout_q_smem.md.)
+ * took 1.14-1.20x longer. With Q in shared memory and no spill, after the
+ * next S's issue or a tile ahead they took 1.07-1.16x the time of the
+ * draws here.)
  */
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
@@ -279,8 +277,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
              * on an announcement still behind it (V(i)'s waits on O += P V of
              * tile i - 2, K(i + 2)'s on S of tile i), so the lag cannot
              * deadlock. (Measured: the K-first order alone 0.98-1.02x, the
-             * writer's fence 1.01-1.10x: benchmarks/results/
-             * 2026-11-26_h100_ab_fwd_d256_kv_order_fence.md.) */
+             * writer's fence 1.01-1.10x: docs/design.md,
+             * "warp-specialized-prefill".) */
             uint64_t *pending = nullptr; /* the full barrier of the half issued last */
             auto load_half = [&](int i, bool is_v) {
                 const int st = i % kStages, t0 = u_first + i * kBlockN;
@@ -660,8 +658,8 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
         return st;
     /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
      * plan's row blocks only size the grid of fwd_kernel) */
-    dim3 grid((unsigned)((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads), 1,
-              a.plan.cta_per_split ? a.plan.num_splits : 1);
+    const dim3 grid =
+        split_grid((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads, a.plan);
     fwd_ws_args wa;
     wa.a = a;
     /* (the producer's whole K/V tiles through the copy engine where it can) */

@@ -185,7 +185,7 @@ __device__ __forceinline__ void softmax_max(float (&s)[kMT][kNB][4], float (&m_t
  * current split for everything but acc -- the new max m_s, S -> P in place,
  * l_s -- and leaves acc's factors in scale (all_one: every factor of the
  * thread is 1); rescale_acc then applies them to acc. The warp-specialized
- * kernel (fad_fwd_ws.cuh) runs the two apart, with the previous tile's
+ * kernel (fwd_prefill_ws.cu) runs the two apart, with the previous tile's
  * O += P V finishing in between. */
 template <int kMT, int kNB>
 __device__ __forceinline__ void softmax_exp_p(float (&s)[kMT][kNB][4], float (&m_s)[2 * kMT],

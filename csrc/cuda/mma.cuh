@@ -1,5 +1,5 @@
 /*
- * fad_mma.cuh — the CUDA primitives every kernel file shares: the error macro,
+ * mma.cuh — the CUDA primitives every kernel file shares: the error macro,
  * dtype traits (fp32 pair packing and the matching mma.sync.m16n8k16), cp.async,
  * ldmatrix, the XOR-swizzled shared-memory tile layout and its addressing, the
  * global->shared tile copy, the fixed-order reductions over a row's 4 lanes, and
@@ -196,7 +196,7 @@ template <int kHeadDim> __device__ __forceinline__ int swz(int row, int col)
     return row * kHeadDim + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
 
-/* The wgmma tile layout (128-byte swizzle, fad_wgmma.cuh): a tile of kRows
+/* The wgmma tile layout (128-byte swizzle, wgmma.cuh): a tile of kRows
  * rows is kHeadDim/64 column blocks of kRows x 64 elements, block after
  * block; chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row. */
 template <int kRows> __host__ __device__ __forceinline__ int swz128(int row, int col)

@@ -1,5 +1,5 @@
 /*
- * fad_wgmma.cuh — Hopper warpgroup MMA (wgmma, sm_90a) for the forward kernel:
+ * wgmma.cuh — Hopper warpgroup MMA (wgmma, sm_90a) for the forward kernel:
  * shared-memory matrix descriptors, the instruction shapes the kernel issues
  * (A from shared memory or registers, B K-major or MN-major), and the fences
  * around them.
@@ -7,14 +7,14 @@
  * A warpgroup (4 consecutive warps, the first one's index divisible by 4)
  * issues one wgmma for a 64-row M tile; warp w of the group owns rows
  * 16w .. 16w + 15. Per warp the fragments are those of mma.sync.m16n8k16
- * (fad_mma.cuh): the accumulator of an m64nN wgmma is N/8 blocks of 4 floats,
+ * (mma.cuh): the accumulator of an m64nN wgmma is N/8 blocks of 4 floats,
  * block j holding columns 8j + 2*(lane%4) + {0, 1} of rows lane/4 and
  * lane/4 + 8, the layout of N/8 m16n8 accumulators side by side; the A operand
  * from registers is an m16n8k16 A fragment. So the softmax between the two
  * products is the same code, on the same registers, as the mma.sync path's.
  *
  * Shared-memory tiles for wgmma use the 128-byte swizzle (swz128 in
- * fad_mma.cuh): a tile of R rows x kHeadDim 16-bit columns is stored as
+ * mma.cuh): a tile of R rows x kHeadDim 16-bit columns is stored as
  * kHeadDim/64 column blocks of R rows x 128 bytes, block after block; inside
  * a block the 16-byte chunk c of row r sits at chunk c ^ (r % 8). Tiles start
  * 1024-byte aligned, which is what the descriptors' zero base offset assumes.
@@ -24,7 +24,7 @@
  * A wgmma reads its register operands and writes its accumulators after it
  * is issued, until its wgmma_wait: nothing may touch them in between. The
  * kernels run this path only in builds where no spilled value is live while
- * a wgmma is in flight (fad_fwd.cu, launch; checked in the SASS: the D128
+ * a wgmma is in flight (fwd_launch.cu, launch; checked in the SASS: the D128
  * build's few spills are stored before the first wgmma and reloaded after
  * the tile loop's last wait), since a spilled and reloaded operand is the
  * suspect in the one wrong-result case measured (docs/design.md,
@@ -76,7 +76,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* mbarriers (shared-memory arrive/wait barriers with a phase bit), for the
- * warp-specialized prefill kernel (fad_fwd_ws.cuh): a producer warpgroup
+ * warp-specialized prefill kernel (fwd_prefill_ws.cu): a producer warpgroup
  * fills pipeline stages with cp.async and consumer warpgroups release them,
  * with no CTA-wide barrier in the loop. A barrier completes a phase when its
  * expected count of arrivals has come; waiters name the phase by its parity. */
@@ -226,7 +226,7 @@ FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, FAD_
 FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, FAD_A64, "%69")
 #else
 /* Other targets compile the sm_90a kernels too (one template set); the host
- * launches them only on sm_90 from an sm_90a build (fad_fwd.cu: use_wgmma). */
+ * launches them only on sm_90 from an sm_90a build (device.cu: use_wgmma). */
 template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>

@@ -248,19 +248,54 @@ int check_contiguous(const DLTensor *t, const char *name)
     return -1;
 }
 
-/* A tensor the call writes in place must give every element its own memory: an expand()ed
- * cache (stride 0 on a dim of size > 1) would let every sequence's rows land in one place, each
- * append overwriting the last. (Exact: stride 0 always aliases. Other overlapping strides are
- * not looked for: telling them from legal interleaved views is not cheap.) */
+/* A tensor the call writes must give every element its own memory, or the result depends on
+ * which write lands last: an expand()ed cache (stride 0) puts every sequence's rows in one
+ * place; an as_strided view whose row stride is shorter than a row makes rows share their
+ * tails. The test: the dims of size > 1, sorted by |stride| (innermost first), must each step
+ * at least past the span of the dims inside it (span = 1 + sum of (size - 1) * |stride| over
+ * them). Every tensor it accepts is free of overlap; it refuses every overlapping one, and also
+ * a few that interleave without overlap (shape (3, 2), strides (2, 3): offsets 0, 2, 4, 3, 5,
+ * 7), which no layout torch, a KV cache or fad.h's params produce. Row-major, padded,
+ * transposed, sliced and permuted views all pass. */
 int check_no_overlap(const DLTensor *t, const char *name)
 {
+    enum { MAX_DIMS = 8 };
+    int64_t stride[MAX_DIMS], size[MAX_DIMS];
+    int dim[MAX_DIMS], n = 0;
     for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 1 && tensor_stride(t, d) == 0) {
+        if (t->shape[d] == 0)
+            return 0; /* nothing is written */
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] <= 1)
+            continue;
+        const int64_t st = tensor_stride(t, d);
+        if (st == 0) {
             PyErr_Format(PyExc_ValueError,
                          "%s: dim %d has stride 0 (an expand()ed tensor?): its rows share memory, "
                          "and it is written in place", name, d);
             return -1;
         }
+        if (n == MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "%s: more than %d dims of size > 1", name, MAX_DIMS);
+            return -1;
+        }
+        int i = n++; /* insertion sort by |stride| */
+        for (; i > 0 && stride[i - 1] > (st < 0 ? -st : st); i--)
+            stride[i] = stride[i - 1], size[i] = size[i - 1], dim[i] = dim[i - 1];
+        stride[i] = st < 0 ? -st : st, size[i] = t->shape[d], dim[i] = d;
+    }
+    int64_t span = 1;
+    for (int i = 0; i < n; i++) {
+        if (stride[i] < span) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: its elements overlap in memory (dim %d's stride %lld is less than "
+                         "%lld, the span of the dims inside it), and it is written in place",
+                         name, dim[i], (long long)stride[i], (long long)span);
+            return -1;
+        }
+        const int64_t reach = mul_sat(size[i] - 1, stride[i]); /* (saturating: no overflow) */
+        span = reach > INT64_MAX - span ? INT64_MAX : span + reach;
+    }
     return 0;
 }
 
@@ -316,13 +351,33 @@ int check_q(const DLTensor *q, int ndim)
     return check_tensor(q, q, "q", q->dtype.code, 16, ndim, any);
 }
 
+/* Lengths, heads, batch and the query rows of a call (batch x seqlen x heads: the grid's
+ * CTAs and the rows of softmax_lse are counted in int) are at most 2^31 - 1. */
 int fits_int(int64_t x, const char *name)
 {
     if (x > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: %lld does not fit in 32 bits", name, (long long)x);
+        PyErr_Format(PyExc_ValueError, "%s: %lld is past the limit of 2^31 - 1", name,
+                     (long long)x);
         return -1;
     }
     return 0;
+}
+
+/* A sequence's keys (FAD_MAX_SEQLEN_K, fad_internal.h, says why not 2^31 - 1). */
+static int fits_keys(int64_t n, const char *name)
+{
+    if (n > FAD_MAX_SEQLEN_K) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld keys in a sequence, past the limit of 2^31 - 2^16 "
+                     "(%d)", name, (long long)n, FAD_MAX_SEQLEN_K);
+        return -1;
+    }
+    return 0;
+}
+
+/* a * b for sizes a, b >= 0, INT64_MAX where that would overflow */
+int64_t mul_sat(int64_t a, int64_t b)
+{
+    return a && b > INT64_MAX / a ? INT64_MAX : a * b;
 }
 
 /* out (shaped like q, already checked): its pointer and strides into p, whose
@@ -370,10 +425,11 @@ int check_fwd(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLT
     const int64_t Sk = k->shape[1], Hk = k->shape[2];
     const int64_t vshape[4] = {B, Sk, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     if (check_tensor(v, q, "v", code, 16, 4, vshape) ||
-        (out && check_tensor(out, q, "out", code, 16, 4, oshape)) || check_lse(lse, q, 3, lshape) ||
-        fits_int(B, "q: batch") ||
-        fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") || fits_int(Sk, "k: seqlen") ||
-        fits_int(Hk, "k: heads"))
+        (out && (check_tensor(out, q, "out", code, 16, 4, oshape) || check_no_overlap(out, "out"))) ||
+        check_lse(lse, q, 3, lshape) ||
+        fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
+        fits_int(mul_sat(mul_sat(B, Sq), H), "q: batch * seqlen * heads") ||
+        fits_keys(Sk, "k: seqlen") || fits_int(Hk, "k: heads"))
         return -1;
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
@@ -406,19 +462,21 @@ int check_fwd_kvcache(const DLTensor *q, const DLTensor *kc, const DLTensor *vc,
     const int64_t vshape[4] = {Bc, cap, Hk, D}, oshape[4] = {B, Sq, H, D}, lshape[3] = {B, H, Sq};
     const int64_t bshape[1] = {B};
     if (check_tensor(vc, q, "v_cache", code, 16, 4, vshape) ||
-        (out && check_tensor(out, q, "out", code, 16, 4, oshape)) || check_lse(lse, q, 3, lshape) ||
+        (out && (check_tensor(out, q, "out", code, 16, 4, oshape) || check_no_overlap(out, "out"))) ||
+        check_lse(lse, q, 3, lshape) ||
         check_tensor(seqlens, q, "cache_seqlens", kDLInt, 32, 1, bshape) ||
         (batch_idx && check_tensor(batch_idx, q, "cache_batch_idx", kDLInt, 32, 1, bshape)) ||
         (leftpad && check_tensor(leftpad, q, "cache_leftpad", kDLInt, 32, 1, bshape)) ||
         fits_int(B, "q: batch") || fits_int(Sq, "q: seqlen") || fits_int(H, "q: heads") ||
-        fits_int(Bc, "k_cache: batch") || fits_int(cap, "k_cache: seqlen") ||
+        fits_int(mul_sat(mul_sat(B, Sq), H), "q: batch * seqlen * heads") ||
+        fits_int(Bc, "k_cache: batch") || fits_keys(cap, "k_cache: seqlen") ||
         fits_int(Hk, "k_cache: heads"))
         return -1;
     int64_t seqlen_k = cap; /* paged: max_blocks * page_size */
     if (bt) {
         const int64_t btshape[2] = {B, -1};
         if (check_tensor(bt, q, "block_table", kDLInt, 32, 2, btshape) ||
-            fits_int(bt->shape[1] * cap, "block_table: max_blocks * page_size") ||
+            fits_keys(mul_sat(bt->shape[1], cap), "block_table: max_blocks * page_size") ||
             fits_int(tensor_stride(bt, 0), "block_table: row stride"))
             return -1;
         seqlen_k = bt->shape[1] * cap;
@@ -465,7 +523,8 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
     const int64_t oshape[3] = {Tq, H, D}, lshape[2] = {H, Tq};
     const int64_t cushape[1] = {-1};
     if (check_tensor(v, q, "v", code, 16, kd, vshape) ||
-        (out && check_tensor(out, q, "out", code, 16, 3, oshape)) || check_lse(lse, q, 2, lshape) ||
+        (out && (check_tensor(out, q, "out", code, 16, 3, oshape) || check_no_overlap(out, "out"))) ||
+        check_lse(lse, q, 2, lshape) ||
         check_tensor(cu_q, q, "cu_seqlens_q", kDLInt, 32, 1, cushape))
         return -1;
     const int64_t B = cu_q->shape[0] - 1;
@@ -479,6 +538,7 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
         (used_k && check_tensor(used_k, q, "seqused_k", kDLInt, 32, 1, usedshape)) ||
         (table && check_tensor(table, q, "block_table", kDLInt, 32, 2, tshape)) ||
         fits_int(Tq, "q: total rows") || fits_int(Tk, "k: total rows") || fits_int(H, "q: heads") ||
+        fits_int(Tq * H, "q: total rows * heads") ||
         fits_int(Hk, "k: heads"))
         return -1;
     if (max_q < 0 || max_k < 0) {
@@ -486,6 +546,8 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
                      max_q, max_k);
         return -1;
     }
+    if (fits_keys(max_k, "max_seqlen_k"))
+        return -1;
 
     p->q = tensor_data(q), p->k = tensor_data(k), p->v = tensor_data(v);
     p->softmax_lse = lse ? (float *)tensor_data(lse) : NULL;
@@ -501,7 +563,7 @@ int check_fwd_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, co
     p->total_q = (int)Tq, p->total_k = (int)Tk;
     if (table) { /* the pages: sequence lengths from cu_seqlens_k, capacity from the table */
         if (fits_int(k->shape[1], "k: page_size") || fits_int(table->shape[1], "block_table: dim 1") ||
-            fits_int(table->shape[1] * k->shape[1], "block_table: capacity"))
+            fits_keys(mul_sat(table->shape[1], k->shape[1]), "block_table: capacity"))
             return -1;
         p->block_table = (const int32_t *)tensor_data(table);
         p->block_table_stride = (int)tensor_stride(table, 0);

@@ -70,11 +70,12 @@ int same_device(const DLTensor *a, const DLTensor *b);
 int check_tensor(const DLTensor *t, const DLTensor *q, const char *name, int code, int bits,
                  int ndim, const int64_t *shape);
 int check_contiguous(const DLTensor *t, const char *name);
-/* t, written in place, has no dim of size > 1 with stride 0 (an expand()ed tensor). */
+/* t, written in place, gives every element its own memory (glue.c says what it accepts). */
 int check_no_overlap(const DLTensor *t, const char *name);
 int check_lse(const DLTensor *lse, const DLTensor *q, int ndim, const int64_t *lshape);
 int check_q(const DLTensor *q, int ndim);
 int fits_int(int64_t x, const char *name);
+int64_t mul_sat(int64_t a, int64_t b);
 
 /* ---- an entry's tensors -> parameters (NULL-able ones as each says) ---- */
 
@@ -105,6 +106,25 @@ extern const char infer_doc[], infer_varlen_doc[], infer_kvcache_doc[];
 PyObject *fad_py_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_infer_varlen(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* infer.c's steps, for blocks.c's inference entry: take_tensor (1 take, 0 leave to
+ * Python), take_no_grad (1 when autograd records nothing, 0 leave, -1 error), a new tensor
+ * from torch's allocator and its release. */
+int infer_take_tensor(tensor_args *ta, PyObject *obj, int plain, DLTensor **t);
+int infer_take_no_grad(const fad_module_state *st, PyObject *const *objs, int n);
+DLManagedTensorVersioned *infer_new_tensor(const fad_module_state *st, const DLTensor *like,
+                                           int ndim, const int64_t *shape, DLDataType dtype);
+void infer_free_tensor(DLManagedTensorVersioned *m);
+
+/* ---- blocks.c's entries (the batch-invariant building blocks) ---- */
+
+extern const char fad_gemm_doc[], fad_row_reduce_doc[], fad_rms_norm_doc[], fad_xent_bwd_doc[];
+PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_row_reduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_xent_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern const char fad_linear_infer_doc[];
+PyObject *fad_py_linear_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #pragma GCC visibility pop
 

@@ -70,7 +70,7 @@ static int take_options(const fad_module_state *st, PyObject *scale, PyObject *c
                         int head_dim, fad_fwd_params *p)
 {
     if (scale == Py_None) {
-        p->softmax_scale = (float)pow((double)head_dim, -0.5);
+        p->softmax_scale = fad_default_softmax_scale(head_dim);
     } else {
         const double s = PyFloat_AsDouble(scale);
         if (s == -1.0 && PyErr_Occurred()) {
@@ -485,3 +485,23 @@ PyObject *fad_py_infer_kvcache(PyObject *module, PyObject *const *args, Py_ssize
     free_tensor(o.mem); /* after the launches, in stream order (run_infer's rule) */
     return res;
 }
+
+/* ---- for the other inference entries (blocks.c) ---- */
+
+int infer_take_tensor(tensor_args *ta, PyObject *obj, int plain, DLTensor **t)
+{
+    return take_tensor(ta, obj, plain, t);
+}
+
+int infer_take_no_grad(const fad_module_state *st, PyObject *const *objs, int n)
+{
+    return take_no_grad(st, objs, n);
+}
+
+DLManagedTensorVersioned *infer_new_tensor(const fad_module_state *st, const DLTensor *like,
+                                           int ndim, const int64_t *shape, DLDataType dtype)
+{
+    return new_tensor(st, like, ndim, shape, dtype);
+}
+
+void infer_free_tensor(DLManagedTensorVersioned *m) { free_tensor(m); }

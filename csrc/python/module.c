@@ -199,7 +199,8 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
         if (grads[t] == Py_None && t > 0)
             continue;
         if (get_tensor(ta, grads[t], names[t], &g[t]) ||
-            check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape))
+            check_tensor(g[t], q, names[t], q->dtype.code, 16, like->ndim, like->shape) ||
+            (t > 0 && check_no_overlap(g[t], names[t])))
             return NULL;
         for (int d = 0; d < like->ndim; d++)
             if (like->shape[d] > 1 && tensor_stride(g[t], d) != tensor_stride(like, d)) {
@@ -353,6 +354,26 @@ static PyObject *fad_py_check_fwd_kvcache(PyObject *module, PyObject *const *arg
     const fad_status st = fad_fwd_check_call(&p, q->device.device_type != kDLCPU, msg, sizeof msg);
     if (st != FAD_OK)
         return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(check_writable_doc,
+"check_writable(t, name)\n"
+"--\n\n"
+"Raises ValueError (naming name) when the elements of t, a tensor a call writes in\n"
+"place, overlap in memory: the check the C entries run on their write targets, for\n"
+"the CPU append that runs as torch ops.");
+
+static PyObject *fad_py_check_writable(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *t;
+    if (check_nargs("check_writable", nargs, 2))
+        return NULL;
+    const char *name = PyUnicode_AsUTF8AndSize(args[1], NULL);
+    if (!name || get_tensor(ta, args[0], name, &t) || check_no_overlap(t, name))
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -674,11 +695,23 @@ static PyObject *fad_py_set_index_checks(PyObject *module, PyObject *enabled)
     Py_RETURN_NONE;
 }
 
+static PyObject *fad_py_get_index_checks(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(module_state(module)->check_indices);
+}
+
+PyDoc_STRVAR(get_index_checks_doc,
+"get_index_checks() -> bool\n"
+"--\n\n"
+"Whether CUDA calls check their index tensors on the host first.");
+
 PyDoc_STRVAR(set_mode_doc,
 "set_mode(deterministic, split_size, schedule)\n"
 "--\n\n"
-"The mode the inference entries run in (flash_attn_det.mode keeps it in step\n"
-"with set_deterministic_mode and testing.force_schedule).");
+"Sets the process-wide mode every entry runs in. The module state is the one\n"
+"copy of it: flash_attn_det.mode (set_deterministic_mode, get_deterministic_mode,\n"
+"get_split_size) and testing.force_schedule write and read it here.");
 
 static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -707,12 +740,27 @@ static PyObject *fad_py_set_mode(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(get_mode_doc,
+"get_mode() -> (deterministic, split_size, schedule)\n"
+"--\n\n"
+"The mode set_mode last set (at import: deterministic, DEFAULT_SPLIT_SIZE, SCHEDULE_AUTO).");
+
+static PyObject *fad_py_get_mode(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    const fad_module_state *st = module_state(module);
+    return Py_BuildValue("(Oii)", st->deterministic ? Py_True : Py_False, st->split_size,
+                         (int)st->schedule);
+}
+
 static PyMethodDef fad_methods[] = {
     {"fwd", (PyCFunction)(void (*)(void))fad_py_fwd, METH_FASTCALL, fwd_doc},
     {"fwd_varlen", (PyCFunction)(void (*)(void))fad_py_fwd_varlen, METH_FASTCALL, fwd_varlen_doc},
     {"fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_fwd_kvcache, METH_FASTCALL, fwd_kvcache_doc},
     {"check_fwd_kvcache", (PyCFunction)(void (*)(void))fad_py_check_fwd_kvcache, METH_FASTCALL,
      check_fwd_kvcache_doc},
+    {"check_writable", (PyCFunction)(void (*)(void))fad_py_check_writable, METH_FASTCALL,
+     check_writable_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
     {"append_kvcache", (PyCFunction)(void (*)(void))fad_py_append_kvcache, METH_FASTCALL,
      append_kvcache_doc},
@@ -728,22 +776,41 @@ static PyMethodDef fad_methods[] = {
     {"infer_kvcache", (PyCFunction)(void (*)(void))fad_py_infer_kvcache, METH_FASTCALL,
      infer_kvcache_doc},
     {"set_mode", (PyCFunction)(void (*)(void))fad_py_set_mode, METH_FASTCALL, set_mode_doc},
+    {"get_mode", fad_py_get_mode, METH_NOARGS, get_mode_doc},
     {"set_index_checks", fad_py_set_index_checks, METH_O, set_index_checks_doc},
+    {"get_index_checks", fad_py_get_index_checks, METH_NOARGS, get_index_checks_doc},
+    {"gemm", (PyCFunction)(void (*)(void))fad_py_gemm, METH_FASTCALL, fad_gemm_doc},
+    {"row_reduce", (PyCFunction)(void (*)(void))fad_py_row_reduce, METH_FASTCALL, fad_row_reduce_doc},
+    {"rms_norm", (PyCFunction)(void (*)(void))fad_py_rms_norm, METH_FASTCALL, fad_rms_norm_doc},
+    {"xent_bwd", (PyCFunction)(void (*)(void))fad_py_xent_bwd, METH_FASTCALL, fad_xent_bwd_doc},
+    {"linear_infer", (PyCFunction)(void (*)(void))fad_py_linear_infer, METH_FASTCALL,
+     fad_linear_infer_doc},
     {"set_cpu_threads_source", fad_py_set_cpu_threads_source, METH_O, set_cpu_threads_source_doc},
     {NULL, NULL, 0, NULL}};
+
+/* What setup.py built and why, in one line (build_backend/fad_toolchain.py's
+ * build_plan), for `python -m flash_attn_det.verify` to print. */
+#ifndef FAD_BUILD
+#define FAD_BUILD "not recorded (built without setup.py)"
+#endif
 
 static int fad_exec(PyObject *m)
 {
     fad_module_state *st = module_state(m);
-    st->deterministic = 1; /* set_deterministic_mode's defaults */
-    st->split_size = 512;
-    st->schedule = FAD_SCHEDULE_AUTO;
+    /* the defaults of a fresh fad_fwd_params are the process's mode at import */
+    fad_fwd_params defaults;
+    fad_fwd_params_init(&defaults);
+    st->deterministic = defaults.deterministic;
+    st->split_size = defaults.split_size;
+    st->schedule = defaults.schedule;
     st->requires_grad = PyUnicode_InternFromString("requires_grad");
     if (!st->requires_grad)
         return -1;
     if (PyModule_AddStringConstant(m, "__version__", FAD_VERSION) < 0 ||
+        PyModule_AddStringConstant(m, "BUILD", FAD_BUILD) < 0 ||
         PyModule_AddIntConstant(m, "SPLIT_QUANTUM", FAD_SPLIT_QUANTUM) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SPLIT_SIZE", FAD_MAX_SPLIT_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "DEFAULT_SPLIT_SIZE", FAD_DEFAULT_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_AUTO", FAD_SCHEDULE_AUTO) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_ONE_CTA", FAD_SCHEDULE_ONE_CTA) < 0 ||

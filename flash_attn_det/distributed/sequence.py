@@ -6,7 +6,7 @@ all-gathers Q, O, dO and the lse, and each rank computes dQ of its own rows and 
 own keys with the library's ordinary backward. No floating-point value is ever reduced across
 ranks, so the results do not depend on how many ranks there are (deterministic mode).
 
-Why the bits are equal (README "The contract"): a row's forward bits depend only on its q, the
+Why the bits are equal (docs/design.md, "split-plan"): a row's forward bits depend only on its q, the
 keys it sees and their absolute positions. Every call below passes keys starting at a key tile
 and split boundary of the full call (key 0), so the split plan and the key tiles are the full
 call's. Which keys a row sees is set by the bottom-right aligned window
@@ -16,7 +16,7 @@ what the full call sees when its window is the full call's moved by delta = qe -
 left - delta, right + delta (-1, unbounded, stays -1); _call_window. ALiBi's distance uses the
 same diagonal, so with ALiBi the calls keep delta = 0 instead (rows or keys are added; the
 extra results are thrown away).
-The backward's orders (csrc/fad_bwd.cu): dQ of a row is summed over key tiles aligned to key 0
+The backward's orders (docs/design.md, "backward-order"): dQ of a row is summed over key tiles aligned to key 0
 (so calls for dQ pass keys from 0); dK/dV of a key over the group's query heads, then row tiles
 aligned to row 0 (so calls for dK/dV pass rows from a multiple of _ROW_ALIGN; rows before the
 first one that sees the key only add exact zeros, which the full call skips or adds alike).

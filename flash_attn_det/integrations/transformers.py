@@ -21,6 +21,8 @@ and from a prefill or token by token from the cache (deterministic mode). Attent
 (the `dropout` transformers passes, 0 outside training) is flash_attn_det's batch-invariant
 dropout: a sequence is dropped the same way alone and in a batch (flash_attn_det.dropout).
 """
+import warnings
+
 import torch
 
 import flash_attn_det as _fad
@@ -29,15 +31,35 @@ from flash_attn_det.bert_padding import index_first_axis, pad_input, unpad_input
 NAME = "deterministic"
 
 
+_HALF = (torch.float16, torch.bfloat16)
+_warned_fp32 = False
+
+
 def _target_dtype(query, module):
-    """The half dtype to run an fp32 query in (PEFT casts layer norms to fp32): the autocast
-    dtype, else the dtype of the module's first Linear weight; None when query is half."""
+    """The half dtype to run an fp32 query in: the autocast dtype, else the dtype of the
+    module's first Linear weight when it is half (PEFT casts layer norms to fp32), as
+    transformers' flash-attention path picks it; None when query is half. An fp32 model (the
+    default of from_config and from_pretrained) runs its attention in bf16, with one warning
+    naming how to choose: the kernels are fp16/bf16 only, and a model that does not run at all
+    helps no one; the bits still obey the batch-invariance contract. Returns (dtype, the dtype
+    to give the output back in: fp32 for an fp32 model's o_proj, else None)."""
+    global _warned_fp32
     if query.dtype != torch.float32:
-        return None
+        return None, None
     if torch.is_autocast_enabled(query.device.type):
-        return torch.get_autocast_dtype(query.device.type)
-    return next((m.weight.dtype for m in module.modules() if isinstance(m, torch.nn.Linear)),
-                None)
+        return torch.get_autocast_dtype(query.device.type), None
+    weight = next((m.weight.dtype for m in module.modules() if isinstance(m, torch.nn.Linear)),
+                  None)
+    if weight in _HALF:
+        return weight, None
+    if not _warned_fp32:
+        _warned_fp32 = True
+        warnings.warn(
+            "flash_attn_det: this model is fp32 and its attention runs in bf16 (the kernels take "
+            "fp16/bf16; the rest of the model stays fp32). Load it in half precision "
+            "(from_pretrained(..., dtype=torch.bfloat16), or model.to(torch.bfloat16)) or run it "
+            "under torch.autocast to choose the dtype yourself", UserWarning, stacklevel=3)
+    return torch.bfloat16, torch.float32
 
 
 def _unpad(q, k, v, mask, Lq):
@@ -78,7 +100,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if any(d == 0 for d in query.shape):
         raise ValueError(f"query: a zero dimension in shape {tuple(query.shape)}")
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    dtype = _target_dtype(q, module)
+    dtype, out_dtype = _target_dtype(q, module)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     D, Dv = q.shape[-1], v.shape[-1]
@@ -110,6 +132,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             out = out.view(B, -1, *out.shape[-2:])
         else:
             out = _fad.flash_attn_func(q, k, v, **kw)
+    if out_dtype is not None:
+        out = out.to(out_dtype)
     return (out[..., :Dv] if Dv != D else out), None
 
 
@@ -127,3 +151,9 @@ def register(name=NAME):
 
 
 register()
+
+
+def make_invariant(model):
+    """The whole model on batch-invariant blocks: flash_attn_det.integrations.models."""
+    from .models import make_invariant as _make_invariant
+    return _make_invariant(model)

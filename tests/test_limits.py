@@ -1,0 +1,405 @@
+"""The API's limits: every shape within them gives the right answer, every shape past them a
+named refusal before anything is allocated or written.
+
+- Write targets whose elements overlap in memory (k_cache/v_cache of an append, out, dq/dk/dv)
+  are refused by name on every device, nothing written (glue.c, check_no_overlap).
+- Sizes past int32 (a dim, q's rows, a total token count) and a workspace larger than the
+  device are a ValueError naming the argument and the limit, before torch allocates.
+- Long key sequences (up to 2**31 - 1 keys), batch x heads and split counts past 65535 and
+  varlen batches of more than 65535 sequences run on the GPU with the exact answer: k/v are
+  one row expand()ed (stride 0), so every key scores q.k and output = v's row,
+  lse = log(n) + q.k * scale.
+GPU tests are marked gpu (and skip without CUDA); each keeps to a few GB and seconds.
+"""
+import math
+
+import pytest
+import torch
+
+import flash_attn_det as fad
+from flash_attn_det import _C
+
+from conftest import make_gen, randn, requires_cuda
+
+BF = torch.bfloat16
+INT32_MAX = 2 ** 31 - 1
+
+
+def gpu(f):
+    return pytest.mark.gpu(requires_cuda(f))
+
+
+# the CPU path here, the kernels' on a GPU (marked gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]
+
+
+def _overlapping(shape, dtype, device, dim, stride):
+    """A view of a fresh buffer with `shape`, row-major strides except dim's, set to `stride`
+    (shorter than the dims inside it: elements share memory)."""
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides[dim] = stride
+    size = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    gen = make_gen(3)
+    return randn(gen, (size,), dtype, device).as_strided(shape, strides)
+
+
+# --- write targets that overlap themselves ------------------------------------
+
+B, CAP, HK, H, D, NEW = 2, 32, 2, 4, 16, 3
+
+OVERLAPS = {  # name: (make the bad tensor from the good one's shape, message)
+    "half-row heads": (lambda shape, dev: _overlapping(shape, BF, dev, 2, D // 2),
+                       "its elements overlap in memory"),
+    "rows share heads": (lambda shape, dev: _overlapping(shape, BF, dev, 1, D),
+                         "its elements overlap in memory"),
+    "stride 0": (lambda shape, dev: randn(make_gen(4), (1,) + shape[1:], BF, dev).expand(shape),
+                 "dim 0 has stride 0"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("target", ["k_cache", "v_cache"])
+@pytest.mark.parametrize("kind", sorted(OVERLAPS))
+def test_overlapping_cache_refused_before_any_write(device, target, kind):
+    make, text = OVERLAPS[kind]
+    gen = make_gen(5)
+    kw = dict(q=randn(gen, (B, 1, H, D), BF, device),
+              k_cache=randn(gen, (B, CAP, HK, D), BF, device),
+              v_cache=randn(gen, (B, CAP, HK, D), BF, device),
+              k=randn(gen, (B, NEW, HK, D), BF, device), v=randn(gen, (B, NEW, HK, D), BF, device),
+              cache_seqlens=torch.tensor([5, 9], dtype=torch.int32, device=device), causal=True)
+    kw[target] = make((B, CAP, HK, D), device)
+    before = {n: t.clone() for n, t in kw.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(ValueError, match=f"^{target}: {text}"):
+        fad.flash_attn_with_kvcache(**kw)
+    for n, t in before.items():
+        assert torch.equal(kw[n], t), f"{n} changed by a call that raised"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlapping_cache_with_odd_head_dim_refused(device):
+    """The padded path (head dim not a multiple of 8) refuses before its padded copies hide
+    the overlap."""
+    gen = make_gen(6)
+    Dp = 12
+    kc = _overlapping((B, CAP, HK, Dp), BF, device, 1, Dp)
+    vc = randn(gen, (B, CAP, HK, Dp), BF, device)
+    before = kc.clone()
+    with pytest.raises(ValueError, match="^k_cache: its elements overlap"):
+        fad.flash_attn_with_kvcache(randn(gen, (B, 1, H, Dp), BF, device), kc, vc,
+                                    randn(gen, (B, 1, HK, Dp), BF, device),
+                                    randn(gen, (B, 1, HK, Dp), BF, device), cache_seqlens=2)
+    assert torch.equal(kc, before)
+
+
+def test_overlap_check_accepts_views_that_do_not_overlap():
+    """What check_no_overlap accepts: every strided view that does not overlap, as torch and a
+    KV cache lay them out (row-major, transposed, sliced, permuted, a padded last dim)."""
+    t = torch.zeros(3, 8, 4, 16, dtype=BF)
+    for view in (t, t.transpose(1, 2), t[:, ::3], t[1:, 2:5], t.permute(2, 0, 1, 3),
+                 torch.zeros(3, 8, 4, 24, dtype=BF)[..., :16], t[:, :1], t[:0]):
+        _C.check_writable(view, "x")
+
+
+def test_overlap_check_refuses_what_overlaps():
+    t = torch.zeros(64, dtype=BF)
+    for view in (t.as_strided((4, 8), (4, 1)), t.as_strided((2, 3, 8), (8, 0, 1)),
+                 t.as_strided((4, 2, 8), (8, 8, 1))):
+        with pytest.raises(ValueError, match="^x: "):
+            _C.check_writable(view, "x")
+    # conservative: an interleaving without overlap (offsets 0, 2, 4, 3, 5, 7) is refused too
+    with pytest.raises(ValueError, match="^x: its elements overlap"):
+        _C.check_writable(t.as_strided((3, 2), (2, 3)), "x")
+
+
+def _fwd_args(q, k, v, out):
+    """_C.fwd's arguments for a plain call (no lse, default options; the workspace the CUDA
+    entry asks for is not given: these calls are refused before that)."""
+    return (q, k, v, out, None, None, None, q.shape[-1] ** -0.5, 0.0, -1, -1, 0, 1, 512,
+            _C.SCHEDULE_AUTO, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlapping_out_refused(device):
+    gen = make_gen(7)
+    q = randn(gen, (1, 4, 2, D), BF, device)
+    k = randn(gen, (1, 8, 2, D), BF, device)
+    out = _overlapping(q.shape, BF, device, 2, 8)
+    before = out.clone()
+    with pytest.raises(ValueError, match="^out: its elements overlap"):
+        _C.fwd(*_fwd_args(q, k, k, out))
+    assert torch.equal(out, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad", ["dq", "dk", "dv"])
+def test_overlapping_gradient_refused(device, grad):
+    """dq/dk/dv take the strides of q/k/v: a stride-0 (expand()ed) k is read fine by the
+    forward, but its gradient written with those strides would overlap."""
+    gen = make_gen(8)
+    shape = (2, 8, 2, D)
+    t = {n: randn(gen, shape, BF, device) for n in ("q", "k", "v", "dout")}
+    src = {"dq": "q", "dk": "k", "dv": "v"}[grad]
+    t[src] = t[src][:1].expand(shape)  # a stride-0 operand, read only
+    out, lse, _ = fad.flash_attn_func(t["q"], t["k"], t["v"], return_attn_probs=True)
+    g = {n: torch.zeros(shape, dtype=BF, device=device) for n in ("dq", "dk", "dv")}
+    g[grad] = g[grad][:1].expand(shape)
+    ws = (torch.empty(lse.numel() * 4, dtype=torch.uint8, device=device)
+          if device == "cuda" else None)
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
+    with pytest.raises(ValueError, match=f"^{grad}: dim 0 has stride 0"):
+        _C.bwd(t["dout"], g["dq"], g["dk"], g["dv"], t["q"], t["k"], t["v"], out, lse, None, ws,
+               D ** -0.5, 0.0, -1, -1, 0, 1, 512, _C.SCHEDULE_AUTO, stream)
+    assert all(not x.any() for x in g.values())
+
+
+# --- sizes past the limits ----------------------------------------------------
+
+def _row(device, *shape):
+    """A tensor of `shape` that is one random row expand()ed: no memory behind its length."""
+    return randn(make_gen(9), (1,) * (len(shape) - 1) + shape[-1:], BF, device).expand(*shape)
+
+
+def _cu(device, *lens):
+    return torch.tensor([0] + list(lens), dtype=torch.int32, device=device).cumsum(0).int()
+
+
+N = 2 ** 31
+OVERSIZED = {  # name: (call(device), the message's start)
+    "q seqlen": (lambda d: fad.flash_attn_func(_row(d, 1, N, 2, 64), _row(d, 1, 16, 2, 64),
+                                               _row(d, 1, 16, 2, 64)), "q: dim 1 is 2147483648"),
+    "q seqlen, odd head dim": (lambda d: fad.flash_attn_func(
+        _row(d, 1, N, 2, 60), _row(d, 1, 16, 2, 60), _row(d, 1, 16, 2, 60)),
+        "q: dim 1 is 2147483648"),
+    "q seqlen, autograd": (lambda d: fad.flash_attn_func(
+        _row(d, 1, N, 2, 64).detach().requires_grad_(), _row(d, 1, 16, 2, 64),
+        _row(d, 1, 16, 2, 64)), "q: dim 1 is 2147483648"),
+    "q batch": (lambda d: fad.flash_attn_func(_row(d, N, 1, 2, 64), _row(d, N, 1, 2, 64),
+                                              _row(d, N, 1, 2, 64)), "q: dim 0 is 2147483648"),
+    "q heads": (lambda d: fad.flash_attn_func(_row(d, 1, 1, N, 64), _row(d, 1, 1, 1, 64),
+                                              _row(d, 1, 1, 1, 64)), "q: dim 2 is 2147483648"),
+    "q rows": (lambda d: fad.flash_attn_func(_row(d, 2 ** 16, 2 ** 12, 2 ** 4, 64),
+                                             _row(d, 2 ** 16, 16, 2, 64),
+                                             _row(d, 2 ** 16, 16, 2, 64)),
+               "q: 4294967296 rows"),
+    "k seqlen": (lambda d: fad.flash_attn_func(_row(d, 1, 1, 2, 64), _row(d, 1, N, 2, 64),
+                                               _row(d, 1, N, 2, 64)), "k: dim 1 is 2147483648"),
+    "varlen total_q": (lambda d: fad.flash_attn_varlen_func(
+        _row(d, N, 2, 64), _row(d, 16, 2, 64), _row(d, 16, 2, 64), _cu(d, 16), _cu(d, 16), 16, 16),
+        "q: dim 0 is 2147483648"),
+    "varlen total_q x heads": (lambda d: fad.flash_attn_varlen_func(
+        _row(d, 2 ** 28, 16, 64), _row(d, 16, 2, 64), _row(d, 16, 2, 64), _cu(d, 16), _cu(d, 16),
+        16, 16), "q: 4294967296 rows"),
+    "varlen total_k": (lambda d: fad.flash_attn_varlen_func(
+        _row(d, 16, 2, 64), _row(d, N, 2, 64), _row(d, N, 2, 64), _cu(d, 16), _cu(d, 16), 16, 16),
+        "k: dim 0 is 2147483648"),
+    "kvcache q seqlen": (lambda d: fad.flash_attn_with_kvcache(
+        _row(d, 1, N, 2, 64), torch.zeros(1, 16, 2, 64, dtype=BF, device=d),
+        torch.zeros(1, 16, 2, 64, dtype=BF, device=d), cache_seqlens=4), "q: dim 1 is 2147483648"),
+    "kvcache capacity": (lambda d: fad.flash_attn_with_kvcache(
+        _row(d, 1, 1, 2, 64), _row(d, 1, N, 2, 64), _row(d, 1, N, 2, 64), cache_seqlens=4),
+        "k_cache: dim 1 is 2147483648"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(OVERSIZED))
+def test_oversized_refused_before_allocation(device, name):
+    """Each call's tensors are expand()ed views (a few KB): the refusal must come before out or
+    a copy is allocated (else torch raises its out-of-memory error, not this ValueError)."""
+    call, text = OVERSIZED[name]
+    with pytest.raises(ValueError, match="^" + text + ".*2\\*\\*31 - 1"):
+        call(device)
+
+
+@gpu
+def test_workspace_larger_than_device_refused():
+    """num_splits > 1 asks for a CTA per split: 2**31 - 1 keys in 512-key splits for 256 query
+    heads is ~2**22 splits x 256 rows of fp32 partials, more than any device holds."""
+    d = "cuda"
+    q = randn(make_gen(10), (1, 1, 256, 64), BF, d)
+    kc = _row(d, 1, INT32_MAX, 1, 64)
+    with pytest.raises(ValueError, match="^workspace: .* more than the device's"):
+        fad.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=INT32_MAX, num_splits=2)
+
+
+# --- long sequences, large grids (GPU) ----------------------------------------
+
+def _one_row_kv(n, Hk, D, gen, device="cuda"):
+    """k, v (1, n, Hk, D): one random row each, expand()ed along the keys (stride 0)."""
+    k = randn(gen, (1, 1, Hk, D), BF, device)
+    v = randn(gen, (1, 1, Hk, D), BF, device)
+    return k, v, k.expand(1, n, Hk, D), v.expand(1, n, Hk, D)
+
+
+def _check_one_row_answer(out, lse, q, k, v, n):
+    """Every key scores q.k alike: each query row's out = v's row (2 bf16 steps of it, the
+    suite's short-length tolerance), lse = log(n) + q.k / sqrt(D) (fp32 dots and logs: 1e-3)."""
+    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    G = H // Hk
+    kk = k[0, 0].float().repeat_interleave(G, 0)  # (H, D): query head h reads kv head h // G
+    vv = v[0, 0].float().repeat_interleave(G, 0)
+    want_lse = math.log(n) + (q[0].float() * kk).sum(-1).double().T * D ** -0.5  # (H, Sq)
+    err = (out[0].float() - vv).abs().max().item()
+    assert err <= 2 * 2 ** -8 * vv.abs().max().item(), f"n={n}: out off by {err}"
+    lse_err = (lse[0].double() - want_lse).abs().max().item()
+    assert lse_err <= 1e-3, f"n={n}: lse off by {lse_err}"
+
+
+# 2**25 keys in 512-key splits: 65536 splits, one past grid z's limit (the launch error at
+# 2**25..2**27); 2**27: 2**18 splits.
+LONG = [2 ** 25, 2 ** 26, 2 ** 27]
+
+
+@gpu
+@pytest.mark.parametrize("n", LONG)
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_long_keys_flash_attn_func(n, schedule):
+    gen = make_gen(20)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("n", LONG)
+@pytest.mark.parametrize("num_splits", [0, 2])
+def test_long_keys_kvcache(n, num_splits):
+    """A decode row over an n-key cache (GQA 8:1), the cache an expand()ed row (read only)."""
+    gen = make_gen(21)
+    q = randn(gen, (1, 1, 8, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 1, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=num_splits,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_long_keys_prefill_kernels(schedule):
+    """17 query rows (past the packed kernel's 16: the prefill kernels, mma.sync or the
+    warp-specialized one) over 2**25 keys: 65536 splits of each row block on grid y and z."""
+    gen = make_gen(28)
+    n = 2 ** 25
+    q = randn(gen, (1, 17, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+def test_long_keys_one_cta_walks_65536_splits():
+    """The one-CTA schedule walks all 2**16 splits of 2**25 keys in one CTA (no grid z)."""
+    gen = make_gen(22)
+    n = 2 ** 25
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=1,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
+def test_long_keys_up_to_the_limit(n):
+    """2**28 keys up to the last one the API takes, a CTA per split (4M CTAs on grid y and z
+    at the limit; the one-CTA plan would walk them in one CTA for minutes). Also the combine's
+    error: out must stay within 2 bf16 steps of v's row whatever the number of splits."""
+    gen = make_gen(23)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 1, 64, gen)
+    out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=2,
+                                           return_softmax_lse=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_keys_past_the_limit_refused(device):
+    """The kernels walk a sequence's keys in int, a few tiles past its end: the last 2**16
+    keys below 2**31 are headroom, refused by name."""
+    gen = make_gen(24)
+    q = randn(gen, (1, 1, 2, 64), BF, device)
+    _, _, kx, vx = _one_row_kv(INT32_MAX, 1, 64, gen, device)
+    with pytest.raises(ValueError, match="^k: seqlen: 2147483647 keys in a sequence, past"):
+        fad.flash_attn_func(q, kx, vx)
+    with pytest.raises(ValueError, match="^k_cache: seqlen: 2147483647 keys in a sequence"):
+        fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=INT32_MAX)
+
+
+def _assert_reference(out, lse, q, k, v, label):
+    """out (Sq, H, D), lse (H, Sq) of one sequence q (Sq, H, D), k, v (Sk, Hk, D) against
+    float64 attention: a few bf16 steps of out, fp32 accuracy of lse."""
+    G = q.shape[1] // k.shape[1]
+    qf, kf, vf = (t.double() for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(G, 1), vf.repeat_interleave(G, 1)
+    s = torch.einsum("ihd,jhd->hij", qf, kf) * q.shape[-1] ** -0.5
+    ref = torch.einsum("hij,jhd->ihd", s.softmax(-1), vf)
+    assert (out.double() - ref).abs().max().item() < 2 ** -7, label
+    assert (lse.double() - s.logsumexp(-1)).abs().max().item() < 1e-4, label
+
+
+@gpu
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_batch_times_heads_past_65535(schedule):
+    """B x H = 2**17 (grid x carries them: FlashAttention-2's grid y fails past 65535), 8
+    splits a row: every sampled sequence has the bits it has alone and the float64 answer."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(25)
+    B, H, Hk, Sk, D = 2 ** 12, 32, 1, 1024, 64
+    q = randn(gen, (B, 1, H, D), BF, "cuda")
+    k = randn(gen, (B, Sk, Hk, D), BF, "cuda")
+    v = randn(gen, (B, Sk, Hk, D), BF, "cuda")
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_func(q, k, v, return_attn_probs=True)
+        for b in (0, 1, B // 2, B - 1):
+            one, one_lse, _ = fad.flash_attn_func(q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                                                  return_attn_probs=True)
+            assert torch.equal(out[b:b + 1], one) and torch.equal(lse[b:b + 1], one_lse), b
+            _assert_reference(out[b], lse[b], q[b], k[b], v[b], b)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+@gpu
+def test_kvcache_batch_times_heads_past_65535():
+    """Decode over a cache with B x H = 2**17 (GQA 4:1), mixed lengths."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(26)
+    B, H, Hk, cap, D = 2 ** 13, 16, 4, 512, 64
+    q = randn(gen, (B, 1, H, D), BF, "cuda")
+    kc = randn(gen, (B, cap, Hk, D), BF, "cuda")
+    vc = randn(gen, (B, cap, Hk, D), BF, "cuda")
+    lens = torch.randint(1, cap + 1, (B,), generator=gen, dtype=torch.int32).cuda()
+    out, lse = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_softmax_lse=True)
+    for b in (0, 7, B // 3, B - 1):
+        n = int(lens[b])
+        _assert_reference(out[b], lse[b], q[b], kc[b, :n], vc[b, :n], b)
+
+
+@gpu
+@pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
+def test_varlen_more_than_65535_sequences(schedule):
+    """2**17 + 5 sequences in one varlen batch (one of them 4096 keys long, so its rows take
+    32 splits), each with the bits it has alone and the float64 answer."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(27)
+    nseq, H, Hk, D = 2 ** 17 + 5, 4, 2, 64
+    lq = torch.randint(1, 4, (nseq,), generator=gen)
+    lk = torch.randint(4, 48, (nseq,), generator=gen)  # (>= lq: every causal row sees a key)
+    lq[nseq // 2], lk[nseq // 2] = 8, 4096
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.long), lq.cumsum(0)]).int().cuda()
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.long), lk.cumsum(0)]).int().cuda()
+    q = randn(gen, (int(lq.sum()), H, D), BF, "cuda")
+    k = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
+    v = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
+    with fad.testing.force_schedule(schedule):
+        out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()),
+                                                 causal=True, return_attn_probs=True)
+        for b in (0, 1, nseq // 2, 70000, nseq - 1):
+            qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+            one, one_lse, _ = fad.flash_attn_func(q[qs][None], k[ks][None], v[ks][None],
+                                                  causal=True, return_attn_probs=True)
+            assert torch.equal(out[qs], one[0]) and torch.equal(lse[:, qs], one_lse[0]), b
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
