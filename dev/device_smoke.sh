@@ -13,6 +13,6 @@ grep -E "flash_attn_det:|real" "$out/build.log" | tail -4 | tee "$out/smoke.log"
 for t in tests/test_blocks.py tests/test_parity.py tests/test_limits.py tests/test_first_failures.py \
          tests/test_contract.py; do
     echo "== $t" >> "$out/smoke.log"
-    python3 -m pytest -q -m gpu -p no:randomly "$t" 2>&1 | tail -4 >> "$out/smoke.log"
+    python3 -m pytest -q -k "cuda or gpu" -p no:randomly "$t" 2>&1 | tail -4 >> "$out/smoke.log"
     tail -2 "$out/smoke.log"
 done
