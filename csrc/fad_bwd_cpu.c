@@ -56,12 +56,7 @@ static size_t bwd_carve(const bwd_ctx *c, char *base, bwd_scratch *w)
 {
     const size_t K = (size_t)c->key_rows, Dp = (size_t)c->Dp, R = BWD_ROWS, T = FAD_CPU_TILE;
     size_t at = 0;
-#define CARVE_(field, type, n)                                                  \
-    do {                                                                        \
-        if (base)                                                               \
-            w->field = (type *)(base + at);                                     \
-        at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
-    } while (0)
+#define CARVE_(field, type, n) FAD_CPU_CARVE(w, base, at, field, type, n)
     CARVE_(held, int64_t, 1); /* (first: the header fad_cpu_parallel zeroes) */
     CARVE_(krows, float, K * Dp);
     CARVE_(kt, float, K * Dp);

@@ -113,12 +113,7 @@ static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
     const size_t R = (size_t)fad_cpu_pad_rows(c->group * c->bq), Dp = (size_t)c->Dp,
                  T = FAD_CPU_TILE;
     size_t at = 0;
-#define CARVE_(field, type, n)                                                  \
-    do {                                                                        \
-        if (base)                                                               \
-            w->field = (type *)(base + at);                                     \
-        at += ((n) * sizeof(type) + 63) / 64 * 64;                              \
-    } while (0)
+#define CARVE_(field, type, n) FAD_CPU_CARVE(w, base, at, field, type, n)
     CARVE_(held, int64_t, 1); /* (first: the header fad_cpu_parallel zeroes) */
     CARVE_(kc, float, (size_t)c->cache_keys * Dp);
     CARVE_(vc, float, (size_t)c->cache_keys * Dp);

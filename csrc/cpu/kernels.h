@@ -47,6 +47,15 @@ typedef struct fad_cpu_kernels {
  * for tests that compare them: they give the same bits). */
 const fad_cpu_kernels *fad_cpu_kernels_get(void);
 
+/* Carving one thread's scratch into 64-byte-aligned arrays: with base NULL it only
+ * counts the bytes (at), else it also points w->field at its place. */
+#define FAD_CPU_CARVE(w, base, at, field, type, n)                              \
+    do {                                                                        \
+        if (base)                                                               \
+            (w)->field = (type *)((base) + (at));                               \
+        (at) += ((n) * sizeof(type) + 63) / 64 * 64;                            \
+    } while (0)
+
 /* Runs fn(ctx, item, scratch) for every item in [0, n_items) on up to
  * num_threads threads (the caller's among them); each thread gets its own
  * scratch of scratch_bytes (64-byte aligned). Items are taken in increasing
