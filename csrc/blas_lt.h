@@ -41,7 +41,7 @@ enum {
     /* cublasLtMatmulAlgoConfigAttributes_t */
     LT_ALGO_CONFIG_ID = 0, LT_ALGO_CONFIG_TILE_ID = 1, LT_ALGO_CONFIG_SPLITK_NUM = 2,
     LT_ALGO_CONFIG_STAGES_ID = 6,
-    LT_REDUCTION_SCHEME_NONE = 0,
+    LT_REDUCTION_SCHEME_NONE = 0, LT_REDUCTION_SCHEME_COMPUTE_TYPE = 2, /* cublasLtReductionScheme_t */
 };
 
 /* The entry points, by their names in the library. */

@@ -10,6 +10,15 @@
  * split-K off, and then used for every call: each output row is then reduced by one
  * tile over the whole K in that kernel's own order, wherever the row sits.
  *
+ * Weight gradients (trans_a: reduced over the varying dimension, so no row
+ * invariance to keep, only the same bits run to run) may also get a second,
+ * split-K algorithm: a narrow projection's dW (a 128 x 896 output: 7 tiles) run
+ * as one pass over a batch's tokens would leave most SMs idle. Its partial sums
+ * stay fp32 in the workspace and a separate step adds them in a fixed order
+ * (the COMPUTE_TYPE reduction scheme, never atomics), so the bits are a function
+ * of the shape alone; it is used where the call's row count is at least
+ * SPLIT_MIN_ROWS and the algorithm runs at it.
+ *
  * Column-major view: row-major C (m x n) = A' B' is column-major C^T (n x m) =
  * B'^T A'^T, so cuBLASLt's "A" is our B and its "B" is our A; the varying row
  * count m is cuBLASLt's n. docs/design.md, "batch-invariant-models".
@@ -34,6 +43,9 @@
 #define GEMM_WORKSPACE ((size_t)32 << 20)
 /* Row counts the pinned algorithm is checked against when the plan is made. */
 static const int64_t CHECK_ROWS[] = {1, 2, 7, 64, 1000, REF_ROWS};
+/* A weight gradient's split-K algorithm: checked at these, used from the first. */
+#define SPLIT_MIN_ROWS 1024
+static const int64_t SPLIT_CHECK_ROWS[] = {SPLIT_MIN_ROWS, REF_ROWS};
 
 static lt_api lt;
 static int lt_loaded;  /* 1 loaded, -1 failed */
@@ -49,10 +61,15 @@ typedef struct gemm_plan {
     lt_matmul_desc desc;
     lt_algo algo;
     size_t workspace;      /* bytes its algorithm needs at most (<= GEMM_WORKSPACE) */
+    /* trans_a only: a split-K algorithm (has_split) and its workspace */
+    int has_split;
+    lt_algo split_algo;
+    size_t split_workspace;
     /* the layouts of the last call, kept while the varying size and the row strides stay:
-     * a decode loop makes them once */
+     * a decode loop makes them once; last_split: split_algo runs at last_rows */
     struct { lt_layout a, b, c; } last;
     int64_t last_rows, last_lda, last_ldb, last_ldc;
+    int last_split;
 } gemm_plan;
 
 static void *workspaces[LT_MAX_DEVICES];
@@ -122,20 +139,93 @@ static void free_layouts(lt_shapes *s)
     if (s->c) lt.layout_destroy(s->c);
 }
 
-/* A new plan for p's key: the heuristic's algorithms for the reference size, split-K off
- * (no reduction scheme), 16-byte operands; the first whose configuration has one K split
- * and which runs at every CHECK_ROWS size within GEMM_WORKSPACE. */
+/* The heuristic's algorithms for p at the reference size under reduction scheme mask
+ * `schemes` (16-byte operands, workspace <= GEMM_WORKSPACE), in its order: the first that
+ * runs at every size of rows[] and whose K split count is 1 (want_split 0) or above 1
+ * (want_split 1). *found = 0 when none; why gets each candidate and its verdict. */
+static lt_status pick_algo(const fad_gemm_params *p, int dev, lt_matmul_desc desc,
+                           uint32_t schemes, int want_split, const int64_t *rows, size_t nrows,
+                           lt_algo *algo, size_t *workspace, int *found, char *why,
+                           size_t why_len)
+{
+    lt_pref pref = NULL;
+    lt_heuristic cand[16];
+    int ncand = 0;
+    const uint64_t ws_max = GEMM_WORKSPACE;
+    const uint32_t align = 16;
+    size_t used = 0;
+    lt_status e;
+    *found = 0;
+    why[0] = 0;
+    if ((e = lt.pref_create(&pref)) ||
+        (e = lt.pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max)) ||
+        (e = lt.pref_set(pref, LT_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes)) ||
+        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_A, &align, sizeof align)) ||
+        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_B, &align, sizeof align)) ||
+        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_C, &align, sizeof align)) ||
+        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_D, &align, sizeof align)))
+        goto done;
+    {
+        lt_shapes s;
+        if (!(e = make_layouts(p, REF_ROWS, &s)))
+            e = lt.heuristic(handles[dev], desc, s.a, s.b, s.c, s.c, pref,
+                             (int)(sizeof cand / sizeof *cand), cand, &ncand);
+        free_layouts(&s);
+        if (e)
+            goto done;
+    }
+    for (int i = 0; i < ncand && !*found; i++) {
+        int32_t splits = 0, algo_id = -1, tile = -1, stages = -1;
+        size_t written = 0, ws = 0;
+        const char *bad = NULL;
+        int64_t bad_rows = 0;
+        if (cand[i].state)
+            bad = "state";
+        else if (lt.config_get(&cand[i].algo, LT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                               &written) || (splits > 1) != want_split)
+            bad = want_split ? "no split-K" : "split-K";
+        lt.config_get(&cand[i].algo, LT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &written);
+        lt.config_get(&cand[i].algo, LT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
+        lt.config_get(&cand[i].algo, LT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+        for (size_t r = 0; !bad && r < nrows; r++) {
+            lt_shapes sh;
+            lt_heuristic res;
+            lt_status ce = make_layouts(p, rows[r], &sh);
+            if (!ce)
+                ce = lt.algo_check(handles[dev], desc, sh.a, sh.b, sh.c, sh.c, &cand[i].algo, &res);
+            free_layouts(&sh);
+            if (ce)
+                bad = "check", bad_rows = rows[r];
+            else if (res.workspace_size > GEMM_WORKSPACE)
+                bad = "workspace", bad_rows = rows[r];
+            else if (res.workspace_size > ws)
+                ws = res.workspace_size;
+        }
+        if (used < why_len)
+            used += (size_t)snprintf(why + used, why_len - used, "%s[algo %d tile %d stages %d "
+                                     "splits %d: %s%s%lld]", i ? " " : "", algo_id, tile, stages,
+                                     splits, bad ? bad : "ok", bad ? " at rows " : " ws ",
+                                     bad ? (long long)bad_rows : (long long)ws);
+        if (!bad)
+            *algo = cand[i].algo, *workspace = ws, *found = 1;
+    }
+done:
+    if (pref)
+        lt.pref_destroy(pref);
+    return e;
+}
+
+/* A new plan for p's key: the first single-pass algorithm the heuristic offers with no
+ * reduction scheme that runs at every CHECK_ROWS size; for a weight gradient (trans_a)
+ * also the first split-K one with its partial sums reduced out of place in fp32
+ * (COMPUTE_TYPE), where the heuristic offers one that runs at SPLIT_CHECK_ROWS. */
 static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, char *msg,
                            size_t msg_len)
 {
-    lt_pref pref = NULL;
-    lt_heuristic found[16];
-    int nfound = 0;
     lt_status e = 0;
-    fad_status st = FAD_ERR_CUDA;
+    int found = 0;
+    char why[400], why_split[400] = "";
     const int opa = p->trans_b ? LT_OP_T : LT_OP_N, opb = p->trans_a ? LT_OP_T : LT_OP_N;
-    const uint64_t ws_max = GEMM_WORKSPACE;
-    const uint32_t no_reduction = LT_REDUCTION_SCHEME_NONE, align = 16;
     memset(plan, 0, sizeof *plan);
     plan->dev = dev, plan->et = p->etype, plan->ta = p->trans_a, plan->tb = p->trans_b;
     plan->bias = p->bias != NULL;
@@ -151,82 +241,29 @@ static fad_status new_plan(const fad_gemm_params *p, int dev, gemm_plan *plan, c
             (e = lt.desc_set(plan->desc, LT_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
             goto fail;
     }
-    if ((e = lt.pref_create(&pref)) ||
-        (e = lt.pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max)) ||
-        (e = lt.pref_set(pref, LT_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction)) ||
-        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_A, &align, sizeof align)) ||
-        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_B, &align, sizeof align)) ||
-        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_C, &align, sizeof align)) ||
-        (e = lt.pref_set(pref, LT_PREF_MIN_ALIGNMENT_D, &align, sizeof align)))
+    if ((e = pick_algo(p, dev, plan->desc, LT_REDUCTION_SCHEME_NONE, 0, CHECK_ROWS,
+                       sizeof CHECK_ROWS / sizeof *CHECK_ROWS, &plan->algo, &plan->workspace,
+                       &found, why, sizeof why)))
         goto fail;
-    {
-        lt_shapes s;
-        if (!(e = make_layouts(p, REF_ROWS, &s)))
-            e = lt.heuristic(handles[dev], plan->desc, s.a, s.b, s.c, s.c, pref,
-                             (int)(sizeof found / sizeof *found), found, &nfound);
-        free_layouts(&s);
-        if (e)
-            goto fail;
+    if (!found) {
+        lt.desc_destroy(plan->desc);
+        return fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len, "gemm: cuBLASLt offers no single-pass "
+                        "algorithm for this shape (n=%lld, k=%lld): %s", (long long)p->n,
+                        (long long)p->k, why);
     }
-    /* why each candidate was refused, for the message (and FLASH_ATTN_DET_GEMM_DEBUG=1) */
-    char why[400] = "";
-    size_t used = 0;
-    for (int i = 0; i < nfound; i++) {
-        int32_t splits = 0, algo_id = -1, tile = -1, stages = -1;
-        size_t written = 0, ws = 0;
-        const char *bad = NULL;
-        int64_t bad_rows = 0;
-        lt_status ce = 0;
-        if (found[i].state)
-            bad = "state";
-        else if (lt.config_get(&found[i].algo, LT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
-                               &written) || splits > 1)
-            bad = "split-K";
-        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &written);
-        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
-        lt.config_get(&found[i].algo, LT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
-        for (size_t r = 0; !bad && r < sizeof CHECK_ROWS / sizeof *CHECK_ROWS; r++) {
-            lt_shapes sh;
-            lt_heuristic res;
-            ce = make_layouts(p, CHECK_ROWS[r], &sh);
-            if (!ce)
-                ce = lt.algo_check(handles[dev], plan->desc, sh.a, sh.b, sh.c, sh.c,
-                                   &found[i].algo, &res);
-            free_layouts(&sh);
-            if (ce)
-                bad = "check", bad_rows = CHECK_ROWS[r];
-            else if (res.workspace_size > GEMM_WORKSPACE)
-                bad = "workspace", bad_rows = CHECK_ROWS[r];
-            else if (res.workspace_size > ws)
-                ws = res.workspace_size;
-        }
-        if (used < sizeof why)
-            used += (size_t)snprintf(why + used, sizeof why - used, "%s[algo %d tile %d stages %d "
-                                     "splits %d: %s%s%lld]", i ? " " : "", algo_id, tile, stages,
-                                     splits, bad ? bad : "ok", bad ? " at rows " : " ws ",
-                                     bad ? (long long)bad_rows : (long long)ws);
-        if (!bad) {
-            plan->algo = found[i].algo;
-            plan->workspace = ws;
-            if (getenv("FLASH_ATTN_DET_GEMM_DEBUG"))
-                fprintf(stderr, "flash_attn_det gemm plan (n=%lld k=%lld m=%lld ta=%d tb=%d): %s\n",
-                        (long long)p->n, (long long)p->k, (long long)p->m, p->trans_a, p->trans_b,
-                        why);
-            lt.pref_destroy(pref);
-            return FAD_OK;
-        }
-    }
-    st = fad_fail(FAD_ERR_UNSUPPORTED, msg, msg_len, "gemm: cuBLASLt offers no single-pass "
-                  "algorithm for this shape (n=%lld, k=%lld): %s", (long long)p->n,
-                  (long long)p->k, why);
-    lt.desc_destroy(plan->desc);
-    lt.pref_destroy(pref);
-    return st;
+    if (p->trans_a &&
+        (e = pick_algo(p, dev, plan->desc, LT_REDUCTION_SCHEME_COMPUTE_TYPE, 1, SPLIT_CHECK_ROWS,
+                       sizeof SPLIT_CHECK_ROWS / sizeof *SPLIT_CHECK_ROWS, &plan->split_algo,
+                       &plan->split_workspace, &plan->has_split, why_split, sizeof why_split)))
+        goto fail;
+    if (getenv("FLASH_ATTN_DET_GEMM_DEBUG"))
+        fprintf(stderr, "flash_attn_det gemm plan (n=%lld k=%lld m=%lld ta=%d tb=%d): %s%s%s\n",
+                (long long)p->n, (long long)p->k, (long long)p->m, p->trans_a, p->trans_b, why,
+                p->trans_a ? "; split-K: " : "", why_split);
+    return FAD_OK;
 fail:
     if (plan->desc)
         lt.desc_destroy(plan->desc);
-    if (pref)
-        lt.pref_destroy(pref);
     return fad_fail(FAD_ERR_CUDA, msg, msg_len, "gemm: cuBLASLt setup failed (status %d)", e);
 }
 
@@ -265,7 +302,8 @@ static fad_status get_plan(const fad_gemm_params *p, int dev, gemm_plan **out, c
         goto done;
     }
     st = new_plan(p, dev, &plans[num_plans], msg, msg_len);
-    if (st == FAD_OK && plans[num_plans].workspace && !workspaces[dev])
+    if (st == FAD_OK && (plans[num_plans].workspace || plans[num_plans].split_workspace) &&
+        !workspaces[dev])
         st = fad_cuda_alloc(&workspaces[dev], GEMM_WORKSPACE, msg, msg_len);
     if (st == FAD_OK)
         *out = &plans[num_plans++];
@@ -313,14 +351,26 @@ fad_status fad_gemm_cuda(const fad_gemm_params *p, struct CUstream_st *stream, c
         else
             plan->last.a = s.a, plan->last.b = s.b, plan->last.c = s.c, plan->last_rows = rows,
             plan->last_lda = p->lda, plan->last_ldb = p->ldb, plan->last_ldc = p->ldc;
+        /* the split-K algorithm where it runs at this row count (a function of the shape
+         * alone, so the choice is the same run to run) */
+        plan->last_split = 0;
+        if (!e && plan->has_split && rows >= SPLIT_MIN_ROWS) {
+            lt_heuristic res;
+            plan->last_split = !lt.algo_check(handles[dev], plan->desc, s.a, s.b, s.c, s.c,
+                                              &plan->split_algo, &res) &&
+                               res.workspace_size <= GEMM_WORKSPACE;
+        }
     }
     if (!e && plan->bias)
         e = lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &p->bias, sizeof p->bias);
-    if (!e)
+    if (!e) {
+        const int split = plan->last_split;
+        const size_t ws = split ? plan->split_workspace : plan->workspace;
         e = lt.matmul(handles[dev], plan->desc, &one, p->b, plan->last.a, p->a, plan->last.b,
-                      &zero, p->c, plan->last.c, p->c, plan->last.c, &plan->algo,
-                      plan->workspace ? workspaces[dev] : NULL,
-                      plan->workspace ? GEMM_WORKSPACE : 0, stream);
+                      &zero, p->c, plan->last.c, p->c, plan->last.c,
+                      split ? &plan->split_algo : &plan->algo, ws ? workspaces[dev] : NULL,
+                      ws ? GEMM_WORKSPACE : 0, stream);
+    }
     pthread_mutex_unlock(&lt_lock);
     if (e)
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "gemm: cublasLtMatmul failed (status %d)", e);

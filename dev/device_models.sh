@@ -2,7 +2,9 @@
 # One device call for batch-invariant models: build for sm_90, the GEMM probe, the blocks'
 # and parity GPU tests, the parity tool on two 0.5B models (and their stock baseline), the
 # end-to-end speed beside stock torch. Logs under $OUT (or ./device_out).
-#   dev/device_models.sh [stage ...]   stages: build gemm test parity stock bench suite1 suite2
+#   dev/device_models.sh [stage ...]   stages: build gemm test parity stock bench profile limits
+#                                      suite1 suite2
+# (BENCH_ARGS: extra arguments for bench_model.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -33,7 +35,15 @@ if has stock; then
         timeout 200 python3 -m flash_attn_det.parity --shape $s $P --stock --json "$out/parity_${s}_stock.json" 2>&1 | tail -1
     done
 fi
-has bench && timeout 400 python3 benchmarks/bench_model.py --out "$out/bench_model.md" 2>&1 | tail -14
+has bench && timeout 400 python3 benchmarks/bench_model.py ${BENCH_ARGS:-} --out "$out/bench_model.md" 2>&1 | tail -14
+if has profile; then
+    for s in qwen2-0.5b llama-0.5b; do
+        FLASH_ATTN_DET_GEMM_DEBUG=1 timeout 200 python3 dev/profile_train.py --shape $s \
+            > "$out/profile_$s.md" 2> "$out/profile_${s}_plans.txt"; grep "ms of kernels" "$out/profile_$s.md"
+    done
+fi
+has limits && timeout 300 python3 -m pytest -q -p no:randomly tests/test_limits.py -k "cuda or gpu" -rfE \
+    --tb=short 2>&1 | tee "$out/pytest_limits.log" | tail -20
 has suite1 && timeout 580 python3 -m pytest -q -x -p no:randomly tests/test_contract.py tests/test_kvcache.py \
     tests/test_varlen.py tests/test_backward.py 2>&1 | tee "$out/pytest_part1.log" | tail -3
 has suite2 && timeout 580 python3 -m pytest -q -x -p no:randomly tests --ignore=tests/test_contract.py \
