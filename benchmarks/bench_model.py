@@ -63,7 +63,7 @@ def train_fn(model, batch, seqlen, invariant):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="llama-0.5b,qwen2-0.5b")
-    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--batches", default="1,8,64", help="generate batch sizes ('': none)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--train-batch", type=int, default=8)
@@ -80,7 +80,7 @@ def main():
         work = [(f"generate B{b}", b * args.new_tokens,
                  gen_fn(stock, b, args.prompt_len, args.new_tokens),
                  gen_fn(inv, b, args.prompt_len, args.new_tokens), 1)
-                for b in (int(x) for x in args.batches.split(","))]
+                for b in (int(x) for x in args.batches.split(",") if x)]
         stock.train(), inv.train()
         work.append((f"train step {args.train_batch}x{args.train_len}",
                      args.train_batch * args.train_len,

@@ -30,6 +30,15 @@ static void store_elem(fad_etype t, void *base, int64_t i, float v)
         ((uint16_t *)base)[i] = t == FAD_E_BFLOAT16 ? fad_float_to_bf16(v) : fad_float_to_fp16(v);
 }
 
+/* v rounded to t and back (what a store and a load give) */
+static float round_elem(fad_etype t, float v)
+{
+    if (t == FAD_E_FLOAT32)
+        return v;
+    return t == FAD_E_BFLOAT16 ? fad_bf16_to_float(fad_float_to_bf16(v))
+                               : fad_fp16_to_float(fad_float_to_fp16(v));
+}
+
 static int bad_etype(fad_etype t) { return t != FAD_E_FLOAT16 && t != FAD_E_BFLOAT16 && t != FAD_E_FLOAT32; }
 
 fad_status fad_gemm_check(const fad_gemm_params *p, char *msg, size_t msg_len)
@@ -189,6 +198,49 @@ fad_status fad_rmsnorm_cpu(const fad_rmsnorm_params *p, char *msg, size_t msg_le
                 store_elem(p->etype, p->y, yo + j,
                            load_elem(p->etype, p->w, j) * load_elem(p->etype, p->y, yo + j));
         }
+    }
+    return FAD_OK;
+}
+
+fad_status fad_rmsnorm_bwd_check(const fad_rmsnorm_bwd_params *p, char *msg, size_t msg_len)
+{
+    if (bad_etype(p->etype))
+        return fad_fail(FAD_ERR_DTYPE, msg, msg_len, "rms_norm_bwd: unknown element type");
+    if (p->rows < 0 || p->cols <= 0 || p->ldx < p->cols || p->lddy < p->cols || p->lddx < p->cols)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "rms_norm_bwd: rows >= 0, cols > 0 and row "
+                        "strides >= cols expected");
+    if (p->rows > 0 && (!p->x || !p->dy || !p->s || !p->dx))
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "rms_norm_bwd: a NULL operand");
+    if (p->dw_part && !p->w)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "rms_norm_bwd: dw_part without w");
+    return FAD_OK;
+}
+
+fad_status fad_rmsnorm_bwd_cpu(const fad_rmsnorm_bwd_params *p, char *msg, size_t msg_len)
+{
+    fad_status st = fad_rmsnorm_bwd_check(p, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    const fad_etype t = p->etype;
+    for (int64_t r = 0; r < p->rows; r++) {
+        const int64_t xo = r * p->ldx, go = r * p->lddy, dxo = r * p->lddx;
+        const float s = p->s[r];
+        float *part = p->dw_part ? p->dw_part + r / FAD_RMSNORM_BWD_ROWS * p->cols : NULL;
+#define RMS_G(j) (p->w ? round_elem(t, load_elem(t, p->dy, go + (j)) * load_elem(t, p->w, (j))) \
+                       : load_elem(t, p->dy, go + (j)))
+        float dot = 0.f;
+        for (int64_t j = 0; j < p->cols; j++)
+            dot = dot + RMS_G(j) * load_elem(t, p->x, xo + j);
+        const float c = dot * (s * s * s) / (float)p->cols;
+        if (part && r % FAD_RMSNORM_BWD_ROWS == 0)
+            memset(part, 0, (size_t)p->cols * sizeof *part);
+        for (int64_t j = 0; j < p->cols; j++) {
+            const float x = load_elem(t, p->x, xo + j);
+            store_elem(t, p->dx, dxo + j, RMS_G(j) * s - x * c);
+            if (part)
+                part[j] = part[j] + load_elem(t, p->dy, go + j) * round_elem(t, x * s);
+        }
+#undef RMS_G
     }
     return FAD_OK;
 }

@@ -89,6 +89,31 @@ typedef struct fad_rmsnorm_params {
     float eps;
 } fad_rmsnorm_params;
 
+/* RMSNorm's backward, for the forward above (x, w and s as it had them); x, dy, w and dx of
+ * etype:
+ *   g[r, j]  = w ? round(dy[r, j] * w[j]) : dy[r, j]
+ *   c[r]     = (sum_j g[r, j] * x[r, j]) * (s[r] * s[r] * s[r]) / cols   (the DOT order)
+ *   dx[r, j] = round(g[r, j] * s[r] - x[r, j] * c[r])
+ * (transformers' graph, op by op: dx of a row depends on that row alone), and with dw_part
+ * (w non-NULL) the weight gradient's partial sums, fp32, one row per block of
+ * FAD_RMSNORM_BWD_ROWS rows, each summed over its rows in order:
+ *   dw_part[b, j] = sum_{r in block b} dy[r, j] * round(x[r, j] * s[r])
+ * dw is their sum over b, in order (the caller's): the same bits run to run. */
+#define FAD_RMSNORM_BWD_ROWS 16
+typedef struct fad_rmsnorm_bwd_params {
+    int64_t rows, cols;
+    fad_etype etype;
+    const void *x;
+    int64_t ldx;
+    const void *dy;
+    int64_t lddy;
+    const void *w;
+    const float *s;
+    void *dx;
+    int64_t lddx;
+    float *dw_part; /* NULL, or ceil(rows / FAD_RMSNORM_BWD_ROWS) x cols floats, contiguous */
+} fad_rmsnorm_bwd_params;
+
 /* The gradient of log-sum-exp (and of cross-entropy) with respect to the logits:
  *   dx[r, j] = g[r] * exp(x[r, j] - lse[r]) - (j == target[r] ? g[r] : 0)
  * x and dx of etype, lse and g fp32 (rows,), target NULL or int64 (rows,) (a negative
@@ -112,6 +137,8 @@ fad_status fad_gemm_cpu(const fad_gemm_params *p, char *msg, size_t msg_len);
 fad_status fad_row_reduce_cpu(const fad_row_params *p, char *msg, size_t msg_len);
 fad_status fad_rmsnorm_check(const fad_rmsnorm_params *p, char *msg, size_t msg_len);
 fad_status fad_rmsnorm_cpu(const fad_rmsnorm_params *p, char *msg, size_t msg_len);
+fad_status fad_rmsnorm_bwd_check(const fad_rmsnorm_bwd_params *p, char *msg, size_t msg_len);
+fad_status fad_rmsnorm_bwd_cpu(const fad_rmsnorm_bwd_params *p, char *msg, size_t msg_len);
 fad_status fad_xent_bwd_check(const fad_xent_bwd_params *p, char *msg, size_t msg_len);
 fad_status fad_xent_bwd_cpu(const fad_xent_bwd_params *p, char *msg, size_t msg_len);
 
@@ -128,6 +155,8 @@ fad_status fad_row_reduce_cuda(const fad_row_params *p, struct CUstream_st *stre
                                size_t msg_len);
 fad_status fad_rmsnorm_cuda(const fad_rmsnorm_params *p, struct CUstream_st *stream, char *msg,
                             size_t msg_len);
+fad_status fad_rmsnorm_bwd_cuda(const fad_rmsnorm_bwd_params *p, struct CUstream_st *stream,
+                                char *msg, size_t msg_len);
 fad_status fad_xent_bwd_cuda(const fad_xent_bwd_params *p, struct CUstream_st *stream, char *msg,
                              size_t msg_len);
 

@@ -53,6 +53,13 @@ fad_status fad_rmsnorm_cuda(const fad_rmsnorm_params *p, struct CUstream_st *str
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
 }
 
+fad_status fad_rmsnorm_bwd_cuda(const fad_rmsnorm_bwd_params *p, struct CUstream_st *stream,
+                                char *msg, size_t msg_len)
+{
+    (void)p, (void)stream;
+    return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
 fad_status fad_xent_bwd_cuda(const fad_xent_bwd_params *p, struct CUstream_st *stream, char *msg,
                              size_t msg_len)
 {

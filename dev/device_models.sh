@@ -4,7 +4,7 @@
 # end-to-end speed beside stock torch. Logs under $OUT (or ./device_out).
 #   dev/device_models.sh [stage ...]   stages: build gemm test parity stock bench profile limits
 #                                      suite1 suite2
-# (BENCH_ARGS: extra arguments for bench_model.py)
+# (BENCH_ARGS: extra arguments for bench_model.py; PROFILE_SHAPES: the profile's models)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -37,10 +37,13 @@ if has stock; then
 fi
 has bench && timeout 400 python3 benchmarks/bench_model.py ${BENCH_ARGS:-} --out "$out/bench_model.md" 2>&1 | tail -14
 if has profile; then
-    for s in qwen2-0.5b llama-0.5b; do
+    for s in ${PROFILE_SHAPES:-qwen2-0.5b llama-0.5b}; do
         FLASH_ATTN_DET_GEMM_DEBUG=1 timeout 200 python3 dev/profile_train.py --shape $s \
             > "$out/profile_$s.md" 2> "$out/profile_${s}_plans.txt"; grep "ms of kernels" "$out/profile_$s.md"
     done
+    # the backward's sm_90a kernels also on grids below one CTA an SM (device.cu)
+    FLASH_ATTN_DET_WGMMA=force timeout 200 python3 dev/profile_train.py --shape qwen2-0.5b --only invariant \
+        > "$out/profile_qwen2-0.5b_wgmma_force.md" 2>&1; grep "ms of kernels" "$out/profile_qwen2-0.5b_wgmma_force.md"
 fi
 has limits && timeout 300 python3 -m pytest -q -p no:randomly tests/test_limits.py -k "cuda or gpu" -rfE \
     --tb=short 2>&1 | tee "$out/pytest_limits.log" | tail -20

@@ -148,7 +148,8 @@ def _rms_fwd(x2, weight, eps):
 
 class _RMSNorm(torch.autograd.Function):
     """y = w * round(x * s), s = rsqrt(mean(x^2) + eps): the fused kernel forward (the same
-    bits with and without autograd); the backward elementwise plus one per-row dot."""
+    bits with and without autograd); the backward one fused kernel too (transformers'
+    graph op by op: dx per row; dw from fixed blocks of rows summed in order)."""
 
     @staticmethod
     def forward(ctx, x2, weight, eps):
@@ -160,16 +161,14 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, scale = ctx.saved_tensors
         dy2 = _rows(dy)
-        h = (x2.float() * scale[:, None]).to(x2.dtype)  # the forward's round(x * s), recomputed
-        # transformers' graph: the gradient reaching round(x * s) is dy * w in x's dtype
-        gh = (dy2 if weight is None else (dy2 * weight).to(x2.dtype)).float()
-        # s = (sum(x^2) / D + eps)^-1/2: ds/dx_i = -s^3 x_i / D
-        dot = _row_reduce(_DOT, _rows(gh), x2)
-        coef = dot * scale.pow(3) / x2.shape[1]
-        dx = (gh * scale[:, None] - x2.float() * coef[:, None]).to(x2.dtype)
-        dw = None
+        dx = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+        part = None
         if weight is not None and ctx.needs_input_grad[1]:
-            dw = (dy2.float() * h.float()).sum(0).to(weight.dtype)
+            blocks = -(-x2.shape[0] // _C.RMSNORM_BWD_ROWS)
+            part = torch.empty((blocks, x2.shape[1]), dtype=torch.float32, device=x2.device)
+        _C.rms_norm_bwd(_dl(x2), _dl(dy2), None if weight is None else _dl(weight), _dl(scale),
+                        _dl(dx), None if part is None else _dl(part), _stream(x2))
+        dw = None if part is None else part.sum(0).to(weight.dtype)
         return dx, dw, None
 
 

@@ -4,7 +4,7 @@ reference on fresh random inputs, and each row's bits the same alone and among o
 import pytest
 import torch
 
-from flash_attn_det import blocks
+from flash_attn_det import _C, blocks
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.bfloat16, torch.float16]
@@ -88,6 +88,26 @@ def test_rms_norm(device, dtype):
         xs = x[start:start + m].clone().requires_grad_(True)
         blocks.rms_norm(xs, w, 1e-6).backward(dy[start:start + m])
         assert torch.equal(xs.grad, xg.grad[start:start + m])
+    # the weight's gradient (blocks of rows, a partial last one): against float64, and the
+    # same bits run to run; dx the same bits with and without it
+    wg = w.clone().requires_grad_(True)
+    xg2 = x.clone().requires_grad_(True)
+    blocks.rms_norm(xg2, wg, 1e-6).backward(dy)
+    wr = w.double().requires_grad_(True)
+    xd = x.double()
+    (wr * xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)).backward(dy.double())
+    assert _rel(wg.grad, wr.grad) < 2e-2
+    assert torch.equal(xg2.grad, xg.grad)
+    dw1 = wg.grad
+    wg.grad = None
+    blocks.rms_norm(x, wg, 1e-6).backward(dy)
+    assert torch.equal(wg.grad, dw1)
+    # no weight
+    xn = x.clone().requires_grad_(True)
+    blocks.rms_norm(xn, None, 1e-6).backward(dy)
+    xr.grad = None
+    (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6)).backward(dy.double())
+    assert _rel(xn.grad, xr.grad) < 2e-2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,6 +126,15 @@ def test_log_softmax_and_cross_entropy(device):
         assert torch.equal(blocks.log_softmax(x[start:start + m]), lp[start:start + m])
         assert torch.equal(blocks.token_logprobs(x[start:start + m], t[start:start + m]),
                            tl[start:start + m])
+    # a row that starts off 16-byte alignment (read element by element) gives the same bits
+    xo = torch.empty(M, V + 1, dtype=x.dtype, device=device)[:, 1:]
+    xo.copy_(x)
+    assert torch.equal(blocks.log_softmax(xo), lp)
+    lse_o, lse_x = (torch.empty(M, device=device) for _ in range(2))
+    stream = blocks._stream(x)
+    _C.row_reduce(2, blocks._dl(xo), None, blocks._dl(lse_o), stream)  # (the C entry: no copy)
+    _C.row_reduce(2, blocks._dl(x), None, blocks._dl(lse_x), stream)
+    assert torch.equal(lse_o, lse_x)
     ce = blocks.cross_entropy(x, t)
     assert abs(float(ce) - float(torch.nn.functional.cross_entropy(x.double(), t))) < 1e-4
     # gradients: per row with reduction="sum"; against float64
@@ -117,6 +146,9 @@ def test_log_softmax_and_cross_entropy(device):
     xs = x[2:5].clone().requires_grad_(True)
     blocks.cross_entropy(xs, t[2:5], reduction="sum").backward()
     assert torch.equal(xs.grad, xg.grad[2:5])
+    xo = xo.detach().requires_grad_(True)
+    blocks.cross_entropy(xo, t, reduction="sum").backward()
+    assert torch.equal(xo.grad, xg.grad)
     # log_softmax's own backward
     xg.grad = None
     dy = torch.randn(M, V, generator=g).to(device)
@@ -187,3 +219,17 @@ def test_forward_bits_with_and_without_autograd(device):
               blocks.token_logprobs(lg, t), blocks.log_softmax(lg))
     for a, c in zip(plain, graded):
         assert c.grad_fn is not None and torch.equal(a, c.detach())
+
+
+def test_rms_norm_bwd_arguments():
+    x = torch.randn(20, 8, dtype=torch.bfloat16)
+    s = torch.ones(20)
+    dx = torch.full((20, 8), 7.0, dtype=torch.bfloat16)
+    w = torch.ones(8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dw_part"):  # 20 rows are 2 blocks, not 1
+        _C.rms_norm_bwd(x, x, w, s, dx, torch.empty(1, 8), 0)
+    with pytest.raises(ValueError, match="dw_part"):  # a weight gradient needs the weight
+        _C.rms_norm_bwd(x, x, None, s, dx, torch.empty(2, 8), 0)
+    with pytest.raises(ValueError, match="dy"):
+        _C.rms_norm_bwd(x, x[:, :4], w, s, dx, None, 0)
+    assert torch.equal(dx, torch.full((20, 8), 7.0, dtype=torch.bfloat16))  # nothing written

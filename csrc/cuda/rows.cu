@@ -9,7 +9,11 @@
  * in ascending order, and the 256 partials always meet in the same butterfly
  * (warp shuffles) and then in warp order -- the partition depends on cols alone,
  * never on rows, the grid or the SM count (docs/design.md,
- * "batch-invariant-models").
+ * "batch-invariant-models"). LSE, over a vocabulary's logits the widest row,
+ * reads 16 bytes at a time: thread t owns the chunks of 16 / sizeof(T) columns
+ * starting at t * 16 / sizeof(T) + k * 256 * 16 / sizeof(T), folded in column order
+ * whether a chunk is read as one vector (a 16-byte aligned row) or element by element,
+ * so the alignment of a row does not change its bits either.
  */
 #include <math.h>
 
@@ -27,6 +31,30 @@ template <> __device__ __forceinline__ float load_f<__half>(const __half *p, int
 template <> __device__ __forceinline__ float load_f<__nv_bfloat16>(const __nv_bfloat16 *p, int64_t i)
 {
     return __bfloat162float(p[i]);
+}
+
+/* The chunk of kVec columns from j of row xr as floats (n of them: kVec, fewer at
+ * the row's end): one 16-byte load where the row start is aligned (vec), else element
+ * by element -- the same values in the same slots either way. */
+template <typename T> struct row_vec { enum { N = 16 / sizeof(T) }; };
+
+template <typename T>
+__device__ __forceinline__ int load_chunk(const T *xr, int64_t j, int64_t cols, bool vec,
+                                          float (&v)[row_vec<T>::N])
+{
+    constexpr int N = row_vec<T>::N;
+    if (vec && j + N <= cols) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(xr + j);
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = load_f(e, i);
+        return N;
+    }
+    const int n = cols - j < N ? (int)(cols - j) : N;
+    for (int i = 0; i < n; i++)
+        v[i] = load_f(xr, j + i);
+    return n;
 }
 
 /* The CTA's 256 partials -> one value in every thread, in a fixed order: an xor
@@ -77,20 +105,41 @@ row_reduce_kernel(fad_row_op op, int64_t rows, int64_t cols, const TX *__restric
                 acc = __fadd_rn(acc, __fmul_rn(load_f(xr, j), load_f(yr, j)));
             acc = block_reduce<false>(acc, smem);
         } else {
-            float m = -INFINITY;
-            for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
-                m = fmaxf(m, load_f(xr, j));
-            m = block_reduce<true>(m, smem);
-            if (isinf(m)) { /* all -inf: log(0); some +inf: +inf; fmaxf drops NaN, so look */
+            /* one pass: each thread keeps its chunks' running max m and sum s of
+             * exp(x - m), rescaled when m grows; then the CTA's max M and the sum of
+             * s * exp(m - M). A thread that saw only -inf adds 0; a NaN it saw makes
+             * the sum NaN (fmaxf drops NaN, so it is looked for). */
+            constexpr int N = row_vec<TX>::N;
+            const bool vec = ((uintptr_t)xr & 15) == 0;
+            float m = -INFINITY, s = 0.f;
+            bool nan = false;
+            for (int64_t j = (int64_t)threadIdx.x * N; j < cols; j += (int64_t)ROW_THREADS * N) {
+                float v[N];
+                const int n = load_chunk(xr, j, cols, vec, v);
+                float cm = m;
+                for (int i = 0; i < n; i++) {
+                    cm = fmaxf(cm, v[i]);
+                    nan |= v[i] != v[i];
+                }
+                if (cm == -INFINITY)
+                    continue;
+                if (cm > m) {
+                    s = __fmul_rn(s, expf(__fsub_rn(m, cm)));
+                    m = cm;
+                }
+                for (int i = 0; i < n; i++)
+                    s = __fadd_rn(s, expf(__fsub_rn(v[i], m)));
+            }
+            const float M = block_reduce<true>(m, smem);
+            if (isinf(M)) { /* all -inf: log(0); some +inf: +inf; NaN propagates */
                 for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
                     acc = __fadd_rn(acc, load_f(xr, j));
                 acc = block_reduce<false>(acc, smem);
-                acc = acc != acc ? acc : m;
+                acc = acc != acc ? acc : M;
             } else {
-                for (int64_t j = threadIdx.x; j < cols; j += ROW_THREADS)
-                    acc = __fadd_rn(acc, expf(__fsub_rn(load_f(xr, j), m)));
+                acc = nan ? NAN : m == -INFINITY ? 0.f : __fmul_rn(s, expf(__fsub_rn(m, M)));
                 acc = block_reduce<false>(acc, smem);
-                acc = __fadd_rn(m, logf(acc));
+                acc = __fadd_rn(M, logf(acc));
             }
         }
         if (threadIdx.x == 0)
@@ -133,23 +182,114 @@ rmsnorm_kernel(int64_t rows, int64_t cols, const T *__restrict__ x, int64_t ldx,
     }
 }
 
-/* dx = g * exp(x - lse) - [j == target] g, per element (fad_xent_bwd_params): a 2-D
- * grid, x over columns (256 a CTA), y over rows. */
+/* v rounded to T and back (a store and a load) */
+template <typename T> __device__ __forceinline__ float round_t(float v)
+{
+    const T h = store_t<T>(v);
+    return load_f(&h, 0);
+}
+
+/* RMSNorm's backward (fad_rmsnorm_bwd_params): one CTA a block of
+ * FAD_RMSNORM_BWD_ROWS rows, taken in order. Per row: the DOT reduction's partition and
+ * tree for sum_j g * x, then each thread writes dx for the columns it read and, with
+ * dw_part, adds dy * round(x * s) into the block's partial sums of those columns. The
+ * block's row of dw_part is this CTA's alone and each of its columns one thread's, so
+ * the sums are plain loads and stores (L2-resident), in row order, with no barrier. */
+template <typename T>
+__global__ void __launch_bounds__(ROW_THREADS)
+rmsnorm_bwd_kernel(fad_rmsnorm_bwd_params p)
+{
+    __shared__ float smem[ROW_WARPS + 1];
+    const T *x = (const T *)p.x, *dy = (const T *)p.dy, *w = (const T *)p.w;
+    T *dx = (T *)p.dx;
+    const int64_t blocks = (p.rows + FAD_RMSNORM_BWD_ROWS - 1) / FAD_RMSNORM_BWD_ROWS;
+    for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+        const int64_t r0 = b * FAD_RMSNORM_BWD_ROWS;
+        const int64_t r_end = r0 + FAD_RMSNORM_BWD_ROWS < p.rows ? r0 + FAD_RMSNORM_BWD_ROWS : p.rows;
+        float *part = p.dw_part ? p.dw_part + b * p.cols : nullptr;
+        for (int64_t r = r0; r < r_end; r++) {
+            const T *xr = x + r * p.ldx, *gr = dy + r * p.lddy;
+            const float s = p.s[r];
+            /* g = round(dy * w): transformers' graph hands the norm's inner value the
+             * gradient dy * w in x's dtype */
+            auto g_of = [&](int64_t j) {
+                const float d = load_f(gr, j);
+                return w ? round_t<T>(__fmul_rn(d, load_f(w, j))) : d;
+            };
+            float acc = 0.f;
+            for (int64_t j = threadIdx.x; j < p.cols; j += ROW_THREADS)
+                acc = __fadd_rn(acc, __fmul_rn(g_of(j), load_f(xr, j)));
+            acc = block_reduce<false>(acc, smem);
+            const float c = __fdiv_rn(__fmul_rn(acc, __fmul_rn(__fmul_rn(s, s), s)), (float)p.cols);
+            for (int64_t j = threadIdx.x; j < p.cols; j += ROW_THREADS) {
+                const float xv = load_f(xr, j);
+                dx[r * p.lddx + j] = store_t<T>(__fsub_rn(__fmul_rn(g_of(j), s), __fmul_rn(xv, c)));
+                if (part) {
+                    const float t = __fmul_rn(load_f(gr, j), round_t<T>(__fmul_rn(xv, s)));
+                    part[j] = r == r0 ? t : __fadd_rn(part[j], t);
+                }
+            }
+        }
+    }
+}
+
+template <typename T>
+static fad_status launch_rmsnorm_bwd(const fad_rmsnorm_bwd_params *p, cudaStream_t stream,
+                                     char *msg, size_t msg_len)
+{
+    const int64_t blocks = (p->rows + FAD_RMSNORM_BWD_ROWS - 1) / FAD_RMSNORM_BWD_ROWS;
+    const int64_t grid = blocks < ROW_MAX_GRID ? blocks : ROW_MAX_GRID;
+    rmsnorm_bwd_kernel<T><<<(unsigned)grid, ROW_THREADS, 0, stream>>>(*p);
+    CUDA_TRY(cudaGetLastError());
+    return FAD_OK;
+}
+
+extern "C" fad_status fad_rmsnorm_bwd_cuda(const fad_rmsnorm_bwd_params *p,
+                                           struct CUstream_st *stream, char *msg, size_t msg_len)
+{
+    fad_status st = fad_rmsnorm_bwd_check(p, msg, msg_len);
+    if (st != FAD_OK || p->rows == 0)
+        return st;
+    switch (p->etype) {
+    case FAD_E_FLOAT16: return launch_rmsnorm_bwd<__half>(p, stream, msg, msg_len);
+    case FAD_E_BFLOAT16: return launch_rmsnorm_bwd<__nv_bfloat16>(p, stream, msg, msg_len);
+    default: return launch_rmsnorm_bwd<float>(p, stream, msg, msg_len);
+    }
+}
+
+/* dx = g * exp(x - lse) - [j == target] g, per element (fad_xent_bwd_params): one CTA a
+ * row (grid-stride past ROW_MAX_GRID), each thread 16-byte chunks of it (load_chunk;
+ * stored as one vector where dx's row is aligned too). Elementwise, so how the row is cut
+ * changes no bit. */
 template <typename T>
 __global__ void __launch_bounds__(ROW_THREADS)
 xent_bwd_kernel(int64_t rows, int64_t cols, const T *__restrict__ x, int64_t ldx,
                 const float *__restrict__ lse, const float *__restrict__ g,
                 const int64_t *__restrict__ target, T *__restrict__ dx, int64_t lddx)
 {
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    constexpr int N = row_vec<T>::N;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float gr = g[r], lr = lse[r];
         const int64_t t = target ? target[r] : -1;
-        for (int64_t j = blockIdx.x * (int64_t)ROW_THREADS + threadIdx.x; j < cols;
-             j += (int64_t)gridDim.x * ROW_THREADS) {
-            float v = __fmul_rn(gr, expf(__fsub_rn(load_f(x + r * ldx, j), lr)));
-            if (j == t)
-                v = __fsub_rn(v, gr);
-            dx[r * lddx + j] = store_t<T>(v);
+        const T *xr = x + r * ldx;
+        T *dr = dx + r * lddx;
+        const bool vec = (((uintptr_t)xr | (uintptr_t)dr) & 15) == 0;
+        for (int64_t j = (int64_t)threadIdx.x * N; j < cols; j += (int64_t)ROW_THREADS * N) {
+            float v[N];
+            const int n = load_chunk(xr, j, cols, vec, v);
+            T o[N];
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                float d = __fmul_rn(gr, expf(__fsub_rn(v[i], lr)));
+                if (j + i == t)
+                    d = __fsub_rn(d, gr);
+                o[i] = store_t<T>(d);
+            }
+            if (n == N && vec)
+                *reinterpret_cast<uint4 *>(dr + j) = *reinterpret_cast<const uint4 *>(o);
+            else
+                for (int i = 0; i < n; i++)
+                    dr[j + i] = o[i];
         }
     }
 }
@@ -182,9 +322,8 @@ template <typename T>
 static fad_status launch_xent_bwd(const fad_xent_bwd_params *p, cudaStream_t stream, char *msg,
                                   size_t msg_len)
 {
-    const int64_t gx = (p->cols + ROW_THREADS - 1) / ROW_THREADS;
-    const dim3 grid((unsigned)(gx < 1024 ? gx : 1024), (unsigned)(p->rows < 65535 ? p->rows : 65535));
-    xent_bwd_kernel<T><<<grid, ROW_THREADS, 0, stream>>>(p->rows, p->cols, (const T *)p->x, p->ldx,
+    const int64_t grid = p->rows < ROW_MAX_GRID ? p->rows : ROW_MAX_GRID;
+    xent_bwd_kernel<T><<<(unsigned)grid, ROW_THREADS, 0, stream>>>(p->rows, p->cols, (const T *)p->x, p->ldx,
                                                           p->lse, p->g, p->target, (T *)p->dx, p->lddx);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;

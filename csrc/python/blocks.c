@@ -249,6 +249,29 @@ static int check_like(const DLTensor *y, fad_etype ey, const DLTensor *x, fad_et
     return 0;
 }
 
+/* A norm's weight: None (*w NULL), or a contiguous (cols,) tensor of x's type and device. */
+static int get_norm_weight(tensor_args *ta, PyObject *obj, const DLTensor *x, fad_etype et,
+                           const void **w)
+{
+    DLTensor *t;
+    *w = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (get_tensor(ta, obj, "w", &t) || check_same_device(t, x, "w", "x"))
+        return -1;
+    if (t->ndim != 1 || t->shape[0] != x->shape[1] || (t->shape[0] > 1 && tensor_stride(t, 0) != 1)) {
+        PyErr_Format(PyExc_ValueError, "w: expected a contiguous (%lld,) tensor",
+                     (long long)x->shape[1]);
+        return -1;
+    }
+    if (etype_of(t->dtype) != (int)et) {
+        PyErr_SetString(PyExc_TypeError, "w: must have x's dtype");
+        return -1;
+    }
+    *w = tensor_data(t);
+    return 0;
+}
+
 const char fad_rms_norm_doc[] =
 "rms_norm(x, w, y, s, eps, stream)\n"
 "--\n\n"
@@ -259,7 +282,7 @@ const char fad_rms_norm_doc[] =
 PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     tensor_args ta;
-    DLTensor *x, *w = NULL, *y, *s;
+    DLTensor *x, *y, *s;
     fad_rmsnorm_params p;
     fad_etype ey;
     struct CUstream_st *stream;
@@ -276,21 +299,8 @@ PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t na
         get_row_vector(&ta, args[3], "s", x, kDLFloat, 32, &s) ||
         as_float(args[4], "eps", &p.eps) || get_stream(args[5], &stream))
         return NULL;
-    if (args[1] != Py_None) {
-        /* w as a (1, cols) matrix: the same dtype and contiguity rules */
-        if (get_tensor(&ta, args[1], "w", &w) || check_same_device(w, x, "w", "x"))
-            return NULL;
-        if (w->ndim != 1 || w->shape[0] != x->shape[1] || (w->shape[0] > 1 && tensor_stride(w, 0) != 1)) {
-            PyErr_Format(PyExc_ValueError, "w: expected a contiguous (%lld,) tensor",
-                         (long long)x->shape[1]);
-            return NULL;
-        }
-        if (etype_of(w->dtype) != (int)p.etype) {
-            PyErr_SetString(PyExc_TypeError, "w: must have x's dtype");
-            return NULL;
-        }
-        p.w = tensor_data(w);
-    }
+    if (get_norm_weight(&ta, args[1], x, p.etype, &p.w))
+        return NULL;
     if (x->shape[1] == 0) {
         PyErr_SetString(PyExc_ValueError, "x: rows of zero length have no norm");
         return NULL;
@@ -298,6 +308,63 @@ PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t na
     p.rows = x->shape[0], p.cols = x->shape[1];
     p.x = tensor_data(x), p.y = tensor_data(y), p.s = tensor_data(s);
     RUN_ON(x, fad_rmsnorm_cpu(&p, msg, sizeof msg), fad_rmsnorm_cuda(&p, stream, msg, sizeof msg));
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
+const char fad_rms_norm_bwd_doc[] =
+"rms_norm_bwd(x, dy, w, s, dx, dw_part, stream)\n"
+"--\n\n"
+"RMSNorm's backward for rms_norm(x, w, y, s, ...): dx like x (each row's bits from that\n"
+"row alone); dw_part None, or (w given) float32 (ceil(rows / RMSNORM_BWD_ROWS), cols),\n"
+"contiguous: each block of rows' partial sums of dy * round(x * s), in row order; dw is\n"
+"their sum over the blocks in order (fad_blocks.h).";
+
+PyObject *fad_py_rms_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args ta;
+    DLTensor *x, *dy, *s, *dx, *part = NULL;
+    fad_rmsnorm_bwd_params p;
+    fad_etype ey, ed;
+    struct CUstream_st *stream;
+    char msg[512] = "";
+    fad_status st;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "rms_norm_bwd: expected 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    tensor_args_init(&ta, module);
+    memset(&p, 0, sizeof p);
+    if (get_matrix(&ta, args[0], "x", &x, &p.etype, &p.ldx) ||
+        get_matrix(&ta, args[1], "dy", &dy, &ey, &p.lddy) || check_like(dy, ey, x, p.etype, "dy") ||
+        get_norm_weight(&ta, args[2], x, p.etype, &p.w) ||
+        get_row_vector(&ta, args[3], "s", x, kDLFloat, 32, &s) ||
+        get_matrix(&ta, args[4], "dx", &dx, &ed, &p.lddx) || check_like(dx, ed, x, p.etype, "dx") ||
+        get_stream(args[6], &stream))
+        return NULL;
+    if (args[5] != Py_None) {
+        const int64_t blocks = (x->shape[0] + FAD_RMSNORM_BWD_ROWS - 1) / FAD_RMSNORM_BWD_ROWS;
+        if (get_tensor(&ta, args[5], "dw_part", &part) || check_same_device(part, x, "dw_part", "x"))
+            return NULL;
+        if (!p.w || !is_dtype(part->dtype, kDLFloat, 32) || part->ndim != 2 ||
+            part->shape[0] != blocks || part->shape[1] != x->shape[1] ||
+            (blocks > 1 && tensor_stride(part, 0) != x->shape[1]) ||
+            (x->shape[1] > 1 && tensor_stride(part, 1) != 1)) {
+            PyErr_Format(PyExc_ValueError, "dw_part: expected a contiguous float32 (%lld, %lld) "
+                         "tensor, and w", (long long)blocks, (long long)x->shape[1]);
+            return NULL;
+        }
+        p.dw_part = tensor_data(part);
+    }
+    if (x->shape[1] == 0) {
+        PyErr_SetString(PyExc_ValueError, "x: rows of zero length have no norm");
+        return NULL;
+    }
+    p.rows = x->shape[0], p.cols = x->shape[1];
+    p.x = tensor_data(x), p.dy = tensor_data(dy), p.s = tensor_data(s), p.dx = tensor_data(dx);
+    RUN_ON(x, fad_rmsnorm_bwd_cpu(&p, msg, sizeof msg),
+           fad_rmsnorm_bwd_cuda(&p, stream, msg, sizeof msg));
     if (st != FAD_OK)
         return raise_status(st, msg);
     Py_RETURN_NONE;

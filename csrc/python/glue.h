@@ -118,10 +118,12 @@ void infer_free_tensor(DLManagedTensorVersioned *m);
 
 /* ---- blocks.c's entries (the batch-invariant building blocks) ---- */
 
-extern const char fad_gemm_doc[], fad_row_reduce_doc[], fad_rms_norm_doc[], fad_xent_bwd_doc[];
+extern const char fad_gemm_doc[], fad_row_reduce_doc[], fad_rms_norm_doc[], fad_rms_norm_bwd_doc[],
+    fad_xent_bwd_doc[];
 PyObject *fad_py_gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_row_reduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fad_py_rms_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fad_py_xent_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char fad_linear_infer_doc[];
 PyObject *fad_py_linear_infer(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

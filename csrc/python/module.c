@@ -13,6 +13,8 @@
 
 #include "glue.h"
 
+#include "fad_blocks.h" /* FAD_RMSNORM_BWD_ROWS */
+
 /* ------------------------------------------------------------------------ */
 /* fwd                                                                        */
 /* ------------------------------------------------------------------------ */
@@ -782,6 +784,8 @@ static PyMethodDef fad_methods[] = {
     {"gemm", (PyCFunction)(void (*)(void))fad_py_gemm, METH_FASTCALL, fad_gemm_doc},
     {"row_reduce", (PyCFunction)(void (*)(void))fad_py_row_reduce, METH_FASTCALL, fad_row_reduce_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))fad_py_rms_norm, METH_FASTCALL, fad_rms_norm_doc},
+    {"rms_norm_bwd", (PyCFunction)(void (*)(void))fad_py_rms_norm_bwd, METH_FASTCALL,
+     fad_rms_norm_bwd_doc},
     {"xent_bwd", (PyCFunction)(void (*)(void))fad_py_xent_bwd, METH_FASTCALL, fad_xent_bwd_doc},
     {"linear_infer", (PyCFunction)(void (*)(void))fad_py_linear_infer, METH_FASTCALL,
      fad_linear_infer_doc},
@@ -812,6 +816,7 @@ static int fad_exec(PyObject *m)
         PyModule_AddIntConstant(m, "MAX_SPLIT_SIZE", FAD_MAX_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "DEFAULT_SPLIT_SIZE", FAD_DEFAULT_SPLIT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MAX_HEAD_DIM", FAD_MAX_HEAD_DIM) < 0 ||
+        PyModule_AddIntConstant(m, "RMSNORM_BWD_ROWS", FAD_RMSNORM_BWD_ROWS) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_AUTO", FAD_SCHEDULE_AUTO) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_ONE_CTA", FAD_SCHEDULE_ONE_CTA) < 0 ||
         PyModule_AddIntConstant(m, "SCHEDULE_CTA_PER_SPLIT", FAD_SCHEDULE_CTA_PER_SPLIT) < 0)
