@@ -126,6 +126,9 @@ def test_log_softmax_and_cross_entropy(device):
         assert torch.equal(blocks.log_softmax(x[start:start + m]), lp[start:start + m])
         assert torch.equal(blocks.token_logprobs(x[start:start + m], t[start:start + m]),
                            tl[start:start + m])
+    # the same values in fp32 (generate's copies of the logits) give the same bits
+    assert torch.equal(blocks.log_softmax(x.float()), lp)
+    assert torch.equal(blocks.token_logprobs(x.float(), t), tl)
     # a row that starts off 16-byte alignment (read element by element) gives the same bits
     xo = torch.empty(M, V + 1, dtype=x.dtype, device=device)[:, 1:]
     xo.copy_(x)

@@ -10,10 +10,10 @@
  * (warp shuffles) and then in warp order -- the partition depends on cols alone,
  * never on rows, the grid or the SM count (docs/design.md,
  * "batch-invariant-models"). LSE, over a vocabulary's logits the widest row,
- * reads 16 bytes at a time: thread t owns the chunks of 16 / sizeof(T) columns
- * starting at t * 16 / sizeof(T) + k * 256 * 16 / sizeof(T), folded in column order
- * whether a chunk is read as one vector (a 16-byte aligned row) or element by element,
- * so the alignment of a row does not change its bits either.
+ * reads 16 bytes at a time: thread t owns the chunks of 8 columns starting at
+ * 8t + 2048k, folded in column order whether a chunk is read by vector loads (a
+ * 16-byte aligned row) or element by element, so neither the alignment nor the type
+ * of a row (fp32 or bf16 holding the same values) changes its bits.
  */
 #include <math.h>
 
@@ -33,25 +33,31 @@ template <> __device__ __forceinline__ float load_f<__nv_bfloat16>(const __nv_bf
     return __bfloat162float(p[i]);
 }
 
-/* The chunk of kVec columns from j of row xr as floats (n of them: kVec, fewer at
- * the row's end): one 16-byte load where the row start is aligned (vec), else element
- * by element -- the same values in the same slots either way. */
-template <typename T> struct row_vec { enum { N = 16 / sizeof(T) }; };
+/* The chunk of ROW_VEC columns from j of row xr as floats (n of them: ROW_VEC, fewer at
+ * the row's end): 16-byte loads where the row start is 16-byte aligned (vec), else
+ * element by element -- the same values in the same slots either way. ROW_VEC is 8 for
+ * every type: the partition must not depend on the type either, since the same values
+ * held in fp32 (generate's copies of the logits) and in bf16 (a trainer's) must give the
+ * same bits. */
+enum { ROW_VEC = 8 };
 
 template <typename T>
 __device__ __forceinline__ int load_chunk(const T *xr, int64_t j, int64_t cols, bool vec,
-                                          float (&v)[row_vec<T>::N])
+                                          float (&v)[ROW_VEC])
 {
-    constexpr int N = row_vec<T>::N;
-    if (vec && j + N <= cols) {
-        const uint4 raw = *reinterpret_cast<const uint4 *>(xr + j);
-        const T *e = reinterpret_cast<const T *>(&raw);
+    constexpr int per = 16 / sizeof(T); /* elements a 16-byte load */
+    if (vec && j + ROW_VEC <= cols) {
 #pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = load_f(e, i);
-        return N;
+        for (int q = 0; q < ROW_VEC / per; q++) {
+            const uint4 raw = *reinterpret_cast<const uint4 *>(xr + j + q * per);
+            const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int i = 0; i < per; i++)
+                v[q * per + i] = load_f(e, i);
+        }
+        return ROW_VEC;
     }
-    const int n = cols - j < N ? (int)(cols - j) : N;
+    const int n = cols - j < ROW_VEC ? (int)(cols - j) : ROW_VEC;
     for (int i = 0; i < n; i++)
         v[i] = load_f(xr, j + i);
     return n;
@@ -109,7 +115,7 @@ row_reduce_kernel(fad_row_op op, int64_t rows, int64_t cols, const TX *__restric
              * exp(x - m), rescaled when m grows; then the CTA's max M and the sum of
              * s * exp(m - M). A thread that saw only -inf adds 0; a NaN it saw makes
              * the sum NaN (fmaxf drops NaN, so it is looked for). */
-            constexpr int N = row_vec<TX>::N;
+            constexpr int N = ROW_VEC;
             const bool vec = ((uintptr_t)xr & 15) == 0;
             float m = -INFINITY, s = 0.f;
             bool nan = false;
@@ -267,7 +273,7 @@ xent_bwd_kernel(int64_t rows, int64_t cols, const T *__restrict__ x, int64_t ldx
                 const float *__restrict__ lse, const float *__restrict__ g,
                 const int64_t *__restrict__ target, T *__restrict__ dx, int64_t lddx)
 {
-    constexpr int N = row_vec<T>::N;
+    constexpr int N = ROW_VEC;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float gr = g[r], lr = lse[r];
         const int64_t t = target ? target[r] : -1;
@@ -277,7 +283,7 @@ xent_bwd_kernel(int64_t rows, int64_t cols, const T *__restrict__ x, int64_t ldx
         for (int64_t j = (int64_t)threadIdx.x * N; j < cols; j += (int64_t)ROW_THREADS * N) {
             float v[N];
             const int n = load_chunk(xr, j, cols, vec, v);
-            T o[N];
+            alignas(16) T o[N];
 #pragma unroll
             for (int i = 0; i < N; i++) {
                 float d = __fmul_rn(gr, expf(__fsub_rn(v[i], lr)));
@@ -285,9 +291,13 @@ xent_bwd_kernel(int64_t rows, int64_t cols, const T *__restrict__ x, int64_t ldx
                     d = __fsub_rn(d, gr);
                 o[i] = store_t<T>(d);
             }
-            if (n == N && vec)
-                *reinterpret_cast<uint4 *>(dr + j) = *reinterpret_cast<const uint4 *>(o);
-            else
+            if (n == N && vec) {
+                constexpr int per = 16 / sizeof(T);
+#pragma unroll
+                for (int q = 0; q < N / per; q++)
+                    *reinterpret_cast<uint4 *>(dr + j + q * per) =
+                        *reinterpret_cast<const uint4 *>(o + q * per);
+            } else
                 for (int i = 0; i < n; i++)
                     dr[j + i] = o[i];
         }
