@@ -71,6 +71,19 @@ def cudart_dir(nvcc):
     raise RuntimeError(f"cannot find libcudart_static.a near {nvcc}")
 
 
+def say(line):
+    """A build progress line: on stderr, and on the terminal when stderr is not one -- pip
+    captures the backend's output and shows it only with -v or on failure, and a CUDA build
+    of minutes must not look hung."""
+    print(line, file=sys.stderr, flush=True)
+    if not sys.stderr.isatty():
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write(line + "\n")
+        except OSError:  # no controlling terminal (CI, a service): stderr alone
+            pass
+
+
 def run_jobs(cmds):
     """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the
     CPU count) at a time, the largest source first: each nvcc already compiles its arch
@@ -85,8 +98,7 @@ def run_jobs(cmds):
         while todo and len(running) < limit:
             cmd = todo.pop(0)
             started += 1
-            print(f"[{started}/{len(cmds)}] nvcc {os.path.basename(cmd[2])}", file=sys.stderr,
-                  flush=True)
+            say(f"[{started}/{len(cmds)}] nvcc {os.path.basename(cmd[2])}")
             running.append((cmd, subprocess.Popen(cmd)))
         done = [(cmd, job) for cmd, job in running if job.poll() is not None]
         if not done:
@@ -119,7 +131,7 @@ class BuildExt(build_ext):
             os.remove(old)
         ext = self.extensions[0]
         plan = fad_toolchain.build_plan()
-        print(f"flash_attn_det: {plan.line}", file=sys.stderr, flush=True)
+        say(f"flash_attn_det: {plan.line}")
         # the line, compiled in: `python -m flash_attn_det.verify` prints it (pip hides this output)
         quoted = '"' + plan.line.replace("\\", "/").replace('"', "'") + '"'  # (a C string)
         ext.define_macros.append(("FAD_BUILD", quoted))
@@ -138,8 +150,7 @@ class BuildExt(build_ext):
                              "--expt-relaxed-constexpr"] + gencode)
                 ext.extra_objects.append(obj)
             run_jobs(cmds)
-            print(f"flash_attn_det: nvcc for archs {plan.archs} took {time.time() - t0:.1f} s",
-                  file=sys.stderr)
+            say(f"flash_attn_det: nvcc for archs {plan.archs} took {time.time() - t0:.1f} s")
             ext.sources += [os.path.join(CSRC, s) for s in CUDA_C_SOURCES]
             ext.library_dirs.append(libdir)
             ext.libraries += ["cudart_static", "dl", "rt", "pthread", "stdc++"]

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One device call for a final build, as a user without a CUDA toolkit gets it: nvcc hidden,
+# `pip install .` into a fresh venv takes its compiler from the CUDA compiler wheels (the
+# machine cannot download: they come in wheelhouse/wheels.tar.xz, the wheels' files, zipped
+# into wheels again there), then the whole GPU suite against that install in three
+# concurrent shards with the parity tool beside them, then the model benchmark on a quiet
+# GPU while time is left. Logs under $OUT (or ./device_out), at most 8 files.
+#   dev/device_final.sh [install|suite|bench ...]     (default: all three)
+# Local dry run of the install (no GPU): FLASH_ATTN_DET_CUDA=1 FLASH_ATTN_DET_CUDA_ARCHS=90
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device_out}
+mkdir -p "$out"
+stages=${*:-install suite bench}
+has() { [[ " $stages " == *" $1 "* ]]; }
+venv=${FAD_VENV:-/tmp/fad_venv}
+py="$venv/bin/python -P"  # -P: the installed package, not the checkout's flash_attn_det/
+export PYTHONUNBUFFERED=1
+
+# no nvcc on PATH, no toolkit named: the wheels are the only compiler
+keep=""
+IFS=: read -ra dirs <<< "$PATH"
+for d in "${dirs[@]}"; do [ -x "$d/nvcc" ] || keep="${keep:+$keep:}$d"; done
+export PATH="$keep"
+unset CUDA_HOME CUDA_PATH
+
+if has install; then
+    {
+        command -v nvcc && { echo "nvcc still visible"; exit 1; }
+        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+        wh=/tmp/fad_wheels
+        rm -rf "$wh" "$venv" && mkdir -p "$wh/src"
+        tar xJf wheelhouse/wheels.tar.xz -C "$wh/src" || exit 1
+        python3 - "$wh" <<'EOF'
+import os, sys, zipfile
+wh = sys.argv[1]
+for name in sorted(os.listdir(f"{wh}/src")):
+    root = f"{wh}/src/{name}"
+    with zipfile.ZipFile(f"{wh}/{name}.whl", "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for d, _, files in os.walk(root):
+            for f in files:
+                z.write(os.path.join(d, f), os.path.relpath(os.path.join(d, f), root))
+    print("wheel", name)
+EOF
+        python3 -m venv --system-site-packages "$venv" || exit 1
+        start=$SECONDS
+        "$venv/bin/pip" install --no-index --find-links "$wh" . || exit 1
+        echo "pip install: $((SECONDS - start)) s"
+        (cd / && $venv/bin/python -c "import flash_attn_det, flash_attn_det._C as C; print(flash_attn_det.__file__); print(C.BUILD)")
+        $py -c "import flash_attn_det; print('from the checkout root:', flash_attn_det.__file__)"
+    } > "$out/install.log" 2>&1
+    rc=$?
+    grep -E "flash_attn_det:|CUDA kernels|pip install:|BUILD|site-packages|from the checkout|nvcc still|ERROR|rror:" \
+        "$out/install.log" | head -20
+    [ $rc -eq 0 ] || { tail -30 "$out/install.log"; exit 1; }
+fi
+
+if has suite; then
+    common="-q -p no:randomly -rfE --tb=short"
+    big="tests/test_contract.py tests/test_kvcache.py tests/test_varlen.py tests/test_backward.py"
+    timeout 330 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
+    timeout 330 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
+    timeout 330 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
+    (
+        P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
+        for s in llama-0.5b qwen2-0.5b; do
+            timeout 150 $py -m flash_attn_det.parity --shape $s $P --grads 8 2>&1 | tail -1
+            timeout 150 $py -m flash_attn_det.parity --shape $s $P --batch-size 16 --prefill-chunk-size 64 2>&1 | tail -1
+        done
+    ) > "$out/parity.log" 2>&1 &
+    wait
+    for f in suite_a suite_b suite_c; do echo "$f: $(tail -1 "$out/$f.log")"; done
+    grep -h "^FAILED\|^ERROR" "$out"/suite_?.log | head -30
+    cat "$out/parity.log"
+fi
+
+if has bench; then
+    left=$((560 - SECONDS))
+    if [ $left -gt 120 ]; then
+        timeout $((left - 10)) $py benchmarks/bench_model.py ${BENCH_ARGS:---batches 1} --out "$out/bench_model.md" 2>&1 | tail -8
+    else
+        echo "bench skipped: $left s left"
+    fi
+fi
+exit 0
