@@ -42,9 +42,13 @@ for name in sorted(os.listdir(f"{wh}/src")):
                 z.write(os.path.join(d, f), os.path.relpath(os.path.join(d, f), root))
     print("wheel", name)
 EOF
-        python3 -m venv --system-site-packages "$venv" || exit 1
+        pip_cmd="$venv/bin/pip"
+        if ! python3 -m venv --system-site-packages "$venv"; then  # (no ensurepip: the system pip)
+            python3 -m venv --without-pip --system-site-packages "$venv" || exit 1
+            pip_cmd="python3 -m pip --python $venv/bin/python"
+        fi
         start=$SECONDS
-        "$venv/bin/pip" install --no-index --find-links "$wh" . || exit 1
+        $pip_cmd install --no-index --find-links "$wh" . || exit 1
         echo "pip install: $((SECONDS - start)) s"
         (cd / && $venv/bin/python -c "import flash_attn_det, flash_attn_det._C as C; print(flash_attn_det.__file__); print(C.BUILD)")
         $py -c "import flash_attn_det; print('from the checkout root:', flash_attn_det.__file__)"
@@ -58,9 +62,9 @@ fi
 if has suite; then
     common="-q -p no:randomly -rfE --tb=short"
     big="tests/test_contract.py tests/test_kvcache.py tests/test_varlen.py tests/test_backward.py"
-    timeout 330 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
-    timeout 330 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
-    timeout 330 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
+    timeout 380 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
+    timeout 380 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
+    timeout 380 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
     (
         P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
         for s in llama-0.5b qwen2-0.5b; do
