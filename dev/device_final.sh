@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for a final build, as a user without a CUDA toolkit gets it: nvcc hidden,
-# `pip install .` into a fresh venv takes its compiler from the CUDA compiler wheels (the
+# `pip install .` into a folder of its own takes its compiler from the CUDA compiler wheels (the
 # machine cannot download: they come in wheelhouse/wheels.tar.xz, the wheels' files, zipped
 # into wheels again there), then the whole GPU suite against that install in three
 # concurrent shards with the parity tool beside them, then the model benchmark on a quiet
@@ -13,8 +13,9 @@ out=${OUT:-device_out}
 mkdir -p "$out"
 stages=${*:-install suite bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
-venv=${FAD_VENV:-/tmp/fad_venv}
-py="$venv/bin/python -P"  # -P: the installed package, not the checkout's flash_attn_det/
+site=${FAD_SITE:-/tmp/fad_site}
+export PYTHONPATH="$site"
+py="python3 -P"  # -P: the installed package, not the checkout's flash_attn_det/
 export PYTHONUNBUFFERED=1
 
 # no nvcc on PATH, no toolkit named: the wheels are the only compiler
@@ -29,7 +30,7 @@ if has install; then
         command -v nvcc && { echo "nvcc still visible"; exit 1; }
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
         wh=/tmp/fad_wheels
-        rm -rf "$wh" "$venv" && mkdir -p "$wh/src"
+        rm -rf "$wh" "$site" && mkdir -p "$wh/src"
         tar xJf wheelhouse/wheels.tar.xz -C "$wh/src" || exit 1
         python3 - "$wh" <<'EOF'
 import os, sys, zipfile
@@ -42,15 +43,11 @@ for name in sorted(os.listdir(f"{wh}/src")):
                 z.write(os.path.join(d, f), os.path.relpath(os.path.join(d, f), root))
     print("wheel", name)
 EOF
-        pip_cmd="$venv/bin/pip"
-        if ! python3 -m venv --system-site-packages "$venv"; then  # (no ensurepip: the system pip)
-            python3 -m venv --without-pip --system-site-packages "$venv" || exit 1
-            pip_cmd="python3 -m pip --python $venv/bin/python"
-        fi
+        # into a folder of its own on the system python (where torch is, wherever that is)
         start=$SECONDS
-        $pip_cmd install --no-index --find-links "$wh" . || exit 1
+        python3 -m pip install --no-deps --no-index --find-links "$wh" --target "$site" . || exit 1
         echo "pip install: $((SECONDS - start)) s"
-        (cd / && $venv/bin/python -c "import flash_attn_det, flash_attn_det._C as C; print(flash_attn_det.__file__); print(C.BUILD)")
+        (cd / && python3 -c "import flash_attn_det, flash_attn_det._C as C; print(flash_attn_det.__file__); print(C.BUILD)")
         $py -c "import flash_attn_det; print('from the checkout root:', flash_attn_det.__file__)"
     } > "$out/install.log" 2>&1
     rc=$?
