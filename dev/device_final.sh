@@ -5,7 +5,9 @@
 # into wheels again there), then the whole GPU suite against that install in three
 # concurrent shards with the parity tool beside them, then the model benchmark on a quiet
 # GPU while time is left. Logs under $OUT (or ./device_out), at most 8 files.
-#   dev/device_final.sh [install|suite|bench ...]     (default: all three)
+#   dev/device_final.sh [install|build|suite|bench ...]     (default: install suite bench)
+#   build: the kernels built in place by the machine's nvcc instead (PYTHONPATH=checkout);
+#   SUITE: the test files or ids to run (default: the whole suite, in three shards)
 # Local dry run of the install (no GPU): FLASH_ATTN_DET_CUDA=1 FLASH_ATTN_DET_CUDA_ARCHS=90
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,16 +16,26 @@ mkdir -p "$out"
 stages=${*:-install suite bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 site=${FAD_SITE:-/tmp/fad_site}
-export PYTHONPATH="$site"
-py="python3 -P"  # -P: the installed package, not the checkout's flash_attn_det/
 export PYTHONUNBUFFERED=1
+if has build; then
+    export PYTHONPATH="$PWD"
+    py="python3"
+    { rm -rf build flash_attn_det/_C*.so; time FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace; } \
+        > "$out/install.log" 2>&1 || { tail -30 "$out/install.log"; exit 1; }
+    tail -4 "$out/install.log"
+else
+    export PYTHONPATH="$site"
+    py="python3 -P"  # -P: the installed package, not the checkout's flash_attn_det/
+fi
 
 # no nvcc on PATH, no toolkit named: the wheels are the only compiler
-keep=""
-IFS=: read -ra dirs <<< "$PATH"
-for d in "${dirs[@]}"; do [ -x "$d/nvcc" ] || keep="${keep:+$keep:}$d"; done
-export PATH="$keep"
-unset CUDA_HOME CUDA_PATH
+if has install; then
+    keep=""
+    IFS=: read -ra dirs <<< "$PATH"
+    for d in "${dirs[@]}"; do [ -x "$d/nvcc" ] || keep="${keep:+$keep:}$d"; done
+    export PATH="$keep"
+    unset CUDA_HOME CUDA_PATH
+fi
 
 if has install; then
     {
@@ -59,20 +71,28 @@ fi
 if has suite; then
     common="-q -p no:randomly -rfE --tb=short"
     big="tests/test_contract.py tests/test_kvcache.py tests/test_varlen.py tests/test_backward.py"
-    timeout 380 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
-    timeout 380 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
-    timeout 380 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
-    (
-        P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
-        for s in llama-0.5b qwen2-0.5b; do
-            timeout 150 $py -m flash_attn_det.parity --shape $s $P --grads 8 2>&1 | tail -1
-            timeout 150 $py -m flash_attn_det.parity --shape $s $P --batch-size 16 --prefill-chunk-size 64 2>&1 | tail -1
+    if [ -n "${SUITE:-}" ]; then
+        i=0
+        for part in $SUITE; do  # one shard a file (or id)
+            timeout ${SUITE_TIMEOUT:-380} $py -m pytest $common ${part//,/ } > "$out/suite_$i.log" 2>&1 &
+            i=$((i + 1))
         done
-    ) > "$out/parity.log" 2>&1 &
+    else
+        timeout 380 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
+        timeout 380 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
+        timeout 380 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
+    fi
+    P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
+    for s in llama-0.5b qwen2-0.5b; do
+        timeout ${PARITY_TIMEOUT:-150} $py -m flash_attn_det.parity --shape $s $P --grads 8 2>&1 | tail -1 \
+            > "$out/parity_$s.log" &
+        [ -n "${PARITY_QUICK:-}" ] || timeout ${PARITY_TIMEOUT:-150} $py -m flash_attn_det.parity --shape $s $P \
+            --batch-size 16 --prefill-chunk-size 64 2>&1 | tail -1 > "$out/parity_${s}_b16_chunk64.log" &
+    done
     wait
-    for f in suite_a suite_b suite_c; do echo "$f: $(tail -1 "$out/$f.log")"; done
-    grep -h "^FAILED\|^ERROR" "$out"/suite_?.log | head -30
-    cat "$out/parity.log"
+    for f in "$out"/suite_*.log; do echo "$(basename $f): $(tail -1 "$f")"; done
+    grep -h "^FAILED\|^ERROR" "$out"/suite_*.log | head -30
+    cat "$out"/parity_*.log
 fi
 
 if has bench; then

@@ -332,7 +332,8 @@ def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
         env.pop("FLASH_ATTN_DET_WGMMA", None)
         env.pop("FLASH_ATTN_DET_WS_TMA", None)
         env.update(extra)
-        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                       cwd=os.path.dirname(__file__))
         results[setting] = torch.load(path)
     mma_sync = results["0"]
     assert len(mma_sync) == len(_BWD_VARIANT_CASES) + 1

@@ -288,7 +288,9 @@ def _variant_outputs():
 
 
 def _variant_outputs_in(tmp_path, **env):
-    """_variant_outputs in a fresh process with env set (the switches are read once)."""
+    """_variant_outputs in a fresh process with env set (the switches are read once). The
+    child starts in tests/, so it imports the flash_attn_det this process has, not a
+    checkout's copy (without its built module) from the working directory."""
     import os
     import subprocess
     import sys
@@ -296,7 +298,8 @@ def _variant_outputs_in(tmp_path, **env):
     code = ("import sys, torch; sys.path.insert(0, %r); import test_contract; "
             "torch.save(test_contract._variant_outputs(), %r)" % (os.path.dirname(__file__),
                                                                   str(path)))
-    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), check=True)
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), check=True,
+                   cwd=os.path.dirname(__file__))
     return torch.load(path)
 
 
@@ -361,7 +364,7 @@ def test_ws_tma_and_cp_async_bit_equal(tmp_path):
     code = ("import sys, torch; sys.path.insert(0, %r); import test_contract; "
             "torch.save(test_contract._tma_outputs(), %r)" % (os.path.dirname(__file__), str(path)))
     subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FLASH_ATTN_DET_WS_TMA="0"),
-                   check=True)
+                   check=True, cwd=os.path.dirname(__file__))
     theirs = torch.load(path)
     mine = _tma_outputs()
     assert len(mine) == len(theirs) == 2 * len(_VARIANT_CASES) + 7
