@@ -249,3 +249,16 @@ def test_the_module_records_its_build():
     """The line verify prints: what this module was built as."""
     from flash_attn_det import _C
     assert _C.BUILD.startswith("CUDA kernels for" if _C.has_cuda() else "CPU-only module")
+
+
+def test_wheel_lists_every_subpackage():
+    """pyproject's package list names every package folder: a `pip install .` (not -e) installs
+    only those, and a missing one (flash_attn_det.integrations once) is an ImportError for
+    users only, since an editable install and the checkout see every folder."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(d, ROOT).replace(os.sep, ".")
+             for d, _, files in os.walk(os.path.join(ROOT, "flash_attn_det"))
+             if "__init__.py" in files}
+    assert listed == found

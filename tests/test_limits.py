@@ -18,6 +18,7 @@ import torch
 
 import flash_attn_det as fad
 from flash_attn_det import _C
+from flash_attn_det.testing import force_schedule  # (fad.testing exists only once imported)
 
 from conftest import make_gen, randn, requires_cuda
 
@@ -222,13 +223,15 @@ def test_oversized_refused_before_allocation(device, name):
 
 @gpu
 def test_workspace_larger_than_device_refused():
-    """num_splits > 1 asks for a CTA per split: 2**31 - 1 keys in 512-key splits for 256 query
-    heads is ~2**22 splits x 256 rows of fp32 partials, more than any device holds."""
+    """num_splits > 1 asks for a CTA per split: the longest cache the API takes (2**31 - 2**16
+    keys: the key limit's own refusal comes first past it) in 512-key splits for 256 query
+    heads is ~2**22 splits x 256 rows of fp32 partials (~280 GB), more than any device holds."""
     d = "cuda"
+    n = 2 ** 31 - 2 ** 16
     q = randn(make_gen(10), (1, 1, 256, 64), BF, d)
-    kc = _row(d, 1, INT32_MAX, 1, 64)
+    kc = _row(d, 1, n, 1, 64)
     with pytest.raises(ValueError, match="^workspace: .* more than the device's"):
-        fad.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=INT32_MAX, num_splits=2)
+        fad.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=n, num_splits=2)
 
 
 # --- long sequences, large grids (GPU) ----------------------------------------
@@ -267,7 +270,7 @@ def test_long_keys_flash_attn_func(n, schedule):
     gen = make_gen(20)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -296,7 +299,7 @@ def test_long_keys_prefill_kernels(schedule):
     n = 2 ** 25
     q = randn(gen, (1, 17, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -366,7 +369,7 @@ def test_batch_times_heads_past_65535(schedule):
     q = randn(gen, (B, 1, H, D), BF, "cuda")
     k = randn(gen, (B, Sk, Hk, D), BF, "cuda")
     v = randn(gen, (B, Sk, Hk, D), BF, "cuda")
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, k, v, return_attn_probs=True)
         for b in (0, 1, B // 2, B - 1):
             one, one_lse, _ = fad.flash_attn_func(q[b:b + 1], k[b:b + 1], v[b:b + 1],
@@ -410,7 +413,7 @@ def test_varlen_more_than_65535_sequences(schedule):
     q = randn(gen, (int(lq.sum()), H, D), BF, "cuda")
     k = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
     v = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()),
                                                  causal=True, return_attn_probs=True)
         for b in (0, 1, nseq // 2, 70000, nseq - 1):
