@@ -2,12 +2,12 @@
 # One device call for a final build, as a user without a CUDA toolkit gets it: nvcc hidden,
 # `pip install .` into a folder of its own takes its compiler from the CUDA compiler wheels (the
 # machine cannot download: they come in wheelhouse/wheels.tar.xz, the wheels' files, zipped
-# into wheels again there), then the whole GPU suite against that install in three
-# concurrent shards with the parity tool beside them, then the model benchmark on a quiet
+# into wheels again there), then the whole GPU suite against that install in concurrent
+# shards with the parity tool beside them, then the model benchmark on a quiet
 # GPU while time is left. Logs under $OUT (or ./device_out), at most 8 files.
 #   dev/device_final.sh [install|build|suite|bench ...]     (default: install suite bench)
 #   build: the kernels built in place by the machine's nvcc instead (PYTHONPATH=checkout);
-#   SUITE: the test files or ids to run (default: the whole suite, in three shards)
+#   SUITE: shards of comma-separated test files or ids (default: the whole suite, in 7 shards)
 # Local dry run of the install (no GPU): FLASH_ATTN_DET_CUDA=1 FLASH_ATTN_DET_CUDA_ARCHS=90
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,30 +69,35 @@ EOF
 fi
 
 if has suite; then
+    # one shard a group of files, side by side (16 cores; the slow ones alone); logs in one file
+    logs=/tmp/fad_logs && rm -rf $logs && mkdir -p $logs
     common="-q -p no:randomly -rfE --tb=short"
-    big="tests/test_contract.py tests/test_kvcache.py tests/test_varlen.py tests/test_backward.py"
-    if [ -n "${SUITE:-}" ]; then
-        i=0
-        for part in $SUITE; do  # one shard a file (or id)
-            timeout ${SUITE_TIMEOUT:-380} $py -m pytest $common ${part//,/ } > "$out/suite_$i.log" 2>&1 &
-            i=$((i + 1))
-        done
-    else
-        timeout 380 $py -m pytest $common tests/test_contract.py tests/test_kvcache.py > "$out/suite_a.log" 2>&1 &
-        timeout 380 $py -m pytest $common tests/test_varlen.py tests/test_backward.py > "$out/suite_b.log" 2>&1 &
-        timeout 380 $py -m pytest $common tests $(for f in $big; do echo --ignore=$f; done) > "$out/suite_c.log" 2>&1 &
-    fi
+    default="tests/test_contract.py,tests/test_kvcache.py tests/test_varlen.py,tests/test_backward.py
+        tests/test_fa_compat.py,tests/test_fa_compat_plugin.py
+        tests/test_blocks.py,tests/test_parity.py,tests/test_transformers.py,tests/test_limits.py
+        tests/test_distributed.py tests/test_compile.py"
+    named=" $(echo $default | tr ',' ' ') "
+    # the other files in two shards, alternately
+    rest=$(ls tests/test_*.py | while read f; do [[ "$named" == *" $f "* ]] || echo "$f"; done |
+           awk '{ s[NR % 2] = s[NR % 2] (s[NR % 2] ? "," : "") $0 } END { print s[0], s[1] }')
+    i=0
+    for part in ${SUITE:-$default $rest}; do
+        timeout ${SUITE_TIMEOUT:-380} $py -m pytest $common ${part//,/ } > "$logs/suite_$i.log" 2>&1 &
+        i=$((i + 1))
+    done
     P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
     for s in llama-0.5b qwen2-0.5b; do
         timeout ${PARITY_TIMEOUT:-150} $py -m flash_attn_det.parity --shape $s $P --grads 8 2>&1 | tail -1 \
-            > "$out/parity_$s.log" &
+            > "$logs/parity_$s.log" &
         [ -n "${PARITY_QUICK:-}" ] || timeout ${PARITY_TIMEOUT:-150} $py -m flash_attn_det.parity --shape $s $P \
-            --batch-size 16 --prefill-chunk-size 64 2>&1 | tail -1 > "$out/parity_${s}_b16_chunk64.log" &
+            --batch-size 16 --prefill-chunk-size 64 2>&1 | tail -1 > "$logs/parity_${s}_b16_chunk64.log" &
     done
     wait
-    for f in "$out"/suite_*.log; do echo "$(basename $f): $(tail -1 "$f")"; done
-    grep -h "^FAILED\|^ERROR" "$out"/suite_*.log | head -30
-    cat "$out"/parity_*.log
+    for f in $logs/suite_*.log; do echo "== $(basename $f): $(tail -1 $f)"; cat $f; done > "$out/suite.log"
+    cat $logs/parity_*.log > "$out/parity.log"
+    grep "^== " "$out/suite.log"
+    grep -h "^FAILED\|^ERROR" $logs/suite_*.log | head -30
+    cat "$out/parity.log"
 fi
 
 if has bench; then
