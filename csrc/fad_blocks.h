@@ -13,8 +13,11 @@
  *     reduced by one tile over the whole K in the algorithm's order, whatever the
  *     number of rows (cuBLAS itself picks other kernels, split-K among them, by
  *     the row count). On the CPU: a fixed ascending-k loop per output element.
- *   - row reductions: one CTA (GPU) or one loop (CPU) per row, the same strided
- *     partition and the same fixed tree whatever the number of rows.
+ *     A weight gradient (trans_a: summed over the rows, so only its run-to-run
+ *     bits matter) may also split K, its fp32 partials added in a fixed order.
+ *   - row reductions: one CTA (GPU) or one loop (CPU) per row, the same
+ *     partition (fixed by the number of columns alone, never by their type or
+ *     alignment) and the same fixed tree whatever the number of rows.
  */
 #ifndef FAD_BLOCKS_H
 #define FAD_BLOCKS_H

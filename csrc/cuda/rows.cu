@@ -1,7 +1,8 @@
 /*
  * rows.cu — per-row reductions for the batch-invariant blocks (fad_blocks.h):
  * SUM, DOT and LSE of each row of a (rows x cols) matrix, in fp32; the fused RMSNorm
- * built on the DOT reduction; and the elementwise gradient of LSE / cross-entropy.
+ * and its backward, built on the DOT reduction; and the elementwise gradient of LSE /
+ * cross-entropy.
  *
  * Shapes: x (rows, cols) with row stride ldx, y likewise (DOT), out (rows,) fp32.
  * Grid: one CTA of ROW_THREADS threads per row (a grid-stride loop past 2^20
