@@ -25,7 +25,7 @@ from . import _C
 from . import interface as _interface
 from .interface import _dl
 
-_SUM, _DOT, _LSE = 0, 1, 2
+_SUM, _LSE = 0, 2  # (fad_row_op; DOT, 1, is the C API's)
 # linear's inference path in C needs torch's allocator through the DLPack exchange API
 # (torch >= 2.11), as the attention's (interface._infer)
 _linear_infer = _C.linear_infer if _interface._infer is not None else None

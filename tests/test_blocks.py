@@ -167,6 +167,24 @@ def test_log_softmax_and_cross_entropy(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_row_reduce_dot(device):
+    """The C API's DOT reduction (x of one type, y of another): against float64, and each
+    row's bits the same in any slice of the rows."""
+    _skip_no_cuda(device)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(50, 1000, generator=g).to(device, torch.bfloat16)
+    y = torch.randn(50, 1000, generator=g).to(device)
+    out = torch.full((50,), float("nan"), device=device)
+    stream = blocks._stream(x)
+    _C.row_reduce(1, blocks._dl(x), blocks._dl(y), blocks._dl(out), stream)
+    ref = (x.double() * y.double()).sum(-1)
+    assert _rel(out, ref) < 1e-5
+    part = torch.full((7,), float("nan"), device=device)
+    _C.row_reduce(1, blocks._dl(x[20:27]), blocks._dl(y[20:27]), blocks._dl(part), stream)
+    assert torch.equal(part, out[20:27])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_row_reduce_edge_rows(device):
     _skip_no_cuda(device)
     x = torch.randn(4, 300).to(device)
