@@ -3,11 +3,12 @@
 # `pip install .` into a folder of its own takes its compiler from the CUDA compiler wheels (the
 # machine cannot download: they come in wheelhouse/wheels.tar.xz, the wheels' files, zipped
 # into wheels again there), then the whole GPU suite against that install in concurrent
-# shards with the parity tool beside them, then the model benchmark on a quiet
-# GPU while time is left. Logs under $OUT (or ./device_out), at most 8 files.
-#   dev/device_final.sh [install|build|suite|bench ...]     (default: install suite bench)
+# shards with the parity tool beside them; the model benchmark runs before the suite, on a
+# quiet GPU, and the shards get the rest of 570 s. Logs under $OUT (or ./device_out), at most
+# 8 files.
+#   dev/device_final.sh [install|build|suite|bench ...]     (default: install bench suite, in that order)
 #   build: the kernels built in place by the machine's nvcc instead (PYTHONPATH=checkout);
-#   SUITE: shards of comma-separated test files or ids (default: the whole suite, in 7 shards)
+#   SUITE: shards of comma-separated test files or ids (default: the whole suite, in 8 shards)
 # Local dry run of the install (no GPU): FLASH_ATTN_DET_CUDA=1 FLASH_ATTN_DET_CUDA_ARCHS=90
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,11 @@ EOF
     [ $rc -eq 0 ] || { tail -30 "$out/install.log"; exit 1; }
 fi
 
+if has bench; then  # first, on a quiet GPU
+    timeout ${BENCH_TIMEOUT:-240} $py benchmarks/bench_model.py ${BENCH_ARGS:---batches 1} \
+        --out "$out/bench_model.md" 2>&1 | tail -8
+fi
+
 if has suite; then
     # one shard a group of files, side by side (16 cores; the slow ones alone); logs in one file
     logs=/tmp/fad_logs && rm -rf $logs && mkdir -p $logs
@@ -82,7 +88,7 @@ if has suite; then
            awk '{ s[NR % 2] = s[NR % 2] (s[NR % 2] ? "," : "") $0 } END { print s[0], s[1] }')
     i=0
     for part in ${SUITE:-$default $rest}; do
-        timeout ${SUITE_TIMEOUT:-380} $py -m pytest $common ${part//,/ } > "$logs/suite_$i.log" 2>&1 &
+        timeout ${SUITE_TIMEOUT:-$((570 - SECONDS))} $py -m pytest $common ${part//,/ } > "$logs/suite_$i.log" 2>&1 &
         i=$((i + 1))
     done
     P="--sequences 64 --new-tokens 32 --prompt-lengths 20,300"
@@ -100,12 +106,4 @@ if has suite; then
     cat "$out/parity.log"
 fi
 
-if has bench; then
-    left=$((560 - SECONDS))
-    if [ $left -gt 120 ]; then
-        timeout $((left - 10)) $py benchmarks/bench_model.py ${BENCH_ARGS:---batches 1} --out "$out/bench_model.md" 2>&1 | tail -8
-    else
-        echo "bench skipped: $left s left"
-    fi
-fi
 exit 0
