@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call for a final build, as a user without a CUDA toolkit gets it: nvcc hidden,
 # `pip install .` into a folder of its own takes its compiler from the CUDA compiler wheels (the
-# machine cannot download: they come in wheelhouse/wheels.tar.xz, the wheels' files, zipped
-# into wheels again there), then the whole GPU suite against that install in concurrent
-# shards with the parity tool beside them; the model benchmark runs before the suite, on a
-# quiet GPU, and the shards get the rest of 570 s. Logs under $OUT (or ./device_out), at most
-# 8 files.
+# machine cannot download: they come as their files in wheelhouse/wheels.tar.xz, made by
+# dev/make_wheelhouse.sh, and are zipped into wheels again there); then the model benchmark
+# on a quiet GPU; then the whole GPU suite against that install in concurrent shards, with
+# the parity tool beside them, in the rest of 570 s. Logs under $OUT (or ./device_out), at
+# most 8 files.
 #   dev/device_final.sh [install|build|suite|bench ...]     (default: install bench suite, in that order)
 #   build: the kernels built in place by the machine's nvcc instead (PYTHONPATH=checkout);
 #   SUITE: shards of comma-separated test files or ids (default: the whole suite, in 8 shards)
