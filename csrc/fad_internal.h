@@ -93,6 +93,13 @@ float fad_fp16_to_float(uint16_t h);
 uint16_t fad_float_to_bf16(float f); /* round to nearest even */
 uint16_t fad_float_to_fp16(float f); /* round to nearest even */
 
+/* The CPU path's fold of one row's split states (m[s], l[s], o[s][D] of splits
+ * first .. first + n - 1) into its result, out = (m, l, o[D]) unnormalised: the
+ * order of every path (fad_math.h, FAD_MERGE_GROUP), for tests of that order on
+ * split counts no real call reaches on the CPU. */
+fad_status fad_cpu_fold_splits(const float *m, const float *l, const float *o, int first, int n,
+                               int D, float *out, char *msg, size_t msg_len);
+
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 

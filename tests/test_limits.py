@@ -13,12 +13,13 @@ GPU tests are marked gpu (and skip without CUDA); each keeps to a few GB and sec
 """
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
 import flash_attn_det as fad
 from flash_attn_det import _C
-from flash_attn_det.testing import force_schedule  # (fad.testing exists only once imported)
 
 from conftest import make_gen, randn, requires_cuda
 
@@ -224,8 +225,8 @@ def test_oversized_refused_before_allocation(device, name):
 @gpu
 def test_workspace_larger_than_device_refused():
     """num_splits > 1 asks for a CTA per split: the longest cache the API takes (2**31 - 2**16
-    keys: the key limit's own refusal comes first past it) in 512-key splits for 256 query
-    heads is ~2**22 splits x 256 rows of fp32 partials (~280 GB), more than any device holds."""
+    keys: the key limit's own refusal comes first past it) in 512-key splits for 256 query heads
+    is ~2**22 splits x 256 rows of fp32 partials (~280 GB), more than any device holds."""
     d = "cuda"
     n = 2 ** 31 - 2 ** 16
     q = randn(make_gen(10), (1, 1, 256, 64), BF, d)
@@ -270,7 +271,7 @@ def test_long_keys_flash_attn_func(n, schedule):
     gen = make_gen(20)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with force_schedule(schedule):
+    with fad.testing.force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -299,7 +300,7 @@ def test_long_keys_prefill_kernels(schedule):
     n = 2 ** 25
     q = randn(gen, (1, 17, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with force_schedule(schedule):
+    with fad.testing.force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -369,7 +370,7 @@ def test_batch_times_heads_past_65535(schedule):
     q = randn(gen, (B, 1, H, D), BF, "cuda")
     k = randn(gen, (B, Sk, Hk, D), BF, "cuda")
     v = randn(gen, (B, Sk, Hk, D), BF, "cuda")
-    with force_schedule(schedule):
+    with fad.testing.force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, k, v, return_attn_probs=True)
         for b in (0, 1, B // 2, B - 1):
             one, one_lse, _ = fad.flash_attn_func(q[b:b + 1], k[b:b + 1], v[b:b + 1],
@@ -413,7 +414,7 @@ def test_varlen_more_than_65535_sequences(schedule):
     q = randn(gen, (int(lq.sum()), H, D), BF, "cuda")
     k = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
     v = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
-    with force_schedule(schedule):
+    with fad.testing.force_schedule(schedule):
         out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()),
                                                  causal=True, return_attn_probs=True)
         for b in (0, 1, nseq // 2, 70000, nseq - 1):
@@ -422,3 +423,77 @@ def test_varlen_more_than_65535_sequences(schedule):
                                                   causal=True, return_attn_probs=True)
             assert torch.equal(out[qs], one[0]) and torch.equal(lse[:, qs], one_lse[0]), b
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+# --- the combine's error, bounded whatever the number of splits ----------------
+
+def _fold(m, l, o, first=0):
+    """The CPU path's fold of one row's split states (fad_cpu_fold_splits): (m, l, o)."""
+    out = torch.empty(o.shape[1] + 2)
+    _C.fold_splits(m.contiguous(), l.contiguous(), o.contiguous(), out, first)
+    return out[0].item(), out[1], out[2:]
+
+
+def _fold_error(n, gen, D=16):
+    """A row of n splits with random states (max within the merge's slack, so that the
+    weights are powers of two apart from exp2's rounding): the fold's relative error in
+    out and its absolute error in lse (log2 units), against float64."""
+    v = torch.randn(D, generator=gen)
+    m = torch.rand(n, generator=gen) * 4
+    l = 256 + 256 * torch.rand(n, generator=gen)
+    o = l[:, None] * (v + 0.01 * torch.randn(n, D, generator=gen))
+    mr, lr, orow = _fold(m, l, o)
+    w = torch.exp2(m.double())
+    want = (w[:, None] * o.double()).sum(0) / (w * l.double()).sum()
+    err = ((orow.double() / lr.double() - want).abs().max() / want.abs().max()).item()
+    lse_err = abs(mr + math.log2(lr.item()) - torch.log2((w * l.double()).sum()).item())
+    return err, lse_err
+
+
+def test_fold_error_bounded_whatever_the_splits():
+    """2**11 splits (2**20 keys in 512-key splits) and 2**21 (2**30 keys): the two-level
+    fold keeps both within fp32's few roundings (one running sum over 2**21 splits loses
+    about one rounding of the sum per split: 2**21 x 2**-24)."""
+    gen = make_gen(30)
+    errs = {n: _fold_error(n, gen) for n in (2 ** 11, 2 ** 21)}
+    for n, (err, lse_err) in errs.items():
+        assert err < 2 ** -18 and lse_err < 2 ** -18, (n, err, lse_err)
+
+
+def test_fold_exact_where_one_chain_is_not():
+    """Every split the same state (a row over keys that all score alike, as the GPU tests'
+    expanded k/v): 2**21 splits of 512 keys fold to exactly v, as 2**11 do, where one
+    running sum of the 2**21 o values is off by about 2% (numpy's accumulate: sequential)."""
+    gen = make_gen(31)
+    v = randn(gen, (16,), BF, "cpu").float()
+    for n in (2 ** 11, 2 ** 21):
+        m, l, o = torch.zeros(n), torch.full((n,), 512.0), (512 * v).expand(n, 16)
+        mr, lr, orow = _fold(m, l, o)
+        assert mr == 0 and lr.item() == 512.0 * n and torch.equal(orow / lr, v), n
+    one_chain = np.add.accumulate(np.full(2 ** 21, np.float32(512 * 0.7734375)))[-1]
+    assert abs(one_chain / np.float32(2 ** 30) - 0.7734375) > 1e-2
+
+
+def test_fold_order_is_one_chain_within_a_group():
+    """The order itself, with every max alike (weights exactly 1: each merge one fp32 add):
+    up to 1024 splits from split 0 the one chain's bits; a row that crosses a group boundary
+    (splits 1000 .. 1099) the chain of each group, then the groups' sum."""
+    gen = make_gen(32)
+    n, D = 1100, 8
+    m, l = torch.zeros(n), 1 + torch.rand(n, generator=gen)
+    o = torch.randn(n, D, generator=gen)
+    chain = lambda x: torch.as_tensor(np.asarray(np.add.accumulate(x.numpy(), axis=0)[-1]))
+    _, lr, orow = _fold(m[:1024], l[:1024], o[:1024])
+    assert torch.equal(orow, chain(o[:1024])) and torch.equal(lr, chain(l[:1024]))
+    _, lr, orow = _fold(m[:100], l[:100], o[:100], first=1000)
+    want = chain(o[:24]) + chain(o[24:100])
+    assert torch.equal(orow, want) and torch.equal(lr, chain(l[:24]) + chain(l[24:100]))
+
+
+def test_fold_splits_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="^o: must be a 2-dim float32 CPU tensor"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.zeros(3), 0)
+    with pytest.raises(ValueError, match="^m, l, o, out: shapes"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(3), torch.zeros(2, 4), torch.zeros(6), 0)
+    with pytest.raises(ValueError, match="^first, n, D"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(2), torch.zeros(2, 4), torch.zeros(6), -1)
