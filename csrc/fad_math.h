@@ -344,6 +344,11 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
  * running result starts empty again. */
 FAD_HD int fad_group_closes(int s) { return (s + 1) % FAD_MERGE_GROUP == 0; }
 
+/* The last split of split s's group: the one split of a run of at most
+ * FAD_MERGE_GROUP from s on whose fold may close a group (where it lies
+ * before the walk's last split). */
+FAD_HD int fad_group_last(int s) { return s - s % FAD_MERGE_GROUP + (FAD_MERGE_GROUP - 1); }
+
 /* X <- X (+) G for a group's result G: fad_merge_* between two non-empty
  * states; a copy of G while X is empty, and X unchanged by an empty G (a row
  * a walk crosses a group with before its first key or after its last), so
