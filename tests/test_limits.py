@@ -20,6 +20,7 @@ import torch
 
 import flash_attn_det as fad
 from flash_attn_det import _C
+from flash_attn_det.testing import force_schedule
 
 from conftest import make_gen, randn, requires_cuda
 
@@ -271,7 +272,7 @@ def test_long_keys_flash_attn_func(n, schedule):
     gen = make_gen(20)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -300,7 +301,7 @@ def test_long_keys_prefill_kernels(schedule):
     n = 2 ** 25
     q = randn(gen, (1, 17, 2, 64), BF, "cuda")
     k, v, kx, vx = _one_row_kv(n, 2, 64, gen)
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
     _check_one_row_answer(out, lse, q, k, v, n)
 
@@ -370,7 +371,7 @@ def test_batch_times_heads_past_65535(schedule):
     q = randn(gen, (B, 1, H, D), BF, "cuda")
     k = randn(gen, (B, Sk, Hk, D), BF, "cuda")
     v = randn(gen, (B, Sk, Hk, D), BF, "cuda")
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_func(q, k, v, return_attn_probs=True)
         for b in (0, 1, B // 2, B - 1):
             one, one_lse, _ = fad.flash_attn_func(q[b:b + 1], k[b:b + 1], v[b:b + 1],
@@ -414,7 +415,7 @@ def test_varlen_more_than_65535_sequences(schedule):
     q = randn(gen, (int(lq.sum()), H, D), BF, "cuda")
     k = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
     v = randn(gen, (int(lk.sum()), Hk, D), BF, "cuda")
-    with fad.testing.force_schedule(schedule):
+    with force_schedule(schedule):
         out, lse, _ = fad.flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max()),
                                                  causal=True, return_attn_probs=True)
         for b in (0, 1, nseq // 2, 70000, nseq - 1):
@@ -497,3 +498,107 @@ def test_fold_splits_refuses_bad_arguments():
         _C.fold_splits(torch.zeros(2), torch.zeros(3), torch.zeros(2, 4), torch.zeros(6), 0)
     with pytest.raises(ValueError, match="^first, n, D"):
         _C.fold_splits(torch.zeros(2), torch.zeros(2), torch.zeros(2, 4), torch.zeros(6), -1)
+
+
+def _one_row_error(out, lse, q, k, v, n):
+    """(max |out - v's row|, max |lse - exact|) of a call over n expand()ed keys."""
+    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    kk = k[0, 0].float().repeat_interleave(H // Hk, 0)
+    vv = v[0, 0].float().repeat_interleave(H // Hk, 0)
+    want_lse = math.log(n) + (q[0].float() * kk).sum(-1).double().T * D ** -0.5
+    return ((out[0].float() - vv).abs().max().item(),
+            (lse[0].double() - want_lse).abs().max().item())
+
+
+LONG_CALLS = {  # name: (call(q, kx, vx, n) -> (out, lse), query heads, kv heads)
+    "func auto": (lambda q, kx, vx, n: fad.flash_attn_func(q, kx, vx, return_attn_probs=True)[:2],
+                  2, 2),
+    "func cta_per_split": (lambda q, kx, vx, n: _forced("cta_per_split", fad.flash_attn_func, q,
+                                                         kx, vx, return_attn_probs=True)[:2], 2, 2),
+    "kvcache num_splits=0": (lambda q, kx, vx, n: fad.flash_attn_with_kvcache(
+        q, kx, vx, cache_seqlens=n, return_softmax_lse=True), 8, 1),
+    "kvcache num_splits=2": (lambda q, kx, vx, n: fad.flash_attn_with_kvcache(
+        q, kx, vx, cache_seqlens=n, num_splits=2, return_softmax_lse=True), 8, 1),
+}
+
+
+def _forced(schedule, fn, *args, **kw):
+    with force_schedule(schedule):
+        return fn(*args, **kw)
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(LONG_CALLS))
+def test_long_keys_error_no_larger_at_2_30_than_at_2_20(name):
+    """The combine's error does not grow with the number of splits: 2**30 keys (2**21 splits
+    of 512) give an out and lse no further from the exact answer than 2**20 keys (2**11)."""
+    call, H, Hk = LONG_CALLS[name]
+    gen = make_gen(33)
+    q = randn(gen, (1, 1, H, 64), BF, "cuda")
+    errs = {}
+    for n in (2 ** 20, 2 ** 30):
+        k, v, kx, vx = _one_row_kv(n, Hk, 64, gen)
+        out, lse = call(q, kx, vx, n)
+        errs[n] = _one_row_error(out, lse, q, k, v, n)
+        _check_one_row_answer(out, lse, q, k, v, n)
+    assert errs[2 ** 30][0] <= errs[2 ** 20][0], errs
+    assert errs[2 ** 30][1] <= max(errs[2 ** 20][1], 1e-5), errs
+
+
+@gpu
+@pytest.mark.parametrize("entry", ["func", "kvcache"])
+def test_one_cta_walk_across_groups_error_bounded(entry):
+    """The one-CTA walk closes a group every 1024 splits: at 128-key splits 2**25 keys are 256
+    groups in one CTA, with the exact answer as at 2**20 (8 groups)."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(34)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    errs = {}
+    for n in (2 ** 20, 2 ** 25):
+        k, v, kx, vx = _one_row_kv(n, 1 if entry == "kvcache" else 2, 64, gen)
+        if entry == "func":
+            out, lse, _ = _forced("one_cta", fad.flash_attn_func, q, kx, vx, return_attn_probs=True)
+        else:
+            out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=1,
+                                                   return_softmax_lse=True)
+        errs[n] = _one_row_error(out, lse, q, k, v, n)
+        _check_one_row_answer(out, lse, q, k, v, n)
+    assert errs[2 ** 25][0] <= errs[2 ** 20][0], errs
+
+
+GROUP_CASES = {  # name: (D, Sq, H, Hk, kwargs): 128-key splits, keys spanning 3-4 groups
+    "prefill D64 causal": (64, 100, 4, 2, dict(causal=True)),
+    "prefill D128 window": (128, 300, 2, 1, dict(causal=True, window_size=(2 ** 17 + 5000, 0))),
+    "prefill D256": (256, 70, 2, 2, {}),
+    "decode D128 GQA": (128, 1, 8, 1, {}),
+}
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(GROUP_CASES))
+def test_group_order_same_bits_on_every_schedule(name):
+    """Random k/v over 3 x 2**17 + 777 keys at 128-key splits: rows whose splits span 2-4
+    groups (FAD_MERGE_GROUP), some starting or ending inside one (a window), on the one-CTA
+    walk (its X slots), a CTA per split (the combine) and the automatic schedule: the same
+    bits on each, and the float64 answer on sampled rows."""
+    D, Sq, H, Hk, kw = GROUP_CASES[name]
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(35)
+    n = 3 * 2 ** 17 + 777
+    q = randn(gen, (1, Sq, H, D), BF, "cuda")
+    k = randn(gen, (1, n, Hk, D), BF, "cuda")
+    v = randn(gen, (1, n, Hk, D), BF, "cuda")
+    res = {}
+    for sched in ("one_cta", "cta_per_split", "auto"):
+        res[sched] = _forced(sched, fad.flash_attn_func, q, k, v, return_attn_probs=True, **kw)[:2]
+    for sched in ("cta_per_split", "auto"):
+        assert torch.equal(res[sched][0], res["one_cta"][0]), sched
+        assert torch.equal(res[sched][1], res["one_cta"][1]), sched
+    out, lse = res["one_cta"]
+    wl = kw.get("window_size", (-1, -1))[0]
+    for i in sorted({0, Sq // 2, Sq - 1}):
+        hi = n - Sq + i + 1 if kw.get("causal") else n
+        lo = max(0, hi - 1 - wl) if wl >= 0 else 0
+        sub = slice(lo, hi)
+        _assert_reference(out[0, i:i + 1], lse[0, :, i:i + 1], q[0, i:i + 1], k[0, sub], v[0, sub],
+                          f"{name} row {i}")

@@ -434,46 +434,38 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     int r_slot = -1;
     float *r_lane = a.ws_r + lane;
     auto take_slot = [&]() {
-        if (lane == 0) {
-            const unsigned n = (unsigned)a.plan.r_slots;
-            unsigned sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            /* (consumer warps are 4 .. 4 kConsumers + 3, after the producer's
-             * 4; fad_make_plan's 4 x FAD_WS_D256_CONSUMERS slots an SM) */
-            unsigned sl = (sm * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4)) % n;
-            while (atomicCAS(&a.ws_r_flag[sl], 0u, 1u) != 0u)
-                sl = sl + 1 == n ? 0u : sl + 1;
-            r_slot = (int)sl;
-        }
-        r_slot = __shfl_sync(0xffffffffu, r_slot, 0);
+        /* (consumer warps are 4 .. 4 kConsumers + 3, after the producer's
+         * 4; fad_make_plan's 4 x FAD_WS_D256_CONSUMERS slots an SM) */
+        r_slot = take_pool_slot(a.ws_r_flag, (unsigned)a.plan.r_slots,
+                                sm_id() * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4));
         r_lane = a.ws_r + (size_t)r_slot * FAD_WS_R_SLOT_FLOATS + lane;
     };
-    auto give_slot = [&]() { /* after the last fold's reads */
-        __syncwarp();
-        if (lane == 0 && r_slot >= 0) {
-            __threadfence(); /* (this warp's reads and writes of the slot before it is free) */
-            atomicExch(&a.ws_r_flag[r_slot], 0u);
-        }
-    };
+    auto give_slot = [&]() { give_pool_slot(a.ws_r_flag, r_slot); }; /* after the last fold's reads */
     float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
 #pragma unroll
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
+    auto with_R = [&](auto f) {
+        if constexpr (C::kRGlobal)
+            f(r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane});
+        else if constexpr (C::kRSmem)
+            f(r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128});
+        else
+            f(r_in_regs<1, kHeadDim / 8>{oR});
+    };
     auto fold = [&](bool to_R) {
-        if constexpr (C::kRGlobal) {
+        if constexpr (C::kRGlobal)
             if (to_R && r_slot < 0)
                 take_slot();
-            fold_split(acc, m_s, l_s, mR, lR,
-                       r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane}, have_R,
-                       to_R);
+        with_R([&](const auto &R) { fold_split(acc, m_s, l_s, mR, lR, R, have_R, to_R); });
+        if constexpr (C::kRGlobal)
             if (!to_R)
                 give_slot();
-        } else if constexpr (C::kRSmem)
-            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
-        else
-            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };
+    /* X: the outer result of a walk across split groups (fold_group_close) */
+    x_slot<1, kHeadDim / 8> X;
+    const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
     const uint32_t kv_addr0 = smem_addr(sKV);
@@ -615,6 +607,9 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
             if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
                 pv_done();
                 fold(true);
+                /* (the split that ended: the tile before t0's; once per FAD_MERGE_GROUP splits) */
+                if (fad_group_closes(fad_split_of(t0 - kBlockN, S)))
+                    with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
                 split_left = S / kBlockN;
                 start_split_ml<1>(m_s, l_s);
                 acc_live = false;
@@ -631,16 +626,21 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     const int my_end = walked ? my_first + (my_last - my_first + kBlockN - 1) / kBlockN * kBlockN : u_last;
     for (int t0 = my_end; t0 < u_last; t0 += kBlockN)
         skip(pos_of(t0));
-    if (m0 >= len_q)
+    if (m0 >= len_q) {
+        if (X.slot >= 0)
+            X.give(pool);
         return;
+    }
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (walked)
             store_split_rows(a, D, fad_split_of(my_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
         return;
     }
-    if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
+    if (walked) { /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
+        fold_group_end(acc, mR, lR, X, pool);
+    }
     store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false,
                          kDrop ? drop.rp : 1.f);
 }

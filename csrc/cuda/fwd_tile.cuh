@@ -487,6 +487,150 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
     have_R = true;
 }
 
+/* The two-level fold of a walk across split groups (fad_math.h,
+ * FAD_MERGE_GROUP): where a split that closes its group ends and the walk goes
+ * on, fold_group_close moves R into X, the outer result of the warp's rows (X
+ * <- X (+) R, R empty); after the last fold (R in acc, mR, lR),
+ * fold_group_end makes acc X (+) R. X lives in a slot of the call's workspace
+ * (fad_make_plan's x_slots, FAD_X_LANE_FLOATS a lane, lane-interleaved so that
+ * a warp's accesses are whole lines), taken at the walk's first close and
+ * given back at its end: a close comes once per FAD_MERGE_GROUP splits, so its
+ * memory round trip costs nothing a split. A row whose keys a group does not
+ * reach has an empty R or X there, which fad_outer_* copy or keep: every row
+ * gets the chain of its own groups, as on the CPU and in the combine. */
+/* A pool of slots in the call's workspace with a taken flag each (zeroed by
+ * the launch), which warps take and give back: lane 0 scans by
+ * compare-and-swap from slot `start` on (this SM's and warp's, so that the
+ * slot a warp that ran here gave back is found first, one compare-and-swap as
+ * a rule); a pool with a slot for every warp that can be resident always has
+ * a free one, so the scan ends. Returns the slot to every lane. */
+__device__ __forceinline__ int take_pool_slot(unsigned *flag, unsigned n, unsigned start)
+{
+    int slot = -1;
+    if (threadIdx.x % 32 == 0) {
+        unsigned sl = start % n;
+        while (atomicCAS(&flag[sl], 0u, 1u) != 0u)
+            sl = sl + 1 == n ? 0u : sl + 1;
+        slot = (int)sl;
+    }
+    return __shfl_sync(0xffffffffu, slot, 0);
+}
+
+/* After the warp's last access of the slot. */
+__device__ __forceinline__ void give_pool_slot(unsigned *flag, int slot)
+{
+    __syncwarp();
+    if (threadIdx.x % 32 == 0 && slot >= 0) {
+        __threadfence(); /* (the warp's reads and writes of the slot before it is free) */
+        atomicExch(&flag[slot], 0u);
+    }
+}
+
+__device__ __forceinline__ unsigned sm_id()
+{
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    return sm;
+}
+
+struct x_pool {
+    float *ws;      /* fwd_args::ws_x */
+    unsigned *flag; /* fwd_args::ws_x_flag */
+    int n;          /* plan.x_slots */
+};
+
+/* A warp's X: only the slot's index lives through the walk (one register in
+ * the tile loop); its lane's values are addressed from it where used. */
+template <int kMT, int kDB> struct x_slot {
+    static constexpr int kO = kMT * kDB * 4; /* the lane's o values, then m and l of its 2 kMT rows */
+    static_assert(kO + 4 * kMT <= FAD_X_LANE_FLOATS, "FAD_X_LANE_FLOATS holds a lane's X");
+    int slot = -1; /* (warp-uniform) -1: not taken, X empty */
+    __device__ __forceinline__ void take(const x_pool &pool)
+    {
+        slot = take_pool_slot(pool.flag, (unsigned)pool.n, sm_id() * FAD_X_WARPS_PER_SM + threadIdx.x / 32);
+    }
+    __device__ __forceinline__ void give(const x_pool &pool)
+    {
+        give_pool_slot(pool.flag, slot);
+        slot = -1;
+    }
+    /* value i of this lane (o: i < kO; m of row r: kO + r; l: kO + 2 kMT + r) */
+    struct lane_values {
+        float *p;
+        __device__ __forceinline__ float &at(int i) const { return p[i * 32]; }
+        __device__ __forceinline__ float &m(int r) const { return at(kO + r); }
+        __device__ __forceinline__ float &l(int r) const { return at(kO + 2 * kMT + r); }
+    };
+    __device__ __forceinline__ lane_values values(const x_pool &pool) const
+    {
+        return {pool.ws + (size_t)slot * 32 * FAD_X_LANE_FLOATS + threadIdx.x % 32};
+    }
+};
+
+template <int kMT, int kDB, class RO>
+__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
+                                                 bool &have_R, x_slot<kMT, kDB> &X, const x_pool &pool)
+{
+    const bool first = X.slot < 0; /* X empty: X <- R (fad_outer_value copies) */
+    if (first)
+        X.take(pool);
+    const auto x = X.values(pool);
+    fad_outer_w w[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        const float mx = first ? -INFINITY : x.m(r), lx = first ? 0.f : x.l(r);
+        w[r] = fad_outer_weights(mx, mR[r]);
+        x.l(r) = fad_outer_value(lx, lR[r], w[r]);
+        x.m(r) = w[r].w.m;
+        mR[r] = -INFINITY, lR[r] = 0.f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = (mt * kDB + nb) * 4 + e;
+                const float xv = first ? 0.f : x.at(i), rv = have_R ? R.at(mt, nb, e) : 0.f;
+                x.at(i) = fad_outer_value(xv, rv, w[2 * mt + e / 2]);
+                if constexpr (!RO::kSmem)
+                    R.at(mt, nb, e) = 0.f; /* (in registers R's o is read as it is: the empty state's) */
+            }
+            /* Keeps the scheduler from hoisting every load of X and R ahead of the
+             * merges (the kernels' tile loops run at their register limit), as in
+             * fold_split. */
+            __syncwarp();
+        }
+    have_R = false; /* (in memory R is read as 0 until the next fold writes it) */
+}
+
+template <int kMT, int kDB>
+__device__ __forceinline__ void fold_group_end(float (&acc)[kMT][kDB][4], float (&mR)[2 * kMT],
+                                               float (&lR)[2 * kMT], x_slot<kMT, kDB> &X,
+                                               const x_pool &pool)
+{
+    if (X.slot < 0) /* no close: X is empty, R the result (warp-uniform) */
+        return;
+    const auto x = X.values(pool);
+    fad_outer_w w[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        w[r] = fad_outer_weights(x.m(r), mR[r]);
+        lR[r] = fad_outer_value(x.l(r), lR[r], w[r]);
+        mR[r] = w[r].w.m;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nb][e] = fad_outer_value(x.at((mt * kDB + nb) * 4 + e), acc[mt][nb][e], w[2 * mt + e / 2]);
+            __syncwarp(); /* (as in fold_group_close) */
+        }
+    X.give(pool);
+}
+
 /* Row r of this thread, merged result (acc, m, l): normalised output to o
  * (the row's D values; acc holds columns col0 ..) and, with_lse, its lse. */
 template <typename T, int kMT, int kDB>
