@@ -545,10 +545,6 @@ template <int kMT, int kDB> struct x_slot {
     static constexpr int kO = kMT * kDB * 4; /* the lane's o values, then m and l of its 2 kMT rows */
     static_assert(kO + 4 * kMT <= FAD_X_LANE_FLOATS, "FAD_X_LANE_FLOATS holds a lane's X");
     int slot = -1; /* (warp-uniform) -1: not taken, X empty */
-    __device__ __forceinline__ void take(const x_pool &pool)
-    {
-        slot = take_pool_slot(pool.flag, (unsigned)pool.n, sm_id() * FAD_X_WARPS_PER_SM + threadIdx.x / 32);
-    }
     __device__ __forceinline__ void give(const x_pool &pool)
     {
         give_pool_slot(pool.flag, slot);
@@ -567,40 +563,74 @@ template <int kMT, int kDB> struct x_slot {
     }
 };
 
+/* R's o and (m, l) as values, for the out-of-line close below (R in registers
+ * cannot be passed by reference without moving it to local memory for good). */
+template <int kMT, int kDB> struct r_vals {
+    static constexpr bool kSmem = false;
+    float o[kMT][kDB][4];
+    __device__ __forceinline__ float at(int mt, int nb, int e) const { return o[mt][nb][e]; }
+};
+template <int kMT> struct row_ml {
+    float m[2 * kMT], l[2 * kMT];
+};
+
+/* X <- X (+) R into slot `slot` of the pool (taken first where slot < 0);
+ * returns the slot. Out of line: the tile loops it is called from run at their
+ * register limit, and inlined there its loads and merges spilled the loops
+ * (ptxas -v: fwd_ws_kernel D128 20 -> 56 bytes); a call once per
+ * FAD_MERGE_GROUP splits costs nothing a split. R: r_vals, or R's o in shared
+ * or global memory (r_in_smem*: pointers, passed by value). */
 template <int kMT, int kDB, class RO>
-__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
-                                                 bool &have_R, x_slot<kMT, kDB> &X, const x_pool &pool)
+__device__ __noinline__ int x_close(const RO R, const bool have_R, const row_ml<kMT> ml, const x_pool pool,
+                                    int slot)
 {
-    const bool first = X.slot < 0; /* X empty: X <- R (fad_outer_value copies) */
+    const bool first = slot < 0; /* X empty: X <- R (fad_outer_value copies) */
     if (first)
-        X.take(pool);
+        slot = take_pool_slot(pool.flag, (unsigned)pool.n, sm_id() * FAD_X_WARPS_PER_SM + threadIdx.x / 32);
+    const x_slot<kMT, kDB> X{slot};
     const auto x = X.values(pool);
     fad_outer_w w[2 * kMT];
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
         const float mx = first ? -INFINITY : x.m(r), lx = first ? 0.f : x.l(r);
-        w[r] = fad_outer_weights(mx, mR[r]);
-        x.l(r) = fad_outer_value(lx, lR[r], w[r]);
+        w[r] = fad_outer_weights(mx, ml.m[r]);
+        x.l(r) = fad_outer_value(lx, ml.l[r], w[r]);
         x.m(r) = w[r].w.m;
-        mR[r] = -INFINITY, lR[r] = 0.f;
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-        for (int nb = 0; nb < kDB; nb++) {
+        for (int nb = 0; nb < kDB; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = (mt * kDB + nb) * 4 + e;
                 const float xv = first ? 0.f : x.at(i), rv = have_R ? R.at(mt, nb, e) : 0.f;
                 x.at(i) = fad_outer_value(xv, rv, w[2 * mt + e / 2]);
-                if constexpr (!RO::kSmem)
-                    R.at(mt, nb, e) = 0.f; /* (in registers R's o is read as it is: the empty state's) */
             }
-            /* Keeps the scheduler from hoisting every load of X and R ahead of the
-             * merges (the kernels' tile loops run at their register limit), as in
-             * fold_split. */
-            __syncwarp();
-        }
+    return slot;
+}
+
+template <int kMT, int kDB, class RO>
+__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
+                                                 bool &have_R, x_slot<kMT, kDB> &X, const x_pool &pool)
+{
+    row_ml<kMT> ml;
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++)
+        ml.m[r] = mR[r], ml.l[r] = lR[r], mR[r] = -INFINITY, lR[r] = 0.f;
+    if constexpr (RO::kSmem) {
+        X.slot = x_close<kMT, kDB>(R, have_R, ml, pool, X.slot);
+    } else {
+        r_vals<kMT, kDB> v;
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    v.o[mt][nb][e] = R.at(mt, nb, e), R.at(mt, nb, e) = 0.f; /* (R in registers is read as it is: the empty state's) */
+        X.slot = x_close<kMT, kDB>(v, have_R, ml, pool, X.slot);
+    }
     have_R = false; /* (in memory R is read as 0 until the next fold writes it) */
 }
 
@@ -626,7 +656,7 @@ __device__ __forceinline__ void fold_group_end(float (&acc)[kMT][kDB][4], float 
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mt][nb][e] = fad_outer_value(x.at((mt * kDB + nb) * 4 + e), acc[mt][nb][e], w[2 * mt + e / 2]);
-            __syncwarp(); /* (as in fold_group_close) */
+            __syncwarp(); /* (one n8 block's loads at a time, as in fold_split) */
         }
     X.give(pool);
 }
