@@ -200,8 +200,8 @@ static void row_tile(const fwd_ctx *c, const fwd_scratch *w, const fad_dropout *
 }
 
 /* A row's merged result in the two-level order of its splits (fad_math.h,
- * FAD_MERGE_GROUP): R (m, l, o) the current group's chain, X the chain of the
- * groups before it. */
+ * FAD_MERGE_GROUP; docs/design.md, "merge-groups"): R (m, l, o) the current
+ * group's chain, X the chain of the groups before it. */
 typedef struct row_fold {
     float *m, *l, *o;    /* R */
     float *mx, *lx, *ox; /* X */

@@ -435,7 +435,7 @@ def _fold(m, l, o, first=0):
     return out[0].item(), out[1], out[2:]
 
 
-def _fold_error(n, gen, D=16):
+def _fold_error(n, gen, D=8):
     """A row of n splits with random states (max within the merge's slack, so that the
     weights are powers of two apart from exp2's rounding): the fold's relative error in
     out and its absolute error in lse (log2 units), against float64."""
@@ -510,13 +510,12 @@ def _one_row_error(out, lse, q, k, v, n):
             (lse[0].double() - want_lse).abs().max().item())
 
 
+# A CTA per split (the combine): at 2**30 keys the automatic schedule would take the one-CTA
+# walk (the partials pass its workspace cap), 2**24 tiles in one CTA; that walk's own test is
+# test_one_cta_walk_across_groups_error_bounded.
 LONG_CALLS = {  # name: (call(q, kx, vx, n) -> (out, lse), query heads, kv heads)
-    "func auto": (lambda q, kx, vx, n: fad.flash_attn_func(q, kx, vx, return_attn_probs=True)[:2],
-                  2, 2),
     "func cta_per_split": (lambda q, kx, vx, n: _forced("cta_per_split", fad.flash_attn_func, q,
                                                          kx, vx, return_attn_probs=True)[:2], 2, 2),
-    "kvcache num_splits=0": (lambda q, kx, vx, n: fad.flash_attn_with_kvcache(
-        q, kx, vx, cache_seqlens=n, return_softmax_lse=True), 8, 1),
     "kvcache num_splits=2": (lambda q, kx, vx, n: fad.flash_attn_with_kvcache(
         q, kx, vx, cache_seqlens=n, num_splits=2, return_softmax_lse=True), 8, 1),
 }
