@@ -34,4 +34,5 @@ FAD_FUZZ_EXAMPLES=${FAD_FUZZ_EXAMPLES:-300} PYTHONPATH="$work" \
     python3 -m pytest -q -p no:cacheprovider -k "not cuda_demo" "$@" \
     tests/test_capi.py tests/test_argument_errors.py tests/test_api.py tests/test_fuzz.py \
     tests/test_kvcache.py tests/test_kvcache_refusals.py tests/test_append.py tests/test_varlen.py \
-    tests/test_infer.py tests/test_head_dim_pad.py tests/test_forward.py tests/test_backward.py
+    tests/test_infer.py tests/test_head_dim_pad.py tests/test_forward.py tests/test_backward.py \
+    tests/test_limits.py
