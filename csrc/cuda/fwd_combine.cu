@@ -128,25 +128,29 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         m = live ? w.m : m;
     };
     /* The two-level order (fad_math.h, FAD_MERGE_GROUP): (m, l, o) is the
-     * current group's chain, (mx, lx, ox) the groups' before it. A run of
-     * splits from s0 (a batch or a chunk, at most 32) holds at most one
-     * group's last split, g_last; where the row's splits go on past it, the
-     * run is merged split by split with the group closed after g_last (a
-     * branch once per FAD_MERGE_GROUP splits), else as before. */
-    float mx = -INFINITY, lx = 0.f, ox[kC];
-#pragma unroll
-    for (int c = 0; c < kC; c++)
-        ox[c] = 0.f;
-    auto outer = [&](float &mt, float &lt, float (&ot)[kC]) { /* (mt, lt, ot) <- X (+) R */
-        const fad_outer_w w = fad_outer_weights(mx, m);
+     * current group's chain, X the groups' before it. A run of splits from s0
+     * (a batch or a chunk, at most 32) holds at most one group's last split,
+     * g_last; where the row's splits go on past it, the run is merged split
+     * by split with the group closed after g_last (a branch once per
+     * FAD_MERGE_GROUP splits), else as before. X lives in shared memory, this
+     * lane's o (xs[c]), l (xs[kC]) and m (xs[kC + 1]): in registers its
+     * kC + 2 values were held through the whole fold (ptxas -v: up to 17 more
+     * registers), for a close once per FAD_MERGE_GROUP splits. m is -inf
+     * (X empty) until the first close. */
+    __shared__ float x_smem[4][kC + 2][32];
+    float(&xs)[kC + 2][32] = x_smem[warp];
+    xs[kC + 1][lane] = -INFINITY;
+    /* X (+) R, value by value: put(c, v) gets o[c] (c < kC), then l (kC), then m (kC + 1) */
+    auto outer = [&](auto &&put) {
+        const fad_outer_w w = fad_outer_weights(xs[kC + 1][lane], m);
 #pragma unroll
         for (int c = 0; c < kC; c++)
-            ot[c] = fad_outer_value(ox[c], o[c], w);
-        lt = fad_outer_value(lx, l, w);
-        mt = w.w.m;
+            put(c, fad_outer_value(xs[c][lane], o[c], w));
+        put(kC, fad_outer_value(xs[kC][lane], l, w));
+        put(kC + 1, w.w.m);
     };
-    auto close_group = [&]() {
-        outer(mx, lx, ox);
+    auto close_group = [&]() { /* X <- X (+) R, R empty */
+        outer([&](int c, float v) { xs[c][lane] = v; });
         m = -INFINITY, l = 0.f;
 #pragma unroll
         for (int c = 0; c < kC; c++)
@@ -340,8 +344,8 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             merge(ml_b, ov_b, s0 + kBatch);
         }
     }
-    if (mx != -INFINITY) /* (the row's splits spanned groups: R <- X (+) R) */
-        outer(m, l, o);
+    if (xs[kC + 1][lane] != -INFINITY) /* (the row's splits spanned groups: R <- X (+) R) */
+        outer([&](int c, float v) { (c < kC ? o[c] : c == kC ? l : m) = v; });
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, fad_dropout_rp(p.dropout_p));
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll

@@ -294,7 +294,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             /* the next tile starts a split: fold this one into R, fresh state */
             if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
                 fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
-                if (fad_group_closes(fad_split_of(t0, S))) /* (once per FAD_MERGE_GROUP splits) */
+                if (fad_group_closes(cur_split)) /* (once per FAD_MERGE_GROUP splits) */
                     fold_group_close(mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, X, pool);
                 cur_split = fad_split_of(t0 + kBlockN, S);
                 start_split(acc, m_s, l_s);
@@ -306,7 +306,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
     if (!warp_active) {
-        if (X.slot >= 0)
+        if (X.slot() >= 0)
             X.give(pool);
         return;
     }

@@ -145,7 +145,8 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
-    static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
+    static constexpr size_t kSmemXAt = kBarOffset + kBars * sizeof(uint64_t); /* the warps' X slot words (x_slot) */
+    static constexpr size_t kSmemBytes = kSmemXAt + (size_t)kThreads / 32 * 4;
     static_assert((kHeadDim == 128 && kConsumers == 2) || (kNarrow && kConsumers == 1) || (kHeadDim == 64 && kConsumers >= 2) ||
                       (kHeadDim == 256 && kConsumers <= 2),
                   "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one or two)");
@@ -464,7 +465,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 give_slot();
     };
     /* X: the outer result of a walk across split groups (fold_group_close) */
-    x_slot<1, kHeadDim / 8> X;
+    x_slot<1, kHeadDim / 8, C::kSmemXAt> X;
+    X.set(-1);
     const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
@@ -542,82 +544,97 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
             issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
         };
-        /* Prologue: S and the softmax of the first tile. */
         int t0 = my_first;
         ring_pos pos = pos_of(t0); /* tile t0's */
-        wait_full(pos);
-        issue_s(pos);
-        wgmma_wait<0>();
-        wgmma_fence_operand(s[0]);
-        release_k(pos);
-        softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
-                           p.window_right);
-        softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-        int split_left = fad_split_tiles_left(t0, S, kBlockN);
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
-        /* Each turn of the loop: s holds P of tile t0, and scale its factors
-         * for acc. Issue S of the next tile into s, rescale acc meanwhile,
-         * then issue O += P V of tile t0 (the tensor cores run the two in
-         * that order); the next tile's softmax then starts while O += P V
-         * runs. (The source waits for it after the exponentials; ptxas
-         * schedules that wait above them. Waiting at the next turn's start
-         * instead, which keeps the exponentials under the product, measured
-         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
-         * operations in the same order as in fwd_kernel (a split's first
-         * P V overwrites acc, so its rescale is skipped). Each path issues its
-         * groups on straight-line code, so ptxas sees which group each
-         * wgmma_wait retires. */
+        /* A run of the walk: up to its last tile, or up to the end of a split
+         * that closes its group, where the run's loop is left with no S in
+         * flight, so that the close below holds none of the loop's registers
+         * (once per FAD_MERGE_GROUP splits: the pipeline drains there, which
+         * costs nothing a split). */
         for (;;) {
-            p_fragments<T, kBlockN>(s, pf);
-            if constexpr (kDrop) {
-                fad_u32x4 dbits[2][1];
-                dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
-                dropout_pf(pf, keep, dbits);
-            }
-            const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
-            const ring_pos pos_done = pos;
-            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
-                wgmma_wait<0>();
-                wgmma_fence_operand(acc[0]);
-                wgmma_fence_operand(pf);
-                release(pos_done);
-            };
-            if (t0 + kBlockN >= my_last) {
+            /* Prologue: S and the softmax of the run's first tile. */
+            wait_full(pos);
+            issue_s(pos);
+            wgmma_wait<0>();
+            wgmma_fence_operand(s[0]);
+            release_k(pos);
+            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
+                               p.window_right);
+            softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+            /* (a split's and a group's end without a division: fad_walk_count) */
+            int split_left = fad_walk_count(t0, S, kBlockN);
+            /* Each turn of the loop: s holds P of tile t0, and scale its factors
+             * for acc. Issue S of the next tile into s, rescale acc meanwhile,
+             * then issue O += P V of tile t0 (the tensor cores run the two in
+             * that order); the next tile's softmax then starts while O += P V
+             * runs. (The source waits for it after the exponentials; ptxas
+             * schedules that wait above them. Waiting at the next turn's start
+             * instead, which keeps the exponentials under the product, measured
+             * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
+             * operations in the same order as in fwd_kernel (a split's first
+             * P V overwrites acc, so its rescale is skipped). Each path issues its
+             * groups on straight-line code, so ptxas sees which group each
+             * wgmma_wait retires. */
+            for (;;) {
+                p_fragments<T, kBlockN>(s, pf);
+                if constexpr (kDrop) {
+                    fad_u32x4 dbits[2][1];
+                    dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
+                    dropout_pf(pf, keep, dbits);
+                }
+                const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
+                const ring_pos pos_done = pos;
+                auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
+                    wgmma_wait<0>();
+                    wgmma_fence_operand(acc[0]);
+                    wgmma_fence_operand(pf);
+                    release(pos_done);
+                };
+                if (t0 + kBlockN >= my_last || split_left == FAD_MERGE_GROUP) { /* (a group's last tile) */
+                    if (acc_live)
+                        rescale_acc<true>(acc, scale, all_one);
+                    wait_v(pos_done);
+                    issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
+                    pv_done();
+                    break;
+                }
+                t0 += kBlockN;
+                pos = pos.next();
+                wait_full(pos);
+                issue_s(pos);
                 if (acc_live)
                     rescale_acc<true>(acc, scale, all_one);
                 wait_v(pos_done);
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-                pv_done();
-                break;
+                acc_live = true;
+                wgmma_wait<1>(); /* S of tile t0 (the older group) */
+                wgmma_fence_operand(s[0]);
+                release_k(pos);
+                softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
+                                   p.window_left, p.window_right);
+                /* the split ends with the tile at pos_done: fold, fresh state */
+                if ((split_left -= FAD_MERGE_GROUP) < FAD_MERGE_GROUP) {
+                    pv_done();
+                    fold(true);
+                    split_left = fad_walk_next(split_left, S, kBlockN);
+                    start_split_ml<1>(m_s, l_s);
+                    acc_live = false;
+                    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                } else {
+                    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                    pv_done();
+                }
             }
+            if (t0 + kBlockN >= my_last)
+                break;
+            /* t0's split closed its group: fold it, R into X, a fresh split from the next tile */
+            fold(true);
+            with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
+            start_split_ml<1>(m_s, l_s);
+            acc_live = false;
             t0 += kBlockN;
             pos = pos.next();
-            wait_full(pos);
-            issue_s(pos);
-            if (acc_live)
-                rescale_acc<true>(acc, scale, all_one);
-            wait_v(pos_done);
-            issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-            acc_live = true;
-            wgmma_wait<1>(); /* S of tile t0 (the older group) */
-            wgmma_fence_operand(s[0]);
-            release_k(pos);
-            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
-                               p.window_left, p.window_right);
-            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
-                pv_done();
-                fold(true);
-                /* (the split that ended: the tile before t0's; once per FAD_MERGE_GROUP splits) */
-                if (fad_group_closes(fad_split_of(t0 - kBlockN, S)))
-                    with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
-                split_left = S / kBlockN;
-                start_split_ml<1>(m_s, l_s);
-                acc_live = false;
-                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-            } else {
-                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-                pv_done();
-            }
         }
     }
     /* The other consumers' tiles after this one's last. my_last need not be a
@@ -627,7 +644,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     for (int t0 = my_end; t0 < u_last; t0 += kBlockN)
         skip(pos_of(t0));
     if (m0 >= len_q) {
-        if (X.slot >= 0)
+        if (X.slot() >= 0)
             X.give(pool);
         return;
     }

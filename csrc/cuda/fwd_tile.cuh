@@ -539,16 +539,44 @@ struct x_pool {
     int n;          /* plan.x_slots */
 };
 
-/* A warp's X: only the slot's index lives through the walk (one register in
- * the tile loop); its lane's values are addressed from it where used. */
-template <int kMT, int kDB> struct x_slot {
+/* A warp's X. Its slot's index (-1: none taken, X empty) is held through
+ * the walk in a register (kAt = x_in_reg) or in a word of the kernel's
+ * dynamic shared memory, one a warp from byte kAt (4 bytes a warp at the end
+ * of its layout), whichever cost its tile loop less (ptxas -v: fwd_ws_kernel
+ * D128 in a register 36 B of spills, in shared memory 24, main's 20;
+ * fwd_kernel the other way round). In shared memory every lane of the warp
+ * writes the same value and reads its own write back, so no lane waits on
+ * another (volatile: not held in a register across the loop). The lane's
+ * values are addressed from the index where used. */
+constexpr size_t x_in_reg = ~(size_t)0;
+template <int kMT, int kDB, size_t kAt = x_in_reg> struct x_slot {
     static constexpr int kO = kMT * kDB * 4; /* the lane's o values, then m and l of its 2 kMT rows */
     static_assert(kO + 4 * kMT <= FAD_X_LANE_FLOATS, "FAD_X_LANE_FLOATS holds a lane's X");
-    int slot = -1; /* (warp-uniform) -1: not taken, X empty */
+    static_assert(kAt == x_in_reg || kAt % 4 == 0, "aligned words");
+    int reg = -1; /* (kAt == x_in_reg) */
+    __device__ __forceinline__ static volatile int &word()
+    {
+        extern __shared__ __align__(16) unsigned char fad_x_smem[];
+        return reinterpret_cast<volatile int *>(fad_x_smem + kAt)[threadIdx.x / 32];
+    }
+    __device__ __forceinline__ int slot() const
+    {
+        if constexpr (kAt == x_in_reg)
+            return reg;
+        else
+            return word();
+    }
+    __device__ __forceinline__ void set(int s)
+    {
+        if constexpr (kAt == x_in_reg)
+            reg = s;
+        else
+            word() = s;
+    }
     __device__ __forceinline__ void give(const x_pool &pool)
     {
-        give_pool_slot(pool.flag, slot);
-        slot = -1;
+        give_pool_slot(pool.flag, slot());
+        set(-1);
     }
     /* value i of this lane (o: i < kO; m of row r: kO + r; l: kO + 2 kMT + r) */
     struct lane_values {
@@ -557,91 +585,73 @@ template <int kMT, int kDB> struct x_slot {
         __device__ __forceinline__ float &m(int r) const { return at(kO + r); }
         __device__ __forceinline__ float &l(int r) const { return at(kO + 2 * kMT + r); }
     };
-    __device__ __forceinline__ lane_values values(const x_pool &pool) const
+    __device__ __forceinline__ static lane_values values(const x_pool &pool, int slot)
     {
         return {pool.ws + (size_t)slot * 32 * FAD_X_LANE_FLOATS + threadIdx.x % 32};
     }
 };
-
-/* R's o and (m, l) as values, for the out-of-line close below (R in registers
- * cannot be passed by reference without moving it to local memory for good). */
-template <int kMT, int kDB> struct r_vals {
-    static constexpr bool kSmem = false;
-    float o[kMT][kDB][4];
-    __device__ __forceinline__ float at(int mt, int nb, int e) const { return o[mt][nb][e]; }
-};
-template <int kMT> struct row_ml {
-    float m[2 * kMT], l[2 * kMT];
-};
-
-/* X <- X (+) R into slot `slot` of the pool (taken first where slot < 0);
- * returns the slot. Out of line: the tile loops it is called from run at their
- * register limit, and inlined there its loads and merges spilled the loops
- * (ptxas -v: fwd_ws_kernel D128 20 -> 56 bytes); a call once per
- * FAD_MERGE_GROUP splits costs nothing a split. R: r_vals, or R's o in shared
- * or global memory (r_in_smem*: pointers, passed by value). */
-template <int kMT, int kDB, class RO>
-__device__ __noinline__ int x_close(const RO R, const bool have_R, const row_ml<kMT> ml, const x_pool pool,
-                                    int slot)
+/* X <- X (+) R, R empty (taking X's slot first where it has none). Inline,
+ * one row's weights and one value of X at a time: called from inside the tile
+ * loops, which run at their register limit, it must hold no more registers
+ * than the loop already does there. (Out of line, R in registers had to go
+ * through the call's stack frame, and the registers live across the call
+ * through spills: ptxas -v, fwd_ws_kernel D128 20 -> 70 B of spills, 24 ->
+ * 312 B of stack.) A close comes once per FAD_MERGE_GROUP splits, so its
+ * serial memory round trips cost nothing a split. */
+template <int kMT, int kDB, size_t kAt, class RO>
+__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
+                                                 bool &have_R, x_slot<kMT, kDB, kAt> &X,
+                                                 const x_pool &pool)
 {
+    int slot = X.slot();
     const bool first = slot < 0; /* X empty: X <- R (fad_outer_value copies) */
-    if (first)
+    if (first) {
         slot = take_pool_slot(pool.flag, (unsigned)pool.n, sm_id() * FAD_X_WARPS_PER_SM + threadIdx.x / 32);
-    const x_slot<kMT, kDB> X{slot};
-    const auto x = X.values(pool);
-    fad_outer_w w[2 * kMT];
+        X.set(slot);
+    }
+    const auto x = X.values(pool, slot);
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
-        const float mx = first ? -INFINITY : x.m(r), lx = first ? 0.f : x.l(r);
-        w[r] = fad_outer_weights(mx, ml.m[r]);
-        x.l(r) = fad_outer_value(lx, ml.l[r], w[r]);
-        x.m(r) = w[r].w.m;
-    }
+        const fad_outer_w w = fad_outer_weights(first ? -INFINITY : x.m(r), mR[r]);
+        x.l(r) = fad_outer_value(first ? 0.f : x.l(r), lR[r], w);
+        x.m(r) = w.w.m;
+        mR[r] = -INFINITY, lR[r] = 0.f;
+        /* row r's values: e = 2 (r % 2) and the next of every n8 block of mt = r / 2 */
+        const int mt = r / 2;
+        auto block = [&](int nb) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-        for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 2 * (r % 2); e < 2 * (r % 2) + 2; e++) {
+                float &rv = R.at(mt, nb, e);
                 const int i = (mt * kDB + nb) * 4 + e;
-                const float xv = first ? 0.f : x.at(i), rv = have_R ? R.at(mt, nb, e) : 0.f;
-                x.at(i) = fad_outer_value(xv, rv, w[2 * mt + e / 2]);
+                x.at(i) = fad_outer_value(first ? 0.f : x.at(i), have_R ? rv : 0.f, w);
+                if constexpr (!RO::kSmem)
+                    rv = 0.f; /* (R in registers is read as it is: the empty state's o) */
             }
-    return slot;
-}
-
-template <int kMT, int kDB, class RO>
-__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
-                                                 bool &have_R, x_slot<kMT, kDB> &X, const x_pool &pool)
-{
-    row_ml<kMT> ml;
-#pragma unroll
-    for (int r = 0; r < 2 * kMT; r++)
-        ml.m[r] = mR[r], ml.l[r] = lR[r], mR[r] = -INFINITY, lR[r] = 0.f;
-    if constexpr (RO::kSmem) {
-        X.slot = x_close<kMT, kDB>(R, have_R, ml, pool, X.slot);
-    } else {
-        r_vals<kMT, kDB> v;
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
+            __syncwarp(); /* (keeps ptxas from hoisting the loads of X ahead: one block's live at a time) */
+        };
+        /* R in memory: a loop, not kDB copies of the block in the tile loop's code */
+        if constexpr (RO::kSmem) {
+#pragma unroll 1
+            for (int nb = 0; nb < kDB; nb++)
+                block(nb);
+        } else {
 #pragma unroll
             for (int nb = 0; nb < kDB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    v.o[mt][nb][e] = R.at(mt, nb, e), R.at(mt, nb, e) = 0.f; /* (R in registers is read as it is: the empty state's) */
-        X.slot = x_close<kMT, kDB>(v, have_R, ml, pool, X.slot);
+                block(nb);
+        }
     }
     have_R = false; /* (in memory R is read as 0 until the next fold writes it) */
 }
 
-template <int kMT, int kDB>
+template <int kMT, int kDB, size_t kAt>
 __device__ __forceinline__ void fold_group_end(float (&acc)[kMT][kDB][4], float (&mR)[2 * kMT],
-                                               float (&lR)[2 * kMT], x_slot<kMT, kDB> &X,
+                                               float (&lR)[2 * kMT], x_slot<kMT, kDB, kAt> &X,
                                                const x_pool &pool)
 {
-    if (X.slot < 0) /* no close: X is empty, R the result (warp-uniform) */
+    const int slot = X.slot();
+    if (slot < 0) /* no close: X is empty, R the result (warp-uniform) */
         return;
-    const auto x = X.values(pool);
+    const auto x = X.values(pool, slot);
     fad_outer_w w[2 * kMT];
 #pragma unroll
     for (int r = 0; r < 2 * kMT; r++) {
