@@ -2,7 +2,7 @@
  * fwd_combine.cu — the combine kernel of the CTA-per-split schedule: folds a
  * row's split partials left to right with fad_merge_* (fad_math.h), in groups
  * of FAD_MERGE_GROUP then the groups' results, the fold a one-CTA schedule
- * runs in registers (fold_split, fold_group), so both give the same bits; and
+ * runs (fold_split, fold_group_close), so both give the same bits; and
  * its launch.
  */
 #include <type_traits>

@@ -590,10 +590,11 @@ template <int kMT, int kDB, size_t kAt = x_in_reg> struct x_slot {
         return {pool.ws + (size_t)slot * 32 * FAD_X_LANE_FLOATS + threadIdx.x % 32};
     }
 };
+
 /* X <- X (+) R, R empty (taking X's slot first where it has none). Inline,
  * one row's weights and one value of X at a time: called from inside the tile
- * loops, which run at their register limit, it must hold no more registers
- * than the loop already does there. (Out of line, R in registers had to go
+ * loops, which run at their register limit, it adds as few registers to
+ * theirs as it can. (Out of line, R in registers had to go
  * through the call's stack frame, and the registers live across the call
  * through spills: ptxas -v, fwd_ws_kernel D128 20 -> 70 B of spills, 24 ->
  * 312 B of stack.) A close comes once per FAD_MERGE_GROUP splits, so its
