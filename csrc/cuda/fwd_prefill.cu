@@ -137,8 +137,15 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     auto fold = [&](bool to_R) {
         with_R([&](const auto &R) { fold_split(acc, m_s, l_s, mR, lR, R, have_R, to_R); });
     };
-    /* X: the outer result of a walk across split groups (fold_group_close) */
+    /* X: the outer result of a walk across split groups (fold_group_close);
+     * its slot's index in shared memory on sm_80, in a register on sm_90,
+     * whichever spilled this kernel's builds less (ptxas -v) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    x_slot<kMT, kDB, C::kSmemXAt> X;
+#else
     x_slot<kMT, kDB> X;
+#endif
+    X.set(-1);
     const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     /* Loads K and V tile t0 into stage st. */

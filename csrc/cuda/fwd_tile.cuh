@@ -544,10 +544,11 @@ struct x_pool {
  * dynamic shared memory, one a warp from byte kAt (4 bytes a warp at the end
  * of its layout), whichever cost its tile loop less (ptxas -v: fwd_ws_kernel
  * D128 in a register 36 B of spills, in shared memory 24, main's 20;
- * fwd_kernel the other way round). In shared memory every lane of the warp
- * writes the same value and reads its own write back, so no lane waits on
- * another (volatile: not held in a register across the loop). The lane's
- * values are addressed from the index where used. */
+ * fwd_kernel on sm_90 the other way round, on sm_80 as the former). In
+ * shared memory every lane of the warp writes the same value and reads its
+ * own write back, so no lane waits on another (volatile: not held in a
+ * register across the loop). The lane's values are addressed from the index
+ * where used. */
 constexpr size_t x_in_reg = ~(size_t)0;
 template <int kMT, int kDB, size_t kAt = x_in_reg> struct x_slot {
     static constexpr int kO = kMT * kDB * 4; /* the lane's o values, then m and l of its 2 kMT rows */
@@ -630,8 +631,14 @@ __device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&l
             }
             __syncwarp(); /* (keeps ptxas from hoisting the loads of X ahead: one block's live at a time) */
         };
-        /* R in memory: a loop, not kDB copies of the block in the tile loop's code */
-        if constexpr (RO::kSmem) {
+        /* R in memory: a loop, not kDB copies of the block in the tile loop's
+         * code, where that spilled the loops less (ptxas -v: sm_90 yes, sm_80 no) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+        constexpr bool kRolled = false;
+#else
+        constexpr bool kRolled = RO::kSmem;
+#endif
+        if constexpr (kRolled) {
 #pragma unroll 1
             for (int nb = 0; nb < kDB; nb++)
                 block(nb);
