@@ -314,6 +314,17 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
 #else
     (void)wgmma;
 #endif
+    /* A CTA that walks a row block's splits across a group's end keeps its rows' outer
+     * result in a slot of the workspace (FAD_X_LANE_FLOATS): a pool with one for every
+     * warp that can be resident, taken and given back by the warps. */
+    if (st == FAD_OK && !plan->cta_per_split && num_sms > 0 &&
+        fad_num_splits(p->seqlen_k, plan->split_size) > FAD_MERGE_GROUP) {
+        plan->x_slots = FAD_X_WARPS_PER_SM * num_sms;
+        plan->ws_x_offset = (plan->workspace_bytes + 255) / 256 * 256;
+        plan->ws_x_flag_offset =
+            plan->ws_x_offset + (size_t)plan->x_slots * 32 * FAD_X_LANE_FLOATS * sizeof(float);
+        plan->workspace_bytes = plan->ws_x_flag_offset + (size_t)plan->x_slots * sizeof(unsigned);
+    }
     return st;
 }
 

@@ -101,8 +101,8 @@ typedef struct fwd_scratch {
     int64_t *held;      /* 1 + the (sequence, kv head) whose tiles kc/vc hold, 0: none */
     float *kc, *vc;     /* cache_keys keys: per tile transposed (Dp x T) / rows (T x Dp) */
     unsigned char *done; /* per tile: converted */
-    float *q, *s, *os, *orow, *krows, *kt, *vrows; /* rows x Dp, rows x T, .. */
-    float *ms, *ls, *mr, *lr;                      /* per row */
+    float *q, *s, *os, *orow, *ox, *krows, *kt, *vrows; /* rows x Dp, rows x T, .. */
+    float *ms, *ls, *mr, *lr, *mx, *lx;                 /* per row */
     fad_key_range *range;
     int *first, *end;
     const uint16_t **qrows; /* where each row's q lives */
@@ -122,6 +122,7 @@ static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
     CARVE_(s, float, R * T);
     CARVE_(os, float, R * Dp);
     CARVE_(orow, float, R * Dp);
+    CARVE_(ox, float, R * Dp);
     CARVE_(krows, float, T * Dp);
     CARVE_(kt, float, T * Dp);
     CARVE_(vrows, float, T * Dp);
@@ -129,6 +130,8 @@ static size_t fwd_carve(const fwd_ctx *c, char *base, fwd_scratch *w)
     CARVE_(ls, float, R);
     CARVE_(mr, float, R);
     CARVE_(lr, float, R);
+    CARVE_(mx, float, R);
+    CARVE_(lx, float, R);
     CARVE_(range, fad_key_range, R);
     CARVE_(first, int, R);
     CARVE_(end, int, R);
@@ -196,6 +199,63 @@ static void row_tile(const fwd_ctx *c, const fwd_scratch *w, const fad_dropout *
     w->ms[r] = mnew;
 }
 
+/* A row's merged result in the two-level order of its splits (fad_math.h,
+ * FAD_MERGE_GROUP; docs/design.md, "merge-groups"): R (m, l, o) the current
+ * group's chain, X the chain of the groups before it. */
+typedef struct row_fold {
+    float *m, *l, *o;    /* R */
+    float *mx, *lx, *ox; /* X */
+} row_fold;
+
+static void row_fold_start(row_fold f, int Dp)
+{
+    *f.m = *f.mx = -INFINITY, *f.l = *f.lx = 0.f;
+    memset(f.o, 0, sizeof(float) * Dp);
+    memset(f.ox, 0, sizeof(float) * Dp);
+}
+
+/* dst <- X (+) R (fad_outer_*); dst is X or R */
+static void row_fold_outer(row_fold f, float *m, float *l, float *o, int Dp)
+{
+    const fad_outer_w w = fad_outer_weights(*f.mx, *f.m);
+    for (int d = 0; d < Dp; d++)
+        o[d] = fad_outer_value(f.ox[d], f.o[d], w);
+    *l = fad_outer_value(*f.lx, *f.l, w);
+    *m = w.w.m;
+}
+
+/* R <- R (+) split sp (its state ms, ls, os), the merge every path shares; where
+ * sp closes its group and the row's splits go on (to end), X <- X (+) R and R
+ * starts empty. */
+static void row_fold_split(const fad_cpu_kernels *k, row_fold f, float ms, float ls,
+                           const float *os, int sp, int end, int Dp)
+{
+    const fad_merge_w mw = fad_merge_weights(*f.m, ms);
+    k->merge(f.o, os, mw.wa, mw.wb, Dp);
+    *f.l = fad_merge_value(*f.l, ls, mw);
+    *f.m = mw.m;
+    if (fad_group_closes(sp) && sp + 1 < end) {
+        row_fold_outer(f, f.mx, f.lx, f.ox, Dp);
+        *f.m = -INFINITY, *f.l = 0.f;
+        memset(f.o, 0, sizeof(float) * Dp);
+    }
+}
+
+/* The row's splits are all folded: R <- X (+) R, its result (R itself while
+ * X is empty: a row within one group). */
+static void row_fold_end(row_fold f, int Dp)
+{
+    if (*f.mx != -INFINITY)
+        row_fold_outer(f, f.m, f.l, f.o, Dp);
+}
+
+static row_fold row_fold_of(const fwd_scratch *w, int r, int Dp)
+{
+    const row_fold f = {w->mr + r, w->lr + r, w->orow + (int64_t)r * Dp,
+                        w->mx + r, w->lx + r, w->ox + (int64_t)r * Dp};
+    return f;
+}
+
 /* Item: sequence b, kv head hk, query positions [i0, i0 + bq) of every head of
  * the group; row r = g * nb + (i - i0) for head hk * group + g. */
 static void fwd_item(void *ctx, int64_t item, void *scratch)
@@ -226,8 +286,7 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
         w.range[r] = fad_row_keys(i, len_q, len_k, p->window_left, p->window_right);
         w.first[r] = fad_first_split(w.range[r], S);
         w.end[r] = fad_end_split(w.range[r], S);
-        w.mr[r] = -INFINITY, w.lr[r] = 0.f;
-        memset(w.orow + (int64_t)r * Dp, 0, sizeof(float) * Dp);
+        row_fold_start(row_fold_of(&w, r, Dp), Dp);
         sp_lo = r == 0 || w.first[r] < sp_lo ? w.first[r] : sp_lo;
         sp_hi = r == 0 || w.end[r] > sp_hi ? w.end[r] : sp_hi;
     }
@@ -277,16 +336,13 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
             }
             c->k->acc_rows(w.s, R, t1 - t0, vt, Dp, Dp, w.os, Dp);
         }
-        /* R <- R (+) split, the merge every path shares. */
-        for (int r = 0; r < nrows; r++) {
-            if (sp < w.first[r] || sp >= w.end[r])
-                continue;
-            const fad_merge_w mw = fad_merge_weights(w.mr[r], w.ms[r]);
-            c->k->merge(w.orow + (int64_t)r * Dp, w.os + (int64_t)r * Dp, mw.wa, mw.wb, Dp);
-            w.lr[r] = fad_merge_value(w.lr[r], w.ls[r], mw);
-            w.mr[r] = mw.m;
-        }
+        for (int r = 0; r < nrows; r++)
+            if (sp >= w.first[r] && sp < w.end[r])
+                row_fold_split(c->k, row_fold_of(&w, r, Dp), w.ms[r], w.ls[r],
+                               w.os + (int64_t)r * Dp, sp, w.end[r], Dp);
     }
+    for (int r = 0; r < nrows; r++)
+        row_fold_end(row_fold_of(&w, r, Dp), Dp);
 
     uint16_t *O = (uint16_t *)p->out;
     for (int r = 0; r < nrows; r++) {
@@ -296,6 +352,31 @@ static void fwd_item(void *ctx, int64_t item, void *scratch)
         if (p->softmax_lse)
             p->softmax_lse[seq.row0 + h * c->lse_head_stride + i] = fad_lse(w.mr[r], w.lr[r]);
     }
+}
+
+fad_status fad_cpu_fold_splits(const float *m, const float *l, const float *o, int first, int n,
+                               int D, float *out, char *msg, size_t msg_len)
+{
+    if (n < 0 || first < 0 || first > 0x7fffffff - n || D <= 0)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "first, n, D: splits [%d, %d + %d) of %d values",
+                        first, first, n, D);
+    const int Dp = fad_cpu_pad_d(D);
+    float *buf = (float *)calloc((size_t)3 * Dp + 4, sizeof(float));
+    if (!buf)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len, "out of host memory");
+    float *os = buf + 2 * Dp, *ml = buf + 3 * Dp;
+    const row_fold f = {ml, ml + 1, buf, ml + 2, ml + 3, buf + Dp};
+    const fad_cpu_kernels *k = fad_cpu_kernels_get();
+    row_fold_start(f, Dp);
+    for (int s = 0; s < n; s++) {
+        memcpy(os, o + (int64_t)s * D, sizeof(float) * D);
+        row_fold_split(k, f, m[s], l[s], os, first + s, first + n, Dp);
+    }
+    row_fold_end(f, Dp);
+    out[0] = *f.m, out[1] = *f.l;
+    memcpy(out + 2, f.o, sizeof(float) * D);
+    free(buf);
+    return FAD_OK;
 }
 
 fad_status fad_fwd_cpu(const fad_fwd_params *params, char *msg, size_t msg_len)

@@ -53,6 +53,9 @@ typedef struct fad_plan {
     int r_slots;           /* R slots (D256 on Hopper: fwd_prefill_ws.cu's kRGlobal), 0: none */
     size_t ws_r_offset;    /* bytes: fp32 R slots [r_slots][FAD_WS_R_SLOT_FLOATS] */
     size_t ws_r_flag_offset; /* bytes: uint32 taken flags [r_slots] (zeroed by the launch) */
+    int x_slots;           /* X slots (a one-CTA walk across split groups), 0: none */
+    size_t ws_x_offset;    /* bytes: fp32 X slots [x_slots][32][FAD_X_LANE_FLOATS] */
+    size_t ws_x_flag_offset; /* bytes: uint32 taken flags [x_slots] (zeroed by the launch) */
     size_t workspace_bytes;
 } fad_plan;
 
@@ -92,6 +95,13 @@ float fad_bf16_to_float(uint16_t h);
 float fad_fp16_to_float(uint16_t h);
 uint16_t fad_float_to_bf16(float f); /* round to nearest even */
 uint16_t fad_float_to_fp16(float f); /* round to nearest even */
+
+/* The CPU path's fold of one row's split states (m[s], l[s], o[s][D] of splits
+ * first .. first + n - 1) into its result, out = (m, l, o[D]) unnormalised: the
+ * order of every path (fad_math.h, FAD_MERGE_GROUP), for tests of that order on
+ * split counts no real call reaches on the CPU. */
+fad_status fad_cpu_fold_splits(const float *m, const float *l, const float *o, int first, int n,
+                               int D, float *out, char *msg, size_t msg_len);
 
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);

@@ -324,6 +324,79 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
 }
 
 /* ------------------------------------------------------------------------ */
+/* The two-level order of a row's splits (docs/design.md, "merge-groups").    */
+/* ------------------------------------------------------------------------ */
+
+/* Folding split after split into one running sum loses about one rounding of
+ * the sum per split: at 2^30 keys in 512-key splits (2^21 splits) o and l
+ * would be off by several bf16 steps. So a row's splits are folded in groups
+ * of FAD_MERGE_GROUP, keyed on the split index (group g: splits
+ * FAD_MERGE_GROUP g .. FAD_MERGE_GROUP (g + 1) - 1): each group left to right
+ * from the empty state, as one chain always was, then the groups' results
+ * left to right into the row's outer result X. A row within one group (every
+ * row of at most FAD_MERGE_GROUP splits from split 0) keeps the one chain's
+ * bits. Every path (CPU, one CTA a row block, the combine) folds in this
+ * order, whichever splits it walks. */
+#define FAD_MERGE_GROUP 1024
+
+/* Whether the fold of split s, after which a walk goes on to split s + 1,
+ * closes its group: the group's result then goes into X (fad_outer_*) and the
+ * running result starts empty again. */
+FAD_HD int fad_group_closes(int s) { return (s + 1) % FAD_MERGE_GROUP == 0; }
+
+/* The last split of split s's group: the one split of a run of at most
+ * FAD_MERGE_GROUP from s on whose fold may close a group (where it lies
+ * before the walk's last split). */
+FAD_HD int fad_group_last(int s) { return s - s % FAD_MERGE_GROUP + (FAD_MERGE_GROUP - 1); }
+
+/* A tile walk's place, one register in the GPU's tile loops (block_n keys a
+ * tile; splits are whole tiles): at tile t0, the tiles of t0's split from t0
+ * on, times FAD_MERGE_GROUP, plus the splits after t0's in its group. Less
+ * FAD_MERGE_GROUP a tile, a split's end is then a count below
+ * FAD_MERGE_GROUP (the splits left in the group, 0: the split closes it)
+ * and the last tile of a group exactly FAD_MERGE_GROUP before it: integer
+ * compares in the loop where a division by the split size spilled it
+ * (below 2^31: at most 2^18 tiles a split). fad_walk_next: the next split's
+ * count at its first tile, from the count at the end of the one before. */
+FAD_HD int fad_walk_count(int t0, int split_size, int block_n)
+{
+    const int s = fad_split_of(t0, split_size);
+    return fad_split_tiles_left(t0, split_size, block_n) * FAD_MERGE_GROUP + (fad_group_last(s) - s);
+}
+FAD_HD int fad_walk_next(int end_count, int split_size, int block_n)
+{
+    return split_size / block_n * FAD_MERGE_GROUP + (end_count + FAD_MERGE_GROUP - 1) % FAD_MERGE_GROUP;
+}
+
+/* X <- X (+) G for a group's result G: fad_merge_* between two non-empty
+ * states; a copy of G while X is empty, and X unchanged by an empty G (a row
+ * a walk crosses a group with before its first key or after its last), so
+ * that a row's result is its non-empty groups' chain alone, whichever splits
+ * the walk covered (a merge with an empty state is no identity: it turns -0
+ * into +0). */
+typedef struct fad_outer_w {
+    fad_merge_w w;
+    int copy_g; /* X empty: X <- G */
+    int keep_x; /* G empty: X unchanged */
+} fad_outer_w;
+
+FAD_HD fad_outer_w fad_outer_weights(float m_x, float m_g)
+{
+    fad_outer_w o;
+    o.w = fad_merge_weights(m_x, m_g);
+    o.copy_g = m_x == -INFINITY;
+    o.keep_x = !o.copy_g && m_g == -INFINITY;
+    return o;
+}
+
+/* One value (o or l) of X (+) G; the merged max is w.w.m. */
+FAD_HD float fad_outer_value(float x, float g, fad_outer_w w)
+{
+    const float v = fad_merge_value(x, g, w.w);
+    return w.copy_g ? g : w.keep_x ? x : v;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Dropout: a keep mask keyed only by positions, so batch-invariant.          */
 /* ------------------------------------------------------------------------ */
 

@@ -3,7 +3,7 @@
 # The C glue and the CPU path built with AddressSanitizer + UndefinedBehaviorSanitizer (gcc), and
 # the tests that drive the C code hardest run under them: the C API, every argument check, the
 # fuzzer (FAD_FUZZ_EXAMPLES per entry, default 300), KV cache, append, varlen, inference entries,
-# head-dim padding, forward and backward. CPU only, in a copy of the package (the checkout's own
+# head-dim padding, forward and backward, the limits. CPU only, in a copy of the package (the checkout's own
 # module is untouched); .ci/run calls it after the README's test command. Any ASan report or UB
 # aborts the run (abort_on_error, halt_on_error) and fails the job. Leak checks are off: the
 # interpreter itself keeps memory at exit. The CUDA path: dev/sanitize_gpu.sh (compute-sanitizer).
@@ -34,4 +34,5 @@ FAD_FUZZ_EXAMPLES=${FAD_FUZZ_EXAMPLES:-300} PYTHONPATH="$work" \
     python3 -m pytest -q -p no:cacheprovider -k "not cuda_demo" "$@" \
     tests/test_capi.py tests/test_argument_errors.py tests/test_api.py tests/test_fuzz.py \
     tests/test_kvcache.py tests/test_kvcache_refusals.py tests/test_append.py tests/test_varlen.py \
-    tests/test_infer.py tests/test_head_dim_pad.py tests/test_forward.py tests/test_backward.py
+    tests/test_infer.py tests/test_head_dim_pad.py tests/test_forward.py tests/test_backward.py \
+    tests/test_limits.py

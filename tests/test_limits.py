@@ -13,12 +13,14 @@ GPU tests are marked gpu (and skip without CUDA); each keeps to a few GB and sec
 """
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
 import flash_attn_det as fad
 from flash_attn_det import _C
-from flash_attn_det.testing import force_schedule  # (fad.testing exists only once imported)
+from flash_attn_det.testing import force_schedule
 
 from conftest import make_gen, randn, requires_cuda
 
@@ -224,8 +226,8 @@ def test_oversized_refused_before_allocation(device, name):
 @gpu
 def test_workspace_larger_than_device_refused():
     """num_splits > 1 asks for a CTA per split: the longest cache the API takes (2**31 - 2**16
-    keys: the key limit's own refusal comes first past it) in 512-key splits for 256 query
-    heads is ~2**22 splits x 256 rows of fp32 partials (~280 GB), more than any device holds."""
+    keys: the key limit's own refusal comes first past it) in 512-key splits for 256 query heads
+    is ~2**22 splits x 256 rows of fp32 partials (~280 GB), more than any device holds."""
     d = "cuda"
     n = 2 ** 31 - 2 ** 16
     q = randn(make_gen(10), (1, 1, 256, 64), BF, d)
@@ -422,3 +424,180 @@ def test_varlen_more_than_65535_sequences(schedule):
                                                   causal=True, return_attn_probs=True)
             assert torch.equal(out[qs], one[0]) and torch.equal(lse[:, qs], one_lse[0]), b
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+# --- the combine's error, bounded whatever the number of splits ----------------
+
+def _fold(m, l, o, first=0):
+    """The CPU path's fold of one row's split states (fad_cpu_fold_splits): (m, l, o)."""
+    out = torch.empty(o.shape[1] + 2)
+    _C.fold_splits(m.contiguous(), l.contiguous(), o.contiguous(), out, first)
+    return out[0].item(), out[1], out[2:]
+
+
+def _fold_error(n, gen, D=8):
+    """A row of n splits with random states (max within the merge's slack, so that the
+    weights are powers of two apart from exp2's rounding): the fold's relative error in
+    out and its absolute error in lse (log2 units), against float64."""
+    v = torch.randn(D, generator=gen)
+    m = torch.rand(n, generator=gen) * 4
+    l = 256 + 256 * torch.rand(n, generator=gen)
+    o = l[:, None] * (v + 0.01 * torch.randn(n, D, generator=gen))
+    mr, lr, orow = _fold(m, l, o)
+    w = torch.exp2(m.double())
+    want = (w[:, None] * o.double()).sum(0) / (w * l.double()).sum()
+    err = ((orow.double() / lr.double() - want).abs().max() / want.abs().max()).item()
+    lse_err = abs(mr + math.log2(lr.item()) - torch.log2((w * l.double()).sum()).item())
+    return err, lse_err
+
+
+def test_fold_error_bounded_whatever_the_splits():
+    """2**11 splits (2**20 keys in 512-key splits) and 2**21 (2**30 keys): the two-level
+    fold keeps both within fp32's few roundings (one running sum over 2**21 splits loses
+    about one rounding of the sum per split: 2**21 x 2**-24)."""
+    gen = make_gen(30)
+    errs = {n: _fold_error(n, gen) for n in (2 ** 11, 2 ** 21)}
+    for n, (err, lse_err) in errs.items():
+        assert err < 2 ** -18 and lse_err < 2 ** -18, (n, err, lse_err)
+
+
+def test_fold_exact_where_one_chain_is_not():
+    """Every split the same state (a row over keys that all score alike, as the GPU tests'
+    expanded k/v): 2**21 splits of 512 keys fold to exactly v, as 2**11 do, where one
+    running sum of the 2**21 o values is off by about 2% (numpy's accumulate: sequential)."""
+    gen = make_gen(31)
+    v = randn(gen, (16,), BF, "cpu").float()
+    for n in (2 ** 11, 2 ** 21):
+        m, l, o = torch.zeros(n), torch.full((n,), 512.0), (512 * v).expand(n, 16)
+        mr, lr, orow = _fold(m, l, o)
+        assert mr == 0 and lr.item() == 512.0 * n and torch.equal(orow / lr, v), n
+    one_chain = np.add.accumulate(np.full(2 ** 21, np.float32(512 * 0.7734375)))[-1]
+    assert abs(one_chain / np.float32(2 ** 30) - 0.7734375) > 1e-2
+
+
+def test_fold_order_is_one_chain_within_a_group():
+    """The order itself, with every max alike (weights exactly 1: each merge one fp32 add):
+    up to 1024 splits from split 0 the one chain's bits; a row that crosses a group boundary
+    (splits 1000 .. 1099) the chain of each group, then the groups' sum."""
+    gen = make_gen(32)
+    n, D = 1100, 8
+    m, l = torch.zeros(n), 1 + torch.rand(n, generator=gen)
+    o = torch.randn(n, D, generator=gen)
+    chain = lambda x: torch.as_tensor(np.asarray(np.add.accumulate(x.numpy(), axis=0)[-1]))
+    _, lr, orow = _fold(m[:1024], l[:1024], o[:1024])
+    assert torch.equal(orow, chain(o[:1024])) and torch.equal(lr, chain(l[:1024]))
+    _, lr, orow = _fold(m[:100], l[:100], o[:100], first=1000)
+    want = chain(o[:24]) + chain(o[24:100])
+    assert torch.equal(orow, want) and torch.equal(lr, chain(l[:24]) + chain(l[24:100]))
+
+
+def test_fold_splits_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="^o: must be a 2-dim float32 CPU tensor"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.zeros(3), 0)
+    with pytest.raises(ValueError, match="^m, l, o, out: shapes"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(3), torch.zeros(2, 4), torch.zeros(6), 0)
+    with pytest.raises(ValueError, match="^first, n, D"):
+        _C.fold_splits(torch.zeros(2), torch.zeros(2), torch.zeros(2, 4), torch.zeros(6), -1)
+
+
+def _one_row_error(out, lse, q, k, v, n):
+    """(max |out - v's row|, max |lse - exact|) of a call over n expand()ed keys."""
+    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    kk = k[0, 0].float().repeat_interleave(H // Hk, 0)
+    vv = v[0, 0].float().repeat_interleave(H // Hk, 0)
+    want_lse = math.log(n) + (q[0].float() * kk).sum(-1).double().T * D ** -0.5
+    return ((out[0].float() - vv).abs().max().item(),
+            (lse[0].double() - want_lse).abs().max().item())
+
+
+# A CTA per split (the combine): at 2**30 keys the automatic schedule would take the one-CTA
+# walk (the partials pass its workspace cap), 2**24 tiles in one CTA; that walk's own test is
+# test_one_cta_walk_across_groups_error_bounded.
+LONG_CALLS = {  # name: (call(q, kx, vx, n) -> (out, lse), query heads, kv heads)
+    "func cta_per_split": (lambda q, kx, vx, n: _forced("cta_per_split", fad.flash_attn_func, q,
+                                                         kx, vx, return_attn_probs=True)[:2], 2, 2),
+    "kvcache num_splits=2": (lambda q, kx, vx, n: fad.flash_attn_with_kvcache(
+        q, kx, vx, cache_seqlens=n, num_splits=2, return_softmax_lse=True), 8, 1),
+}
+
+
+def _forced(schedule, fn, *args, **kw):
+    with force_schedule(schedule):
+        return fn(*args, **kw)
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(LONG_CALLS))
+def test_long_keys_error_no_larger_at_2_30_than_at_2_20(name):
+    """The combine's error does not grow with the number of splits: 2**30 keys (2**21 splits
+    of 512) give an out and lse no further from the exact answer than 2**20 keys (2**11)."""
+    call, H, Hk = LONG_CALLS[name]
+    gen = make_gen(33)
+    q = randn(gen, (1, 1, H, 64), BF, "cuda")
+    errs = {}
+    for n in (2 ** 20, 2 ** 30):
+        k, v, kx, vx = _one_row_kv(n, Hk, 64, gen)
+        out, lse = call(q, kx, vx, n)
+        errs[n] = _one_row_error(out, lse, q, k, v, n)
+        _check_one_row_answer(out, lse, q, k, v, n)
+    assert errs[2 ** 30][0] <= errs[2 ** 20][0], errs
+    assert errs[2 ** 30][1] <= max(errs[2 ** 20][1], 1e-5), errs
+
+
+@gpu
+@pytest.mark.parametrize("entry", ["func", "kvcache"])
+def test_one_cta_walk_across_groups_error_bounded(entry):
+    """The one-CTA walk closes a group every 1024 splits: at 128-key splits 2**25 keys are 256
+    groups in one CTA, with the exact answer as at 2**20 (8 groups)."""
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(34)
+    q = randn(gen, (1, 1, 2, 64), BF, "cuda")
+    errs = {}
+    for n in (2 ** 20, 2 ** 25):
+        k, v, kx, vx = _one_row_kv(n, 1 if entry == "kvcache" else 2, 64, gen)
+        if entry == "func":
+            out, lse, _ = _forced("one_cta", fad.flash_attn_func, q, kx, vx, return_attn_probs=True)
+        else:
+            out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=1,
+                                                   return_softmax_lse=True)
+        errs[n] = _one_row_error(out, lse, q, k, v, n)
+        _check_one_row_answer(out, lse, q, k, v, n)
+    assert errs[2 ** 25][0] <= errs[2 ** 20][0], errs
+
+
+GROUP_CASES = {  # name: (D, Sq, H, Hk, kwargs): 128-key splits, keys spanning 3-4 groups
+    "prefill D64 causal": (64, 100, 4, 2, dict(causal=True)),
+    "prefill D128 window": (128, 300, 2, 1, dict(causal=True, window_size=(2 ** 17 + 5000, 0))),
+    "prefill D256": (256, 70, 2, 2, {}),
+    "decode D128 GQA": (128, 1, 8, 1, {}),
+}
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(GROUP_CASES))
+def test_group_order_same_bits_on_every_schedule(name):
+    """Random k/v over 3 x 2**17 + 777 keys at 128-key splits: rows whose splits span 2-4
+    groups (FAD_MERGE_GROUP), some starting or ending inside one (a window), on the one-CTA
+    walk (its X slots), a CTA per split (the combine) and the automatic schedule: the same
+    bits on each, and the float64 answer on sampled rows."""
+    D, Sq, H, Hk, kw = GROUP_CASES[name]
+    fad.set_deterministic_mode(True, split_size=128)
+    gen = make_gen(35)
+    n = 3 * 2 ** 17 + 777
+    q = randn(gen, (1, Sq, H, D), BF, "cuda")
+    k = randn(gen, (1, n, Hk, D), BF, "cuda")
+    v = randn(gen, (1, n, Hk, D), BF, "cuda")
+    res = {}
+    for sched in ("one_cta", "cta_per_split", "auto"):
+        res[sched] = _forced(sched, fad.flash_attn_func, q, k, v, return_attn_probs=True, **kw)[:2]
+    for sched in ("cta_per_split", "auto"):
+        assert torch.equal(res[sched][0], res["one_cta"][0]), sched
+        assert torch.equal(res[sched][1], res["one_cta"][1]), sched
+    out, lse = res["one_cta"]
+    wl = kw.get("window_size", (-1, -1))[0]
+    for i in sorted({0, Sq // 2, Sq - 1}):
+        hi = n - Sq + i + 1 if kw.get("causal") else n
+        lo = max(0, hi - 1 - wl) if wl >= 0 else 0
+        sub = slice(lo, hi)
+        _assert_reference(out[0, i:i + 1], lse[0, :, i:i + 1], q[0, i:i + 1], k[0, sub], v[0, sub],
+                          f"{name} row {i}")

@@ -1,8 +1,9 @@
 /*
  * fwd_combine.cu — the combine kernel of the CTA-per-split schedule: folds a
- * row's split partials left to right with fad_merge_* (fad_math.h), the fold a
- * one-CTA schedule runs in registers (fold_split), so both give the same bits;
- * and its launch.
+ * row's split partials left to right with fad_merge_* (fad_math.h), in groups
+ * of FAD_MERGE_GROUP then the groups' results, the fold a one-CTA schedule
+ * runs (fold_split, fold_group_close), so both give the same bits; and
+ * its launch.
  */
 #include <type_traits>
 
@@ -125,6 +126,39 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         const float lv = fad_merge_value(l, ml.y, w);
         l = live ? lv : l;
         m = live ? w.m : m;
+    };
+    /* The two-level order (fad_math.h, FAD_MERGE_GROUP): (m, l, o) is the
+     * current group's chain, X the groups' before it. A run of splits from s0
+     * (a batch or a chunk, at most 32) holds at most one group's last split,
+     * g_last; where the row's splits go on past it, the run is merged split
+     * by split with the group closed after g_last (a branch once per
+     * FAD_MERGE_GROUP splits), else as before. X lives in shared memory, this
+     * lane's o (xs[c]), l (xs[kC]) and m (xs[kC + 1]): in registers its
+     * kC + 2 values were held through the whole fold (ptxas -v: up to 17 more
+     * registers), for a close once per FAD_MERGE_GROUP splits. m is -inf
+     * (X empty) until the first close. */
+    __shared__ float x_smem[4][kC + 2][32];
+    float(&xs)[kC + 2][32] = x_smem[warp];
+    xs[kC + 1][lane] = -INFINITY;
+    /* X (+) R, value by value: put(c, v) gets o[c] (c < kC), then l (kC), then m (kC + 1) */
+    auto outer = [&](auto &&put) {
+        const fad_outer_w w = fad_outer_weights(xs[kC + 1][lane], m);
+#pragma unroll
+        for (int c = 0; c < kC; c++)
+            put(c, fad_outer_value(xs[c][lane], o[c], w));
+        put(kC, fad_outer_value(xs[kC][lane], l, w));
+        put(kC + 1, w.w.m);
+    };
+    auto close_group = [&]() { /* X <- X (+) R, R empty */
+        outer([&](int c, float v) { xs[c][lane] = v; });
+        m = -INFINITY, l = 0.f;
+#pragma unroll
+        for (int c = 0; c < kC; c++)
+            o[c] = 0.f;
+    };
+    auto closes_in = [&](int s0, int n) { /* g_last in [s0, s0 + n), splits past it */
+        const int g_last = fad_group_last(s0);
+        return g_last < s0 + n && g_last + 1 < s_end;
     };
     int s0 = fad_first_split(r, S);
     bool staged_row = false; /* (kStaged: the row takes the staged path) */
@@ -250,7 +284,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                 const int c0 = s0 + ch * C::kChunk;
                 const int h0 = (int)(((size_t)c0 * split_stride + row) & 1); /* slot 0's half */
                 const float *ml_even = st + 2 * h0, *ml_odd = st + 2 * (h0 ^ stride_odd);
-                auto merge_chunk = [&](auto all_live) {
+                auto merge_chunk = [&](auto all_live, auto closes) {
 #pragma unroll
                     for (int u = 0; u < C::kChunk; u++) {
                         float ov[kC];
@@ -259,12 +293,16 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                             ov[c] = st[4 * C::kChunk + (u * kC + c) * 32 + lane];
                         merge_one(*reinterpret_cast<const float2 *>((u % 2 ? ml_odd : ml_even) + 4 * u), ov,
                                   all_live || c0 + u < s_end);
+                        if (closes && c0 + u == fad_group_last(c0))
+                            close_group();
                     }
                 };
-                if (c0 + C::kChunk <= s_end)
-                    merge_chunk(std::true_type{});
+                if (closes_in(c0, C::kChunk))
+                    merge_chunk(std::false_type{}, std::true_type{});
+                else if (c0 + C::kChunk <= s_end)
+                    merge_chunk(std::true_type{}, std::false_type{});
                 else
-                    merge_chunk(std::false_type{});
+                    merge_chunk(std::false_type{}, std::false_type{});
                 __syncwarp(); /* every lane has read the stage before it is refilled */
                 if (polls && ch + 1 < n_chunks) {
                     issue_ready();
@@ -279,6 +317,16 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         float2 ml_a[kBatch], ml_b[kBatch];
         float ov_a[kBatch][kC], ov_b[kBatch][kC];
         auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
+            if (closes_in(s0, kBatch)) {
+                const int g_last = fad_group_last(s0);
+#pragma unroll
+                for (int u = 0; u < kBatch; u++) {
+                    merge_one(ml[u], ov[u], s0 + u < s_end);
+                    if (s0 + u == g_last)
+                        close_group();
+                }
+                return;
+            }
 #pragma unroll
             for (int u = 0; u < kBatch; u++)
                 merge_one(ml[u], ov[u], s0 + u < s_end);
@@ -296,6 +344,8 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             merge(ml_b, ov_b, s0 + kBatch);
         }
     }
+    if (xs[kC + 1][lane] != -INFINITY) /* (the row's splits spanned groups: R <- X (+) R) */
+        outer([&](int c, float v) { (c < kC ? o[c] : c == kC ? l : m) = v; });
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, fad_dropout_rp(p.dropout_p));
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll

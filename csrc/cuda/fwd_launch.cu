@@ -28,6 +28,8 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
     fwd_args a = a_in;
     if (!combine_polls<kHeadDim>(a)) /* (else the packed kernel marks each split CTA done) */
         a.ws_flag = nullptr;
+    if (a.plan.x_slots) /* every X slot free (fold_group_close) */
+        CUDA_TRY(cudaMemsetAsync(a.ws_x_flag, 0, (size_t)a.plan.x_slots * sizeof(unsigned), stream));
     if (a.plan.packed) {
         fad_status st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
         if (st != FAD_OK)
@@ -132,6 +134,8 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_flag = plan->cta_per_split ? (int *)((char *)workspace + plan->ws_flag_offset) : nullptr;
     a.ws_r = plan->r_slots ? (float *)((char *)workspace + plan->ws_r_offset) : nullptr;
     a.ws_r_flag = plan->r_slots ? (unsigned *)((char *)workspace + plan->ws_r_flag_offset) : nullptr;
+    a.ws_x = plan->x_slots ? (float *)((char *)workspace + plan->ws_x_offset) : nullptr;
+    a.ws_x_flag = plan->x_slots ? (unsigned *)((char *)workspace + plan->ws_x_flag_offset) : nullptr;
     const fad_status st = check_grid(a, msg, msg_len);
     if (st != FAD_OK)
         return st;

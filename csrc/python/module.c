@@ -379,6 +379,51 @@ static PyObject *fad_py_check_writable(PyObject *module, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(fold_splits_doc,
+"fold_splits(m, l, o, out, first)\n"
+"--\n\n"
+"The CPU path's fold of one row's split states into its result, in the order every\n"
+"path folds splits (fad_math.h, FAD_MERGE_GROUP): m, l float32 (n,) and o float32\n"
+"(n, D), CPU, contiguous, the states (log2 units) of splits first .. first + n - 1;\n"
+"out float32 (D + 2,) receives (m, l, o) of the result, unnormalised. For tests of the\n"
+"merge order at split counts no call reaches on the CPU.");
+
+static int get_f32(tensor_args *ta, PyObject *obj, const char *name, int ndim, DLTensor **t)
+{
+    if (get_tensor(ta, obj, name, t))
+        return -1;
+    if (!is_dtype((*t)->dtype, kDLFloat, 32) || (*t)->ndim != ndim ||
+        (*t)->device.device_type != kDLCPU) {
+        PyErr_Format(PyExc_ValueError, "%s: must be a %d-dim float32 CPU tensor", name, ndim);
+        return -1;
+    }
+    return check_contiguous(*t, name);
+}
+
+static PyObject *fad_py_fold_splits(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    tensor_args targs, *ta = &targs;
+    tensor_args_init(ta, module);
+    DLTensor *m, *l, *o, *out;
+    int first;
+    char msg[256] = "";
+    if (check_nargs("fold_splits", nargs, 5) || get_f32(ta, args[0], "m", 1, &m) ||
+        get_f32(ta, args[1], "l", 1, &l) || get_f32(ta, args[2], "o", 2, &o) ||
+        get_f32(ta, args[3], "out", 1, &out) || as_int(args[4], "first", &first))
+        return NULL;
+    const int64_t n = m->shape[0], D = o->shape[1];
+    if (l->shape[0] != n || o->shape[0] != n || out->shape[0] != D + 2 || n > 0x7fffffff ||
+        D > 0x7fffffff) {
+        PyErr_Format(PyExc_ValueError, "m, l, o, out: shapes (n,), (n,), (n, D), (D + 2,) expected");
+        return NULL;
+    }
+    const fad_status st = fad_cpu_fold_splits(tensor_data(m), tensor_data(l), tensor_data(o), first,
+                                              (int)n, (int)D, tensor_data(out), msg, sizeof msg);
+    if (st != FAD_OK)
+        return raise_status(st, msg);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(bwd_doc,
 "bwd(dout, dq, dk, dv, <the arguments of fwd>)\n"
 "--\n\n"
@@ -763,6 +808,8 @@ static PyMethodDef fad_methods[] = {
      check_fwd_kvcache_doc},
     {"check_writable", (PyCFunction)(void (*)(void))fad_py_check_writable, METH_FASTCALL,
      check_writable_doc},
+    {"fold_splits", (PyCFunction)(void (*)(void))fad_py_fold_splits, METH_FASTCALL,
+     fold_splits_doc},
     {"bwd", (PyCFunction)(void (*)(void))fad_py_bwd, METH_FASTCALL, bwd_doc},
     {"append_kvcache", (PyCFunction)(void (*)(void))fad_py_append_kvcache, METH_FASTCALL,
      append_kvcache_doc},
