@@ -29,7 +29,7 @@ DEFAULT_ARCHS = "80;90"
 # Kernel files that hold only sm_90a code (wgmma, TMA, warp specialization). The host launches
 # them only from an sm_90a build (FAD_SM90A), so they are compiled for sm_90a alone, and left
 # out of a build without 90.
-SM90A_SOURCES = ("bwd_dkdv_wgmma.cu", "bwd_dq_post.cu", "bwd_dq_wgmma.cu", "fwd_prefill_ws.cu")
+SM90A_SOURCES = ("bwd_dkdv_wgmma.cu", "bwd_dq_wgmma.cu", "fwd_prefill_ws.cu")
 
 # The compiler wheels a build without a CUDA toolkit takes. The runtime is linked statically,
 # so the driver must support their release: 13.0 needs driver >= 580. PyPI has no CUDA 12
