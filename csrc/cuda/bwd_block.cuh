@@ -191,12 +191,16 @@ struct dkdv_work {
     fad_seq seq;
     int b, hk, group, n0, col0, mt_first, mt_count;
 };
+/* (high_first: the key blocks of a (sequence, head) from the last down in
+ * blockIdx, the order in which the dQ adds of the five-product kernel land,
+ * bwd_dq_accum.cuh) */
 template <int kN, int kM>
 __device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
-                                                 dkdv_work *w)
+                                                 dkdv_work *w, bool high_first = false)
 {
     const fad_fwd_params &p = a.p;
-    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks / col_split;
+    const int n_block = high_first ? a.n_blocks - 1 - (int)(blockIdx.x % a.n_blocks) : blockIdx.x % a.n_blocks;
+    const int bh = blockIdx.x / a.n_blocks / col_split;
     w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
     w->b = bh / p.num_heads_k, w->hk = bh % p.num_heads_k;
     w->group = p.num_heads / p.num_heads_k;

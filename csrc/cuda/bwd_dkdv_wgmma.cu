@@ -152,7 +152,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
     dkdv_work w;
-    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
+    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w, kRed))
         return;
     const fad_seq &seq = w.seq;
     const int b = w.b, hk = w.hk, group = w.group, n0 = w.n0;

@@ -18,12 +18,24 @@
  *
  * The order of the adds: the semaphore of a tile (one int, zeroed with the
  * accumulator) counts the key blocks that added to it. The key blocks that walk
- * row tile m (dkdv_row_tiles) are consecutive, from jlo(m) = lo(m kRows) / kN
- * (lo: the first key of a row, fad_row_keys): a row's key range moves by at
- * most one key a row, so a key block between two that see the tile's rows is
- * seen by one of them too. Key block j therefore adds when the count is
- * j - jlo(m): in increasing key-block order, a function of positions inside
- * the sequence only.
+ * row tile m (dkdv_row_tiles) are consecutive, up to jhi(m) = (hi(r) - 1) / kN,
+ * r the tile's last row below len_q (hi: a row's key range's end,
+ * fad_row_keys): a row's key range moves by at most one key a row, so a key
+ * block between two that see the tile's rows is seen by one of them too. Key
+ * block j therefore adds when the count is jhi(m) - j: from the last key block
+ * down (for every mask), a function of positions inside the sequence only.
+ * From the last down because a key block's walk starts no earlier than a lower
+ * one's: the block whose turn comes first at a tile reaches it in no more
+ * steps than the next, so turns rarely wait (causal: the last block's first
+ * step is its diagonal tile, which it adds at once; from the first up, every
+ * block would wait for block 0 to walk down to its diagonal).
+ *
+ * No wait can deadlock: the dK/dV grid puts a (sequence, head)'s key blocks
+ * from the last down in blockIdx order (dkdv_work_of_cta, high_first), and CTAs
+ * are dispatched in blockIdx order, so the CTA a waiting CTA waits for (the
+ * next key block up) was dispatched before it: it is resident or done, never
+ * waiting for an SM. It waits in turn only for the block above, and the tile's
+ * last walker (turn 0) never waits.
  */
 #ifndef FAD_BWD_DQ_ACCUM_CUH
 #define FAD_BWD_DQ_ACCUM_CUH
@@ -48,7 +60,8 @@ template <int kHeadDim> struct dq_accum_cfg {
 /* Key block n_block's turn at row tile m (the header's rule). */
 __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl, int wr)
 {
-    return n_block - fad_row_keys(m * kRows, len_q, len_k, wl, wr).lo / kN;
+    const int last_row = min((m + 1) * kRows, len_q) - 1;
+    return (fad_row_keys(last_row, len_q, len_k, wl, wr).hi - 1) / kN - n_block;
 }
 
 /* Named barriers between the math warpgroups (256 threads) and the dQ warp
