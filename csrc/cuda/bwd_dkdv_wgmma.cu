@@ -55,6 +55,15 @@
  * tiles (Q and dO here, K and V in the dQ kernel) come by the bulk tensor
  * copy engine where a tensor map can be made (tma.cuh; bwd_ws_args carries
  * the maps), the rest by cp.async: 0.99-1.04x more.
+ *
+ * kRed (FLASH_ATTN_DET_BWD_DQ=reduce, D 64 and 128, no dropout): the fifth
+ * product, with no dQ kernel after it (bwd_dq_accum.cuh has the order):
+ *   dQ   (64 rows x 64 cols)     = dS K     A: sDs (K-major)   B: sK (MN-major)
+ * dS^T's bf16 fragments are stored transposed (stmatrix) into a step-parity
+ * buffer, both warpgroups meet (their keys are the two halves of the k dim),
+ * and warpgroup w computes part w of the step's kStepM x D tile; the parts go
+ * to a step-parity fp32 buffer, which the producer's fourth warp adds to the
+ * accumulator in its turn (the other three load).
  */
 #include "bwd_dq_accum.cuh"
 #include "bwd_tile_wgmma.cuh"
