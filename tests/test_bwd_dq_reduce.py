@@ -4,7 +4,7 @@ dQ = dS K and adds each tile to an fp32 accumulator in key-block order (docs/des
 process with it set (the parent asserts the child's exit and prints its report):
 
 - dq, dk, dv against float64 autograd on fresh random inputs, the gradients' memory
-  poisoned with NaN (D64, D96, D128; causal or not; GQA 4:1; a window; softcap; ALiBi;
+  poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not; GQA 4:1; a window; softcap; ALiBi;
   more query rows than keys);
 - dk and dv bit-equal to the dQ-recomputing path's (the same products in the same order);
 - run to run, batch size (B=1 against the same sequence in B=4) and padded against varlen,
@@ -45,20 +45,24 @@ def _child_main():
     from conftest import make_gen, randn
 
     mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ", "recompute")
-    empty_like = torch.empty_like
+    empty_like, empty = torch.empty_like, torch.empty
 
     def poisoned_like(t, *a, **kw):  # the gradients start as NaN: every element must be written
         x = empty_like(t, *a, **kw)
         return x.fill_(float("nan")) if x.is_floating_point() else x
 
+    def poisoned_empty(*a, **kw):  # the workspace starts as 0xff bytes: the accumulator and its
+        x = empty(*a, **kw)        # semaphores must be zeroed by the call itself
+        return x.fill_(255) if x.dtype == torch.uint8 else x
+
     def grads(fn, q, k, v, dout, **kw):
         q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-        torch.empty_like = poisoned_like
+        torch.empty_like, torch.empty = poisoned_like, poisoned_empty
         try:
             out = fn(q, k, v, **kw)
             out.backward(dout)
         finally:
-            torch.empty_like = empty_like
+            torch.empty_like, torch.empty = empty_like, empty
         return q.grad, k.grad, v.grad
 
     def inputs(seed, B, Sq, Sk, H, Hk, D, dtype):

@@ -22,14 +22,17 @@ __global__ void __launch_bounds__(256) dq_post_kernel(const bwd_args a)
         return;
     const float4 *src = reinterpret_cast<const float4 *>(a.dq_accum + tile * Acc::kTileFloats);
     T *dq = (T *)a.dq + seq.q_off + h * p.q_head_stride;
-    /* float4 slot f: part w, n8 block nb, thread t of the dK/dV kernel's math warpgroup */
-    for (int f = threadIdx.x; f < Acc::kTileFloats / 4; f += blockDim.x) {
-        const int w = f / 1024, nb = f / 128 % 8, t = f % 128;
+    /* Element i of the walk is the float4 of part w, n8 block nb, thread t of the
+     * dK/dV kernel's math warpgroup, taken so that a warp's 32 consecutive i
+     * are one row pair's 64 columns (nb, t % 4): its stores are two 128-byte
+     * rows, its loads 8 runs of 64 bytes. */
+    for (int i = threadIdx.x; i < Acc::kTileFloats / 4; i += blockDim.x) {
+        const int w = i / 1024, t = (i / 32 % 32) * 4 + i % 4, nb = i / 4 % 8;
         const int col = Acc::col_of(w, nb, t);
         const int row = m0 + Acc::row_of(w, t);
         if (col >= p.head_dim)
             continue;
-        const float4 v = src[f];
+        const float4 v = src[Acc::slot(w, nb, t)];
         if (row < seq.len_q)
             *reinterpret_cast<uint32_t *>(dq + (int64_t)row * p.q_row_stride + col) = dtype_ops<T>::pack(v.x, v.y);
         if (row + 8 < seq.len_q)
