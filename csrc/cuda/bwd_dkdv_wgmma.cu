@@ -459,8 +459,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_fence_operand(pf);
             wgmma_fence_operand(sf);
         }
+        if constexpr (kWs) { /* this warp is done with the stage */
+            static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
+            warp_arrive(&empty[st], lane);
+        }
         /* kRed: the part into the step's dQ buffer (once the dQ warp's add from
-         * it two steps back completed), then to the dQ warp. */
+         * it two steps back completed), then to the dQ warp. After the stage's
+         * release: this wait may follow another CTA's turn. */
         if constexpr (kRed) {
             wgmma_fence_operand(dqa);
             if (step >= 2)
@@ -471,10 +476,6 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
             fence_async_smem(); /* (the copy engine reads it through the async proxy) */
             named_bar_arrive(kBarDqFull + (step & 1), kDqBarThreads);
-        }
-        if constexpr (kWs) { /* this warp is done with the stage */
-            static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
-            warp_arrive(&empty[st], lane);
         }
     }
     if constexpr (C::kDkdvDefer) {
