@@ -4,11 +4,14 @@ dQ = dS K and adds each tile to an fp32 accumulator in key-block order (docs/des
 process with it set (the parent asserts the child's exit and prints its report):
 
 - dq, dk, dv against float64 autograd on fresh random inputs, the gradients' memory
-  poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not; GQA 4:1; a window; softcap; ALiBi;
-  more query rows than keys);
+  poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not;
+  GQA 4:1; a window; softcap; ALiBi; more query rows than keys);
 - dk and dv bit-equal to the dQ-recomputing path's (the same products in the same order);
 - run to run, batch size (B=1 against the same sequence in B=4) and padded against varlen,
   bit for bit; the dq-only and dk/dv-only parts equal to the whole.
+
+And on the CPU (nvcc only, host code): the add order's turns against the dK/dV kernel's own
+walk for random lengths and masks (tests/dq_turn_check.cu).
 """
 import os
 import subprocess
@@ -17,9 +20,8 @@ import sys
 import pytest
 import torch
 
-from conftest import HAS_CUDA
+from conftest import requires_cuda
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]
 
 # (B, Sq, Sk, H, Hk, D, kwargs)
 REF_CASES = [
@@ -91,7 +93,8 @@ def _child_main():
             results[(i, str(dtype))] = [t.cpu() for t in got]
 
     # run to run, batch size, padded vs varlen, parts
-    for D, kw in ((64, dict(causal=True)), (128, dict(causal=True)), (128, {}), (64, dict(window_size=(200, 0)))):
+    for D, kw in ((64, dict(causal=True)), (128, dict(causal=True)), (128, {}),
+                  (64, dict(window_size=(200, 0)))):
         B, S, H, Hk = 4, 1000, 8, 2
         q, k, v, dout = inputs(900 + D, B, S, S, H, Hk, D, torch.bfloat16)
         full = grads(fad.flash_attn_func, q, k, v, dout, **kw)
@@ -131,6 +134,8 @@ def _run_child(mode, path):
     return torch.load(path)
 
 
+@pytest.mark.gpu
+@requires_cuda
 def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
     """Both settings meet the float64 reference and the contract; dk, dv are bit-equal across
     them, and dq differs somewhere (so the five-product path ran: the sums are regrouped)."""
@@ -146,6 +151,8 @@ def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
     assert dq_differs, "dq bit-equal to the recomputing path everywhere: was the reduce path taken?"
 
 
+@pytest.mark.gpu
+@requires_cuda
 def test_gpu_dq_reduce_rejects_unknown_setting(tmp_path):
     """An unknown FLASH_ATTN_DET_BWD_DQ is a clear error naming the variable, not a silent default."""
     code = ("import torch, flash_attn_det as fad\n"
@@ -158,3 +165,20 @@ def test_gpu_dq_reduce_rejects_unknown_setting(tmp_path):
     env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ="sometimes")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
+
+
+def test_dq_turns_follow_the_walk(tmp_path):
+    """Every row tile's walkers (dkdv_row_tiles) take the turns 0, 1, 2, ... from the last key
+    block down (dq_turn): no gap (a CTA would wait forever) and no repeat. Host code, built
+    with nvcc from the kernels' own headers."""
+    import shutil
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    here = os.path.dirname(os.path.abspath(__file__))
+    exe = str(tmp_path / "dq_turn_check")
+    subprocess.run([nvcc, "-O2", "-std=c++17", "--expt-relaxed-constexpr",
+                    "-I" + os.path.join(here, "..", "csrc"), "-o", exe,
+                    os.path.join(here, "dq_turn_check.cu")], check=True, timeout=300)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stdout + r.stderr

@@ -40,8 +40,9 @@ __device__ __forceinline__ float bwd_score(float x, const fad_score_mod &mod, fl
 }
 
 /* First row i in [0, len_q) with pred(i), for a predicate monotone in i
- * (false...false true...true); len_q when none. */
-template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pred pred)
+ * (false...false true...true); len_q when none. (Host too, like
+ * dkdv_row_tiles: tests/dq_turn_check.cu runs the walk on the CPU.) */
+template <typename Pred> __host__ __device__ __forceinline__ int first_row(int len_q, Pred pred)
 {
     int lo = 0, hi = len_q;
     while (lo < hi) {
@@ -58,7 +59,7 @@ template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pre
  * walks: the rows that may see one of its keys (a row's key range [lo, hi)
  * only moves right as the row index grows). */
 template <int kM, int kN>
-__device__ __forceinline__ void dkdv_row_tiles(int len_q, int len_k, int wl, int wr, int n0,
+__host__ __device__ __forceinline__ void dkdv_row_tiles(int len_q, int len_k, int wl, int wr, int n0,
                                                int *mt_first, int *mt_count)
 {
     const int m_lo = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).hi > n0; });

@@ -57,10 +57,11 @@ template <int kHeadDim> struct dq_accum_cfg {
     static size_t bytes(int batch, int heads, int m_tiles) { return (size_t)batch * heads * m_tiles * (kTileFloats * 4 + 4); }
 };
 
-/* Key block n_block's turn at row tile m (the header's rule). */
-__device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl, int wr)
+/* Key block n_block's turn at row tile m (the header's rule; checked against
+ * dkdv_row_tiles's walks on the CPU by tests/dq_turn_check.cu). */
+__host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl, int wr)
 {
-    const int last_row = min((m + 1) * kRows, len_q) - 1;
+    const int last_row = ((m + 1) * kRows < len_q ? (m + 1) * kRows : len_q) - 1;
     return (fad_row_keys(last_row, len_q, len_k, wl, wr).hi - 1) / kN - n_block;
 }
 
