@@ -8,7 +8,8 @@
 #   2. benchmarks/bench_bwd.py --preset quick with each setting, cuDNN in the same run;
 #   3. tests/test_backward.py's GPU tests with the switch set (less the one that compares dq
 #      with the mma.sync kernels' bits, which the reduce setting changes on purpose);
-#   4. compute-sanitizer racecheck and synccheck on one small reduce call (when present).
+#   4. compute-sanitizer racecheck and synccheck on one small reduce call (when present);
+#   5. if the budget (BUDGET_S, default 520 s) allows, bench_bwd.py --preset gqa likewise.
 # Every step runs under `timeout` (a deadlock must not eat the call); logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,4 +60,9 @@ else
     echo "== compute-sanitizer not found: racecheck/synccheck skipped" | tee -a "$log"
 fi
 
+# (if the budget allows) the GQA 32/8 D128 rows with each setting
+for mode in recompute reduce; do
+    FLASH_ATTN_DET_BWD_DQ=$mode step "bench_gqa_$mode" 90 python3 benchmarks/bench_bwd.py --preset gqa \
+        --impls fad_det,sdpa_cudnn,sdpa_cudnn_bhld --rounds 2 --out "$out/bench" --tag "bwd_gqa_$mode"
+done
 echo "done" >> "$log"
