@@ -168,6 +168,8 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
         wgmma = 0;
     if (st != FAD_OK)
         return st;
+    if (a.dq_accum) /* the accumulator and its semaphores start at zero */
+        CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, dq_accum_bytes(p), stream));
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -212,14 +214,13 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
     fad_status st = fad_bwd_cuda_extra_bytes(bp, dsum_bytes, &extra, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    if (extra) { /* the accumulator and its semaphores start at zero */
+    if (extra) { /* (zeroed in launch_bwd, once the checks passed) */
         const size_t off = (dsum_bytes + 255) / 256 * 256;
         a.dq_m_tiles = dq_m_tiles(a.p);
         const int64_t tiles = (int64_t)a.p.batch * a.p.num_heads * a.dq_m_tiles;
         a.dq_accum = reinterpret_cast<float *>((char *)workspace + off);
         a.dq_sems = reinterpret_cast<int *>(a.dq_accum + tiles * dq_accum_cfg<64>::kTileFloats);
         static_assert(dq_accum_cfg<64>::kTileFloats == dq_accum_cfg<128>::kTileFloats, "one tile size");
-        CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, dq_accum_bytes(a.p), (cudaStream_t)stream));
     }
     /* (dropout: a kDrop variant of either, on mma.sync or wgmma: bwd_dq.cu, bwd_dkdv.cu and
      * their sm_90a variants) */
