@@ -249,8 +249,11 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     if q.is_cuda:  # scratch for the row sums dout . out (one fp32 per softmax_lse element) and,
         # with FLASH_ATTN_DET_BWD_DQ=reduce, the fp32 dQ accumulator: the C side answers with the
         # bytes it needs when they are short (having written nothing), remembered per shape
+        # (varlen: the accumulator has a tile set per sequence, so the number of sequences
+        # enters the size beside the longest lengths)
         ws_key = ("bwd", q.shape, k.shape, q.dtype, q.device, part, opts[1:],
-                  dropout is not None, None if varlen is None else varlen[3:])
+                  dropout is not None,
+                  None if varlen is None else (varlen[0].shape[0], *varlen[3:]))
         ws_bytes = _WS_BYTES.get(ws_key, lse.numel() * 4)
         stream = _current_stream(q)
     det, split_size, schedule = _mode.current()
@@ -271,7 +274,10 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
         if len(_WS_BYTES) > 4096:
             _WS_BYTES.clear()
         _WS_BYTES[ws_key] = need
-        run(need)
+        # (a second short answer would leave the gradients unwritten: never silently)
+        if run(need) is not None:
+            raise RuntimeError(f"backward: the workspace of {need} bytes the call asked for "
+                               f"was refused as short")
     return dq, dk, dv
 
 
