@@ -481,6 +481,18 @@ fad_status fad_fwd_cuda(const fad_fwd_params *p, void *workspace, size_t workspa
 /* Backward on the GPU                                                        */
 /* ------------------------------------------------------------------------ */
 
+/* The backward's workspace: the row sums (one fp32 per flat row), then what
+ * the CUDA dispatch adds after them (the dQ accumulator and its semaphores
+ * where FLASH_ATTN_DET_BWD_DQ=reduce applies, cuda/bwd_launch.cu). */
+static fad_status bwd_workspace_need(const fad_bwd_params *p, size_t *bytes, char *msg, size_t msg_len)
+{
+    const size_t dsum = (size_t)fad_flat_rows(&p->fwd) * sizeof(float);
+    size_t extra = 0;
+    const fad_status st = fad_bwd_cuda_extra_bytes(p, dsum, &extra, msg, msg_len);
+    *bytes = dsum + extra;
+    return st;
+}
+
 fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *msg,
                                   size_t msg_len)
 {
@@ -489,8 +501,7 @@ fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *
     fad_status st = fad_fwd_check(&p->fwd, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    *bytes = (size_t)fad_flat_rows(&p->fwd) * sizeof(float);
-    return FAD_OK;
+    return bwd_workspace_need(p, bytes, msg, msg_len);
 }
 
 /* The backward's checks on both paths: the forward's, what the backward does
@@ -547,12 +558,15 @@ fad_status fad_bwd_cuda(const fad_bwd_params *bp, void *workspace, size_t worksp
         if ((uintptr_t)grads[t] % 16)
             return fad_fail(FAD_ERR_ALIGNMENT, msg, msg_len,
                             "%s: data pointer must be 16-byte aligned", names[t]);
-    const size_t need = (size_t)fad_flat_rows(p) * sizeof(float);
+    size_t need = 0;
+    st = bwd_workspace_need(bp, &need, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
     if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
         return fad_fail(FAD_ERR_WORKSPACE, msg, msg_len,
                         "workspace: needs %zu bytes, 16-byte aligned, got %zu (ask "
                         "fad_bwd_workspace_size)", need, workspace ? workspace_bytes : (size_t)0);
     fad_bwd_params resolved = *bp;
     resolved.fwd = fad_fwd_resolve(p);
-    return fad_bwd_cuda_launch(&resolved, (float *)workspace, stream, msg, msg_len);
+    return fad_bwd_cuda_launch(&resolved, workspace, stream, msg, msg_len);
 }

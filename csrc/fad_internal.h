@@ -135,9 +135,13 @@ fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, vo
  * current device: an sm_90a build, an sm_90 GPU, FLASH_ATTN_DET_WGMMA not "0";
  * 2 when it is "force" (no size rule: cuda/bwd_launch.cu). */
 fad_status fad_use_wgmma(int *use, char *msg, size_t msg_len);
-/* The backward's kernels (cuda/bwd_launch.cu); bp->fwd resolved, dsum: one fp32 per flat row. */
-fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,
+/* The backward's kernels (cuda/bwd_launch.cu); bp->fwd resolved; workspace: one fp32 per flat
+ * row (dsum), then the fad_bwd_cuda_extra_bytes that follow its dsum_bytes (the dQ
+ * accumulator where FLASH_ATTN_DET_BWD_DQ=reduce applies; 0 bytes elsewhere). */
+fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *workspace, struct CUstream_st *stream,
                                char *msg, size_t msg_len);
+fad_status fad_bwd_cuda_extra_bytes(const fad_bwd_params *bp, size_t dsum_bytes, size_t *bytes, char *msg,
+                                    size_t msg_len);
 
 #ifdef __cplusplus
 }

@@ -23,11 +23,20 @@ fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_plan *plan, vo
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
 }
 
-fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum, struct CUstream_st *stream,
+fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *workspace, struct CUstream_st *stream,
                                char *msg, size_t msg_len)
 {
-    (void)bp, (void)dsum, (void)stream;
+    (void)bp, (void)workspace, (void)stream;
     return fad_fail(FAD_ERR_NO_CUDA, msg, msg_len, NO_CUDA_MSG);
+}
+
+/* (no dQ accumulator without CUDA: the workspace is the row sums alone) */
+fad_status fad_bwd_cuda_extra_bytes(const fad_bwd_params *bp, size_t dsum_bytes, size_t *bytes, char *msg,
+                                    size_t msg_len)
+{
+    (void)bp, (void)dsum_bytes, (void)msg, (void)msg_len;
+    *bytes = 0;
+    return FAD_OK;
 }
 
 fad_status fad_append_cuda(const fad_append_params *p, struct CUstream_st *stream, char *msg,

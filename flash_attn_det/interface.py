@@ -245,20 +245,39 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
         dk, dv = alloc(k), alloc(v)
     opts = _options(q.shape[-1], softmax_scale, causal, window_size, softcap, alibi_slopes)
     tensors = [_opt(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
-    ws, stream = None, 0
-    if q.is_cuda:  # scratch for the row sums dout . out: one fp32 per softmax_lse element
-        ws = _dl(torch.empty(lse.numel() * 4, dtype=torch.uint8, device=q.device))
+    ws_bytes, stream, ws_key = 0, 0, None
+    if q.is_cuda:  # scratch for the row sums dout . out (one fp32 per softmax_lse element) and,
+        # with FLASH_ATTN_DET_BWD_DQ=reduce, the fp32 dQ accumulator: the C side answers with the
+        # bytes it needs when they are short (having written nothing), remembered per shape
+        # (varlen: the accumulator has a tile set per sequence, so the number of sequences
+        # enters the size beside the longest lengths)
+        ws_key = ("bwd", q.shape, k.shape, q.dtype, q.device, part, opts[1:],
+                  dropout is not None,
+                  None if varlen is None else (varlen[0].shape[0], *varlen[3:]))
+        ws_bytes = _WS_BYTES.get(ws_key, lse.numel() * 4)
         stream = _current_stream(q)
     det, split_size, schedule = _mode.current()
     mode = (int(det), split_size, schedule, stream)
     extra = _c_dropout(dropout)
-    if varlen is None:
-        _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
-    else:
+
+    def run(nbytes):
+        ws = _dl(torch.empty(nbytes, dtype=torch.uint8, device=q.device)) if q.is_cuda else None
+        if varlen is None:
+            return _C.bwd(*tensors, opts[0], ws, *opts[1:], *mode, *extra)
         cu_q, cu_k, used, max_q, max_k = varlen
-        _C.bwd_varlen(*tensors, _dl(cu_q), _dl(cu_k),
-                      _opt(used), None, int(max_q), int(max_k),
-                      opts[0], ws, *opts[1:], *mode, *extra)
+        return _C.bwd_varlen(*tensors, _dl(cu_q), _dl(cu_k),
+                             _opt(used), None, int(max_q), int(max_k),
+                             opts[0], ws, *opts[1:], *mode, *extra)
+
+    need = run(ws_bytes)
+    if need is not None:
+        if len(_WS_BYTES) > 4096:
+            _WS_BYTES.clear()
+        _WS_BYTES[ws_key] = need
+        # (a second short answer would leave the gradients unwritten: never silently)
+        if run(need) is not None:
+            raise RuntimeError(f"backward: the workspace of {need} bytes the call asked for "
+                               f"was refused as short")
     return dq, dk, dv
 
 

@@ -40,8 +40,9 @@ __device__ __forceinline__ float bwd_score(float x, const fad_score_mod &mod, fl
 }
 
 /* First row i in [0, len_q) with pred(i), for a predicate monotone in i
- * (false...false true...true); len_q when none. */
-template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pred pred)
+ * (false...false true...true); len_q when none. (Host too, like
+ * dkdv_row_tiles: tests/dq_turn_check.cu runs the walk on the CPU.) */
+template <typename Pred> __host__ __device__ __forceinline__ int first_row(int len_q, Pred pred)
 {
     int lo = 0, hi = len_q;
     while (lo < hi) {
@@ -58,7 +59,7 @@ template <typename Pred> __device__ __forceinline__ int first_row(int len_q, Pre
  * walks: the rows that may see one of its keys (a row's key range [lo, hi)
  * only moves right as the row index grows). */
 template <int kM, int kN>
-__device__ __forceinline__ void dkdv_row_tiles(int len_q, int len_k, int wl, int wr, int n0,
+__host__ __device__ __forceinline__ void dkdv_row_tiles(int len_q, int len_k, int wl, int wr, int n0,
                                                int *mt_first, int *mt_count)
 {
     const int m_lo = first_row(len_q, [&](int i) { return fad_row_keys(i, len_q, len_k, wl, wr).hi > n0; });
@@ -191,12 +192,16 @@ struct dkdv_work {
     fad_seq seq;
     int b, hk, group, n0, col0, mt_first, mt_count;
 };
+/* (high_first: the key blocks of a (sequence, head) from the last down in
+ * blockIdx, the order in which the dQ adds of the five-product kernel land,
+ * bwd_dq_accum.cuh) */
 template <int kN, int kM>
 __device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
-                                                 dkdv_work *w)
+                                                 dkdv_work *w, bool high_first = false)
 {
     const fad_fwd_params &p = a.p;
-    const int n_block = blockIdx.x % a.n_blocks, bh = blockIdx.x / a.n_blocks / col_split;
+    const int n_block = high_first ? a.n_blocks - 1 - (int)(blockIdx.x % a.n_blocks) : blockIdx.x % a.n_blocks;
+    const int bh = blockIdx.x / a.n_blocks / col_split;
     w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
     w->b = bh / p.num_heads_k, w->hk = bh % p.num_heads_k;
     w->group = p.num_heads / p.num_heads_k;

@@ -55,7 +55,17 @@
  * tiles (Q and dO here, K and V in the dQ kernel) come by the bulk tensor
  * copy engine where a tensor map can be made (tma.cuh; bwd_ws_args carries
  * the maps), the rest by cp.async: 0.99-1.04x more.
+ *
+ * kRed (FLASH_ATTN_DET_BWD_DQ=reduce, D 64 and 128, no dropout): the fifth
+ * product, with no dQ kernel after it (bwd_dq_accum.cuh has the order):
+ *   dQ   (64 rows x 64 cols)     = dS K     A: sDs (K-major)   B: sK (MN-major)
+ * dS^T's bf16 fragments are stored transposed (stmatrix) into a step-parity
+ * buffer, both warpgroups meet (their keys are the two halves of the k dim),
+ * and warpgroup w computes part w of the step's kStepM x D tile; the parts go
+ * to a step-parity fp32 buffer, which the producer's fourth warp adds to the
+ * accumulator in its turn (the other three load).
  */
+#include "bwd_dq_accum.cuh"
 #include "bwd_tile_wgmma.cuh"
 
 /* kWs (FAD_BWD_WG_DKDV_WS): a producer warpgroup streams each step's tiles
@@ -75,7 +85,7 @@ template <int kHeadDim, bool kWs> struct dkdv_wgmma_shape {
 /* Shared memory of dkdv_wgmma_kernel: sK, sV, the stages of (sQ, sdO), the
  * stages of (lse2, dsum); with dropout each warpgroup's draws of a step
  * (dropout.cuh, dropout_group_smem); kWs: the ring's mbarriers. */
-template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
+template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgmma_smem {
     using C = bwd_wg_cfg<kHeadDim>;
     using Drop = dropout_group_smem<C::kStepM>;
     static constexpr int kStages = dkdv_wgmma_shape<kHeadDim, kWs>::kStages;
@@ -91,12 +101,47 @@ template <int kHeadDim, bool kDrop, bool kWs> struct dkdv_wgmma_smem {
     static constexpr bool kSplit = C::kSplitCols && FAD_BWD_WG_D256_SPLIT_SDP && !kDrop; /* (none with dropout is built) */
     static constexpr size_t kXOffset = (kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0) + 15) / 16 * 16;
     static constexpr size_t kXChunks = C::kStepM / 16; /* of one operand */
-    static constexpr size_t kBytes = kXOffset + (kSplit ? 2 * 2 * kXChunks * 128 * 16 : 0);
+    /* kRed (dQ summed here, bwd_dq_accum.cuh): two buffers (step parity) of
+     * dS, kStepM rows x the CTA's kKeys keys (the A operand of dQ = dS K,
+     * K-major swz128), then two of the step's fp32 dQ tile, which the dQ warp
+     * adds to the accumulator. */
+    static constexpr size_t kDsOffset = (kXOffset + (kSplit ? 2 * 2 * kXChunks * 128 * 16 : 0) + 1023) / 1024 * 1024;
+    static constexpr size_t kDqOffset = kDsOffset + (kRed ? (size_t)2 * C::kStepM * C::kKeys * 2 : 0);
+    static constexpr size_t kBytes = kDqOffset + (kRed ? (size_t)2 * C::kStepM * kHeadDim * 4 : 0);
     static_assert(kWs || kDropOffset == C::kDkdvSmem, "bwd_wg_cfg's layout");
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod>
+/* The dQ warp of dkdv_wgmma_kernel<kRed>: step by step, in the math warps'
+ * order, once they stored the step's dQ tile into buffer step & 1 (barrier
+ * kBarDqFull), lane 0 adds it to the accumulator in its turn
+ * (dq_ordered_add); the buffer is then free (kBarDqEmpty, which the math
+ * warps wait on two steps later; none for the last two, which nothing waits on). */
+template <int kHeadDim, typename StepH>
+__device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, StepH step_h, int steps, int kN,
+                                        const float *s_dq)
+{
+    using Acc = dq_accum_cfg<kHeadDim>;
+    const fad_fwd_params &p = a.p;
+    const int n_block = w.n0 / kN;
+    for (int step = 0; step < steps; step++) {
+        const int buf = step & 1;
+        named_bar_sync(kBarDqFull + buf, kDqBarThreads);
+        if (threadIdx.x % 32 == 0) {
+            const int m = w.mt_first + step % w.mt_count;
+            const int64_t tile = ((int64_t)w.b * p.num_heads + step_h(step)) * a.dq_m_tiles + m;
+            const int turn = dq_turn(n_block, kN, m, Acc::kRows, w.seq.len_q, w.seq.len_k, p.window_left,
+                                     p.window_right);
+            dq_ordered_add(a.dq_accum + tile * Acc::kTileFloats, s_dq + buf * Acc::kTileFloats,
+                           Acc::kTileFloats * 4, a.dq_sems + tile, turn);
+        }
+        __syncwarp();
+        if (step + 2 < steps)
+            named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads);
+    }
+}
+
+template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod, bool kRed = false>
 __global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
 dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 {
@@ -104,14 +149,19 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     pdl_launch_dependents(); /* the dQ kernel may take the SMs this grid's last wave leaves (bwd_launch.cu) */
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
-    using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs>;
+    using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs, kRed>;
+    /* kRed: the fifth product, dQ = dS K per step, added to a.dq_accum in
+     * key-block order by the producer warpgroup's last warp (the dQ warp), so
+     * that no dQ kernel runs (bwd_dq_accum.cuh) */
+    static_assert(!kRed || (kWs && !C::kSplitCols && !kDrop && !C::kDkdvDefer),
+                  "kRed: the producer-fed kernel at D 64 and 128, no dropout, waits not deferred");
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kStages = Shape::kStages;
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     constexpr bool kSplit = Smem::kSplit;
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
     dkdv_work w;
-    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w))
+    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w, kRed))
         return;
     const fad_seq &seq = w.seq;
     const int b = w.b, hk = w.hk, group = w.group, n0 = w.n0;
@@ -129,8 +179,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 
     const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
     const int64_t lse_hs = fad_lse_head_stride(&p);
-    /* The loaders' threads: every thread, or (kWs) the producer warpgroup's. */
-    constexpr int kLoaders = kWs ? 128 : C::kDkdvThreads;
+    /* The loaders' threads: every thread, or (kWs) the producer warpgroup's
+     * (kRed: its first three warps; the fourth is the dQ warp). */
+    constexpr int kLoaders = kRed ? 96 : kWs ? 128 : C::kDkdvThreads;
     const int ltid = threadIdx.x % kLoaders;
 
     /* step's head and first row */
@@ -172,10 +223,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         /* full: each producer thread arrives twice, when its copies land
          * (cp.async) and once its row values are stored (a plain arrive);
          * empty: one arrival per math warp */
-        ring_init(full, empty, kStages, 2 * 128, 4 * FAD_BWD_WG_DKDV_WGS, kv_full, 128);
+        ring_init(full, empty, kStages, 2 * kLoaders, 4 * FAD_BWD_WG_DKDV_WGS, kv_full, kLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
+            if constexpr (kRed) {
+                if (threadIdx.x >= kLoaders) { /* ---- the dQ warp ---- */
+                    dq_warp<kHeadDim>(a, w, step_h, steps, kN, reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
+                    return;
+                }
+            }
             load_kv();
             mbar_arrive_cp_async(kv_full);
             /* wa.tma: a step whose rows all lie inside the sequence gets Q and
@@ -370,8 +427,31 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 p_fragment<T>(ds, kk, sf[kk]);
             }
         }
+        /* kRed: dS (dS^T's bf16 fragments, as dK's product rounds them) into
+         * this step's buffer, transposed by stmatrix: 8x8 matrix i of chunk kk
+         * is keys warp*16 + 8 (i % 2) .. of rows 16 kk + 8 (i / 2) .. (p_fragment). */
+        const uint32_t ds_s = smem_addr(wg_smem + Smem::kDsOffset) + (uint32_t)(step & 1) * (kM * kN * 2);
+        if constexpr (kRed) {
+            const int i = lane / 8;
+#pragma unroll
+            for (int kk = 0; kk < kM / 16; kk++)
+                stmatrix_x4_trans(ds_s + swz128<kM>(kk * 16 + 8 * (i / 2) + lane % 8, warp * 16 + 8 * (i % 2)) * 2,
+                                  sf[kk]);
+            fence_async_smem(); /* (wgmma reads it through the async proxy) */
+        }
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
         issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
+        /* kRed: dQ (this warpgroup's 64 x 64 part of the step's tile) = dS K
+         * over the CTA's keys in increasing k16 order, once both warpgroups
+         * stored their dS (their keys' halves of the k dim). */
+        using Acc = dq_accum_cfg<kRed ? kHeadDim : 64>;
+        float dqa[8][4];
+        if constexpr (kRed) {
+            named_bar_sync(kBarDsStored, 256);
+            const int part_row = 64 * (wg / Acc::kColParts), part_col = 64 * (wg % Acc::kColParts);
+            issue_ss_mn<T, kM, kN>(dqa, ds_s + (uint32_t)part_row * 128,
+                                   smem_addr(sK) + (uint32_t)(part_col / 64) * kN * 128);
+        }
         if constexpr (!C::kDkdvDefer) {
             wgmma_wait<0>();
             wgmma_fence_operand(dv);
@@ -383,6 +463,20 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
             warp_arrive(&empty[st], lane);
         }
+        /* kRed: the part into the step's dQ buffer (once the dQ warp's add from
+         * it two steps back completed), then to the dQ warp. After the stage's
+         * release: this wait may follow another CTA's turn. */
+        if constexpr (kRed) {
+            wgmma_fence_operand(dqa);
+            if (step >= 2)
+                named_bar_sync(kBarDqEmpty + (step & 1), kDqBarThreads);
+            float4 *dq_s = reinterpret_cast<float4 *>(wg_smem + Smem::kDqOffset) + (step & 1) * (Acc::kTileFloats / 4);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++)
+                dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
+            fence_async_smem(); /* (the copy engine reads it through the async proxy) */
+            named_bar_arrive(kBarDqFull + (step & 1), kDqBarThreads);
+        }
     }
     if constexpr (C::kDkdvDefer) {
         wgmma_wait<0>();
@@ -392,13 +486,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
+    if (!kRed || a.dk) /* (kRed: a dQ-only call passes no dK, dV) */
+        store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
 }
 
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES], smem_set_red[FAD_MAX_DEVICES];
     constexpr bool kWs = FAD_BWD_WG_DKDV_WS;
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
@@ -409,8 +504,19 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma dK/dV for D %d with dropout", kHeadDim);
     void (*kernel)(bwd_ws_args) = kMod || !drop ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod>
                                                 : dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false>;
-    const size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, kDropBuilt, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
-    fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, smem, msg, msg_len);
+    size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, kDropBuilt, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
+    int *set = drop ? smem_set_drop : smem_set;
+    /* a.dq_accum: the variant that adds dQ (bwd_launch.cu picks it: D 64 and 128, no dropout) */
+    constexpr bool kRedBuilt = kWs && !bwd_wg_cfg<kHeadDim>::kSplitCols && !bwd_wg_cfg<kHeadDim>::kDkdvDefer;
+    if (a.dq_accum) {
+        if (!kRedBuilt || drop)
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no dK/dV kernel that adds dQ for D %d%s",
+                            kHeadDim, drop ? " with dropout" : "");
+        kernel = dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod, kRedBuilt>;
+        smem = dkdv_wgmma_smem<kHeadDim, false, kWs, kRedBuilt>::kBytes;
+        set = smem_set_red;
+    }
+    fad_status st = allow_smem(kernel, set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
     /* (the producer's whole Q/dO tiles through the copy engine where it can) */

@@ -3,9 +3,78 @@
  * variant (dtype x head dim x score mod) and its kernels, dsum then dK/dV and
  * dQ (or the one part asked for) on mma.sync or on their sm_90a variants.
  */
+#include <string.h>
+
 #include "bwd_cfg.cuh"
+#include "bwd_dq_accum.cuh"
 #include "bwd_launch.h"
 #include "mma.cuh"
+
+/* FLASH_ATTN_DET_BWD_DQ (read once): "recompute" (the default; also unset or
+ * empty) or "reduce". reduce: where dq_reduce_applies holds, the dK/dV kernel
+ * issues the fifth product dQ = dS K itself and adds it to an fp32
+ * accumulator in key-block order (bwd_dq_accum.cuh), and a conversion kernel
+ * (bwd_dq_post.cu) replaces the dQ kernel, which recomputes S and dP. The two
+ * settings give different dQ bits (the sum is regrouped), each a function of
+ * positions inside the sequence only; dK and dV keep theirs. */
+static fad_status dq_reduce_env(int *reduce, char *msg, size_t msg_len)
+{
+    static int env = -1; /* 0 recompute, 1 reduce, 2 neither */
+    const char *e = getenv("FLASH_ATTN_DET_BWD_DQ");
+    if (env < 0)
+        env = !e || !e[0] || strcmp(e, "recompute") == 0 ? 0 : strcmp(e, "reduce") == 0 ? 1 : 2;
+    *reduce = env == 1;
+    if (env == 2)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "FLASH_ATTN_DET_BWD_DQ: expected 'recompute' or 'reduce', got '%s'", e ? e : "");
+    return FAD_OK;
+}
+
+/* The one rule for whether a call's dQ is summed by the dK/dV kernel (the
+ * workspace size and the dispatch both ask here): the switch set, the sm_90a
+ * kernels in use (fad_use_wgmma), head dim <= 128, no dropout (D256 and
+ * dropout keep the dQ kernel), and dQ asked for. Every other input, the grid
+ * size included, leaves it unchanged: the dQ bits of one (dtype, head dim,
+ * mods) must not depend on the batch (launch_bwd, the small-grid rule). */
+static fad_status dq_reduce_applies(const fad_fwd_params &p, fad_bwd_part part, int *use, char *msg,
+                                    size_t msg_len)
+{
+    int env = 0;
+    *use = 0;
+    fad_status st = dq_reduce_env(&env, msg, msg_len);
+    if (st != FAD_OK || !env || !FAD_SM90A || part == FAD_BWD_DKDV || p.head_dim > 128 || p.dropout_p > 0.f)
+        return st;
+    int wgmma = 0;
+    st = fad_use_wgmma(&wgmma, msg, msg_len);
+    *use = wgmma != 0;
+    return st;
+}
+
+/* The accumulator's tiles (kRows rows of the longest sequence) and bytes with its semaphores. */
+static int dq_m_tiles(const fad_fwd_params &p)
+{
+    const int rows = p.head_dim <= 64 ? dq_accum_cfg<64>::kRows : dq_accum_cfg<128>::kRows;
+    return (p.seqlen_q + rows - 1) / rows;
+}
+static size_t dq_accum_bytes(const fad_fwd_params &p)
+{
+    const int t = dq_m_tiles(p);
+    return p.head_dim <= 64 ? dq_accum_cfg<64>::bytes(p.batch, p.num_heads, t)
+                            : dq_accum_cfg<128>::bytes(p.batch, p.num_heads, t);
+}
+
+/* The workspace past the row sums (fad_bwd_workspace_need, fad_core.c): the
+ * dQ accumulator, then its semaphores, from dsum_bytes rounded up to 256. */
+extern "C" fad_status fad_bwd_cuda_extra_bytes(const fad_bwd_params *bp, size_t dsum_bytes, size_t *bytes,
+                                               char *msg, size_t msg_len)
+{
+    int use = 0;
+    *bytes = 0;
+    const fad_status st = dq_reduce_applies(bp->fwd, bp->part, &use, msg, msg_len);
+    if (st == FAD_OK && use)
+        *bytes = (dsum_bytes + 255) / 256 * 256 - dsum_bytes + dq_accum_bytes(bp->fwd);
+    return st;
+}
 
 /* The sm_90a variants (bwd_dkdv_wgmma.cu, bwd_dq_wgmma.cu): D 64, 128 and 256,
  * with or without a score mod, where fad_use_wgmma allows them; the same bits
@@ -24,6 +93,16 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
     const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
     fad_status st = FAD_OK;
+    if (a.dq_accum) { /* five products: dK/dV (stored unless only dQ is asked for) and dQ's adds, then dQ */
+        bwd_args r = a;
+        if (a.part == FAD_BWD_DQ)
+            r.dk = r.dv = nullptr;
+        if (dkdv_ctas > 0)
+            st = launch_dkdv_wgmma<T, kHeadDim, kMod>(r, dkdv_ctas, stream, msg, msg_len);
+        if (st == FAD_OK)
+            st = launch_dq_post<T, kHeadDim>(a, stream, msg, msg_len);
+        return st;
+    }
     const bool dkdv = dkdv_ctas > 0 && a.part != FAD_BWD_DQ;
     if (dkdv)
         st = launch_dkdv_wgmma<T, kHeadDim, kMod>(a, dkdv_ctas, stream, msg, msg_len);
@@ -82,10 +161,15 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
         st = fad_cuda_num_sms(&sms, msg, msg_len);
     const int64_t ctas = (int64_t)((p.seqlen_k + bwd_wg_cfg<kHeadDim>::kKeys - 1) / bwd_wg_cfg<kHeadDim>::kKeys) *
                          p.batch * p.num_heads_k;
-    if (wgmma == 1 && ctas < sms)
+    /* (not with a dQ accumulator: the mma.sync path's dQ has the dQ kernel's
+     * bits, not the accumulator's, so taking it for small grids would make dQ
+     * depend on the batch size; dK and dV are the same on either path) */
+    if (wgmma == 1 && ctas < sms && !a.dq_accum)
         wgmma = 0;
     if (st != FAD_OK)
         return st;
+    if (a.dq_accum) /* the accumulator and its semaphores start at zero */
+        CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, dq_accum_bytes(p), stream));
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -115,15 +199,29 @@ static fad_status bwd_dispatch_head_dim(bwd_args &a, cudaStream_t s, char *msg, 
 
 /* The one place the backward picks its compile-time variant: dtype x head
  * dim x whether scores carry a mod (softcap/ALiBi). */
-extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, float *dsum,
+extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *workspace,
                                           struct CUstream_st *stream, char *msg, size_t msg_len)
 {
     bwd_args a;
     a.p = bp->fwd;
     a.dout = bp->dout, a.dq = bp->dq, a.dk = bp->dk, a.dv = bp->dv;
     a.part = bp->part; /* the dQ and dK/dV passes only share dsum: either may be left out */
-    a.dsum = dsum;
+    a.dsum = (float *)workspace;
     a.n_blocks = a.m_blocks = 0;
+    a.dq_accum = nullptr, a.dq_sems = nullptr, a.dq_m_tiles = 0;
+    size_t extra = 0;
+    const size_t dsum_bytes = (size_t)fad_flat_rows(&a.p) * sizeof(float);
+    fad_status st = fad_bwd_cuda_extra_bytes(bp, dsum_bytes, &extra, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    if (extra) { /* (zeroed in launch_bwd, once the checks passed) */
+        const size_t off = (dsum_bytes + 255) / 256 * 256;
+        a.dq_m_tiles = dq_m_tiles(a.p);
+        const int64_t tiles = (int64_t)a.p.batch * a.p.num_heads * a.dq_m_tiles;
+        a.dq_accum = reinterpret_cast<float *>((char *)workspace + off);
+        a.dq_sems = reinterpret_cast<int *>(a.dq_accum + tiles * dq_accum_cfg<64>::kTileFloats);
+        static_assert(dq_accum_cfg<64>::kTileFloats == dq_accum_cfg<128>::kTileFloats, "one tile size");
+    }
     /* (dropout: a kDrop variant of either, on mma.sync or wgmma: bwd_dq.cu, bwd_dkdv.cu and
      * their sm_90a variants) */
     const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes;

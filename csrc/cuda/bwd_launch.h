@@ -18,6 +18,12 @@ struct bwd_args {
     const void *dout;  /* like out */
     void *dq, *dk, *dv; /* like q, k, v */
     float *dsum;       /* one fp32 per flat row: D_i */
+    /* FLASH_ATTN_DET_BWD_DQ=reduce (else NULL): dQ summed in fp32 by the dK/dV kernel, tile by
+     * tile in key-block order (bwd_dq_accum.cuh), then converted (bwd_dq_post.cu); dq_sems: one
+     * semaphore a tile; dq_m_tiles: row tiles of the longest sequence */
+    float *dq_accum;
+    int *dq_sems;
+    int dq_m_tiles;
     int n_blocks;      /* key tiles per (sequence, kv head) in dkdv_kernel's grid */
     int m_blocks;      /* row tiles per (sequence, head) in dq_kernel's grid */
     fad_bwd_part part; /* which passes run (host side only; last, so the kernels' view of the
@@ -41,11 +47,16 @@ template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
+/* (a.dq_accum set: the variant that also adds dQ into it; then dK/dV are stored only where a.dk is set) */
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len);
 /* (pdl: the dQ kernel as a programmatic dependent of the dK/dV kernel launched just before it) */
 template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dq_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, int pdl, char *msg,
                            size_t msg_len);
+
+/* dQ from a.dq_accum, converted to the dtype (D 64 and 128 only: bwd_dq_accum.cuh) */
+template <typename T, int kHeadDim>
+fad_status launch_dq_post(const bwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
 
 #endif /* FAD_BWD_LAUNCH_H */

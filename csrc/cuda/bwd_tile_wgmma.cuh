@@ -57,6 +57,22 @@ __device__ __forceinline__ void issue_ss(float (&d)[kN / 8][4], uint32_t a_addr,
     wgmma_commit();
 }
 
+/* acc (64 x 64) = A (64 rows at a_addr of a K-major swz128 tile of kARows
+ * rows x kK) * B (a swz128 tile of kK rows at b_addr, one 64-column block,
+ * read MN-major): the five-product backward's dQ = dS K (bwd_dkdv_wgmma.cu),
+ * k16 chunks in increasing order; the first overwrites acc. */
+template <typename T, int kARows, int kK>
+__device__ __forceinline__ void issue_ss_mn(float (&acc)[8][4], uint32_t a_addr, uint32_t b_addr)
+{
+    const uint64_t a_desc0 = gmma_desc(a_addr, 16, 1024), b_desc0 = gmma_desc(b_addr, kK * 128, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kK / 16; kk++)
+        wgmma_ss_mnb(acc, kmajor_chunk<kARows>(a_desc0, kk), gmma_desc_at(b_desc0, kk * 16 * 128), (const T *)nullptr,
+                     kk > 0);
+    wgmma_commit();
+}
+
 /* FAD_BWD_WG_D256_SPLIT_SDP: the two math warpgroups' exchange of A fragments.
  * Warpgroup w made k16 chunks [kHalf w, kHalf (w + 1)) of an operand of 2 kHalf
  * chunks; each thread stores its own (its fragments of a chunk: 16 bytes, so a

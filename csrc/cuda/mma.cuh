@@ -259,14 +259,19 @@ template <typename T, int kHeadDim, int kRows, int kThreads, bool kSw128 = false
 __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, int rows, int D)
 {
     constexpr int kChunks = kHeadDim / 8;
-    static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
+    /* (kThreads need not divide the chunks: the dK/dV kernel's producer
+     * loads with 96 threads when its fourth warp sums dQ, bwd_dkdv_wgmma.cu;
+     * the last round is then partial) */
+    constexpr int kTotal = kRows * kChunks, kRounds = (kTotal + kThreads - 1) / kThreads;
     /* kSw128 (the wgmma kernel's Q copy, and its K/V copies with
      * FAD_WG_LEAN_LOADS=0): short of registers, so the offsets are not
      * hoisted out of the caller's tile loop */
     const int tid = kSw128 ? (int)opaque(threadIdx.x) : (int)threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+    for (int i = 0; i < kRounds; i++) {
         const int c = tid + i * kThreads;
+        if (kTotal % kThreads != 0 && c >= kTotal)
+            break;
         const int row = c / kChunks, col = (c % kChunks) * 8;
         const bool ok = row < rows && col < D;
         cp_async16(smem + tile_off<kHeadDim, kRows, kSw128>(row, col),
@@ -327,9 +332,12 @@ __device__ __forceinline__ void load_tile_lean(T *smem, const T *g, int row_stri
         }
     } else {
         const int tid = (int)opaque(threadIdx.x);
+        constexpr int kTotal = kRows * kChunks, kRounds = (kTotal + kThreads - 1) / kThreads;
 #pragma unroll
-        for (int i = 0; i < kRows * kChunks / kThreads; i++) {
+        for (int i = 0; i < kRounds; i++) {
             const int c = tid + i * kThreads;
+            if (kTotal % kThreads != 0 && c >= kTotal) /* (a partial last round: load_tile's) */
+                break;
             const int row = c / kChunks, col = (c % kChunks) * 8;
             const bool ok = row < rows && col < D;
             cp_async16(smem + tile_off<kHeadDim, kRows, kSw128>(row, col),

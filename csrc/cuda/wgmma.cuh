@@ -182,16 +182,19 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
  * values unread (the backward's first k-chunk: the same values, up to the
  * sign of an exact zero, with no zeroing of the registers, which made ptxas
  * wait for the previous wgmma group before issuing this one). */
-#define FAD_WGMMA_SS(TY, CT, NB, N, ACC, REGS, OPS, ACCUM)                                   \
-    __device__ __forceinline__ void wgmma_ss(float (&d)[NB][4], uint64_t desc_a,              \
-                                             uint64_t desc_b, const CT *, int accumulate = 1) \
+#define FAD_WGMMA_SS_T(NAME, TRANS, TY, CT, NB, N, ACC, REGS, OPS, ACCUM)                    \
+    __device__ __forceinline__ void NAME(float (&d)[NB][4], uint64_t desc_a,                  \
+                                         uint64_t desc_b, const CT *, int accumulate = 1)     \
     {                                                                                        \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUM ", 0;\n"                      \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS    \
-                     ", " OPS ", p, 1, 1, 0, 0;\n}\n"                                       \
+                     ", " OPS ", p, 1, 1, 0, " #TRANS ";\n}\n"                              \
                      : ACC                                                                   \
                      : "l"(desc_a), "l"(desc_b), "r"(accumulate));                           \
     }
+/* (wgmma_ss: B K-major; wgmma_ss_mnb: B stored [k][n] (MN-major, trans-b),
+ * the backward's dQ = dS K with dS and K both from shared memory,
+ * bwd_dkdv_wgmma.cu) */
 /* d (m64 x nN, fp32) += A (registers: the m16n8k16 A fragment of each warp's
  * 16 rows) * B (shared): wgmma_rs_kmajor for B stored [n][k] (K, for Q K^T),
  * wgmma_rs_mnmajor for B stored [k][n] (V, for P V: trans-b). accumulate as
@@ -210,12 +213,14 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
     }
 
 #if FAD_HAS_WGMMA
-FAD_WGMMA_SS("bf16", __nv_bfloat16, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
-FAD_WGMMA_SS("f16", __half, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
-FAD_WGMMA_SS("bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
-FAD_WGMMA_SS("f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
-FAD_WGMMA_SS("bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
-FAD_WGMMA_SS("f16", __half, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "bf16", __nv_bfloat16, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "f16", __half, 4, 32, FAD_ACC16, FAD_R16, "%16, %17", "%18")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "bf16", __nv_bfloat16, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
+FAD_WGMMA_SS_T(wgmma_ss, 0, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, "%64, %65", "%66")
+FAD_WGMMA_SS_T(wgmma_ss_mnb, 1, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
+FAD_WGMMA_SS_T(wgmma_ss_mnb, 1, "f16", __half, 8, 64, FAD_ACC32, FAD_R32, "%32, %33", "%34")
 #define FAD_A32 "{%32, %33, %34, %35}, %36"
 #define FAD_A64 "{%64, %65, %66, %67}, %68"
 FAD_WGMMA_RS(wgmma_rs_kmajor, 0, "bf16", __nv_bfloat16, 8, 64, FAD_ACC32, FAD_R32, FAD_A32, "%37")
@@ -229,6 +234,8 @@ FAD_WGMMA_RS(wgmma_rs_mnmajor, 1, "f16", __half, 16, 128, FAD_ACC64, FAD_R64, FA
  * launches them only on sm_90 from an sm_90a build (device.cu: use_wgmma). */
 template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_ss(float (&)[NB][4], uint64_t, uint64_t, const CT *, int = 1) { __trap(); }
+template <int NB, typename CT>
+__device__ __forceinline__ void wgmma_ss_mnb(float (&)[NB][4], uint64_t, uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_rs_kmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *, int = 1) { __trap(); }
 template <int NB, typename CT>

@@ -178,7 +178,9 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
 }
 
 /* Backward: grads = (dout, dq, dk, dv) tensors, each the shape and strides of
- * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element.
+ * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element
+ * and, where FLASH_ATTN_DET_BWD_DQ=reduce applies, the dQ accumulator: when it is
+ * short, nothing is written and the bytes it needs are returned (as run_fwd does).
  * dq None asks for dk/dv only, dk and dv None for dq only (fad_bwd_part). */
 static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *const fwd_t[4],
                          PyObject *const *grads, const fwd_opts *o)
@@ -217,6 +219,7 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
     bp.dout = tensor_data(g[0]), bp.dq = g[1] ? tensor_data(g[1]) : NULL;
     bp.dk = g[2] ? tensor_data(g[2]) : NULL, bp.dv = g[3] ? tensor_data(g[3]) : NULL;
     fad_status st;
+    size_t need = 0;
     if (q->device.device_type == kDLCPU) {
         bp.fwd.num_threads = cpu_threads();
         Py_BEGIN_ALLOW_THREADS
@@ -229,11 +232,15 @@ static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *con
             st = fad_bwd_cuda(&bp, o->ws ? tensor_data(o->ws) : NULL,
                               o->ws ? (size_t)o->ws->shape[0] : 0,
                               (struct CUstream_st *)(uintptr_t)o->stream, msg, sizeof msg);
+            if (st == FAD_ERR_WORKSPACE)
+                st = fad_bwd_workspace_size(&bp, &need, msg, sizeof msg);
             leave_device(q->device.device_id, prev);
         }
     }
     if (st != FAD_OK)
         return raise_status(st, msg);
+    if (need)
+        return PyLong_FromSize_t(need);
     Py_RETURN_NONE;
 }
 
@@ -431,7 +438,9 @@ PyDoc_STRVAR(bwd_doc,
 "dout, dq, dk, dv: capsules shaped and strided like out, q, k, v; dq is written in\n"
 "full, dk/dv on the rows some query sees (pass zeros). dq None computes dk/dv only,\n"
 "dk and dv None dq only (the same bits, half the work). CUDA tensors need a uint8\n"
-"workspace of 4 bytes per softmax_lse element.");
+"workspace of 4 bytes per softmax_lse element, and with FLASH_ATTN_DET_BWD_DQ=reduce the\n"
+"dQ accumulator after it: given one too small, nothing is written and the bytes it\n"
+"needs are returned.");
 
 static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {

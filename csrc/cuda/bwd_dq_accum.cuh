@@ -1,0 +1,116 @@
+/*
+ * bwd_dq_accum.cuh — the fp32 dQ accumulator of the five-product backward
+ * (FLASH_ATTN_DET_BWD_DQ=reduce, bwd_launch.cu; docs/design.md,
+ * "backward-order"): the layout of its tiles, which the dK/dV kernel
+ * (bwd_dkdv_wgmma.cu) adds to through the bulk copy engine and the
+ * conversion kernel (bwd_dq_post.cu) reads; the turn of each add; and the
+ * instructions of one ordered add.
+ *
+ * One tile per (sequence b, query head h, row tile m of kRows rows, aligned to
+ * the sequence's row 0): tile (b * num_heads + h) * m_tiles + m, kRows x
+ * kHeadDim floats, contiguous, so one bulk reduce adds a whole tile. Inside, the
+ * dK/dV kernel's two math warpgroups each own a part of 64 rows x 64 columns
+ * (part w: rows 64 (w / kColParts) .., columns 64 (w % kColParts) ..) and
+ * store it in their accumulators' order: float4 slot (w * 8 + nb) * 128 + t
+ * holds thread t's n8 block nb (elements e = 0..3: row r0 + 8 (e / 2), column
+ * c0 + e % 2), so the stores into shared memory are conflict-free 16-byte
+ * stores and no thread reorders anything.
+ *
+ * The order of the adds: the semaphore of a tile (one int, zeroed with the
+ * accumulator) counts the key blocks that added to it. The key blocks that walk
+ * row tile m (dkdv_row_tiles) are consecutive, up to jhi(m) = (hi(r) - 1) / kN,
+ * r the tile's last row below len_q (hi: a row's key range's end,
+ * fad_row_keys): a row's key range moves by at most one key a row, so a key
+ * block between two that see the tile's rows is seen by one of them too. Key
+ * block j therefore adds when the count is jhi(m) - j: from the last key block
+ * down (for every mask), a function of positions inside the sequence only.
+ * From the last down because a key block's walk starts no earlier than a lower
+ * one's: the block whose turn comes first at a tile reaches it in no more
+ * steps than the next, so turns rarely wait (causal: the last block's first
+ * step is its diagonal tile, which it adds at once; from the first up, every
+ * block would wait for block 0 to walk down to its diagonal).
+ *
+ * No wait can deadlock: the dK/dV grid puts a (sequence, head)'s key blocks
+ * from the last down in blockIdx order (dkdv_work_of_cta, high_first), and CTAs
+ * are dispatched in blockIdx order, so the CTA a waiting CTA waits for (the
+ * next key block up) was dispatched before it: it is resident or done, never
+ * waiting for an SM. It waits in turn only for the block above, and the tile's
+ * last walker (turn 0) never waits.
+ */
+#ifndef FAD_BWD_DQ_ACCUM_CUH
+#define FAD_BWD_DQ_ACCUM_CUH
+
+#include "bwd_block.cuh"
+
+template <int kHeadDim> struct dq_accum_cfg {
+    using C = bwd_wg_cfg<kHeadDim>;
+    static constexpr int kRows = C::kStepM; /* a tile is one step of the dK/dV kernel */
+    static constexpr int kTileFloats = kRows * kHeadDim;
+    static constexpr int kColParts = kHeadDim / 64, kRowParts = kRows / 64;
+    static_assert(!C::kSplitCols && kColParts * kRowParts == FAD_BWD_WG_DKDV_WGS,
+                  "one 64 x 64 part per math warpgroup (D 64 and 128)");
+    /* the first row and column of part w, thread t's block nb (element 0) in it */
+    static __host__ __device__ __forceinline__ int row_of(int w, int t) { return 64 * (w / kColParts) + (t / 32) * 16 + t % 32 / 4; }
+    static __host__ __device__ __forceinline__ int col_of(int w, int nb, int t) { return 64 * (w % kColParts) + nb * 8 + (t % 4) * 2; }
+    static __host__ __device__ __forceinline__ int slot(int w, int nb, int t) { return (w * 8 + nb) * 128 + t; }
+    /* bytes of the accumulator and the semaphores of a call (m_tiles: tiles of its longest sequence) */
+    static size_t bytes(int batch, int heads, int m_tiles) { return (size_t)batch * heads * m_tiles * (kTileFloats * 4 + 4); }
+};
+
+/* Key block n_block's turn at row tile m (the header's rule; checked against
+ * dkdv_row_tiles's walks on the CPU by tests/dq_turn_check.cu). */
+__host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl, int wr)
+{
+    const int last_row = ((m + 1) * kRows < len_q ? (m + 1) * kRows : len_q) - 1;
+    return (fad_row_keys(last_row, len_q, len_k, wl, wr).hi - 1) / kN - n_block;
+}
+
+/* Named barriers between the math warpgroups (256 threads) and the dQ warp
+ * (32): full[buf] (the math warps stored a tile into buffer buf), empty[buf]
+ * (the dQ warp's add from it has completed); and the math warpgroups' own
+ * (both stored their dS). 1, 2: warpgroup_sync; 3: split_meet. */
+enum { kBarDqFull = 4, kBarDqEmpty = 6, kBarDsStored = 8, kDqBarThreads = 256 + 32 };
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* Four 8x8 b16 matrices of the m16n8k16 fragment layout, stored transposed:
+ * lane 8i + c gives the address of row c of matrix i as stored (16 bytes). */
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)addr, (void)r;
+    __trap();
+#endif
+}
+
+/* One ordered add (one thread): wait for the turn, add the tile (bytes from
+ * shared src) to global dst through the copy engine, wait until the add has
+ * COMPLETED (the bulk group's wait without .read: its writes are performed,
+ * not only its shared-memory reads done), then hand the turn on. The proxy
+ * fences order the generic-proxy semaphore accesses and the async-proxy add. */
+__device__ __forceinline__ void dq_ordered_add(float *dst, const float *src, uint32_t bytes, int *sem, int turn)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    int v;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+    } while (v != turn);
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(smem_addr(src)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)sem, (void)turn;
+    __trap();
+#endif
+}
+
+#endif /* FAD_BWD_DQ_ACCUM_CUH */
