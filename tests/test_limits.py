@@ -32,14 +32,6 @@ def gpu(f):
     return pytest.mark.gpu(requires_cuda(f))
 
 
-# Run on an H200 (the merged build of 2026-11-29): 15 of the 48 GPU cases of this file failed,
-# among them batch x heads past 65535 on the CTA-per-split schedule and varlen batches of more
-# than 65535 sequences; the long-key answers also wait for a merge whose error does not grow
-# with the number of splits. Until they pass, these cases report XFAIL / XPASS, not a pass.
-gpu_gap = pytest.mark.xfail(strict=False, reason="not yet right on the GPU (see the comment "
-                            "above gpu_gap)")
-
-
 # the CPU path here, the kernels' on a GPU (marked gpu)
 DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]
 
@@ -264,7 +256,6 @@ def _check_one_row_answer(out, lse, q, k, v, n):
 LONG = [2 ** 25, 2 ** 26, 2 ** 27]
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("n", LONG)
 @pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
@@ -277,7 +268,6 @@ def test_long_keys_flash_attn_func(n, schedule):
     _check_one_row_answer(out, lse, q, k, v, n)
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("n", LONG)
 @pytest.mark.parametrize("num_splits", [0, 2])
@@ -291,7 +281,6 @@ def test_long_keys_kvcache(n, num_splits):
     _check_one_row_answer(out, lse, q, k, v, n)
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
 def test_long_keys_prefill_kernels(schedule):
@@ -306,7 +295,6 @@ def test_long_keys_prefill_kernels(schedule):
     _check_one_row_answer(out, lse, q, k, v, n)
 
 
-@gpu_gap
 @gpu
 def test_long_keys_one_cta_walks_65536_splits():
     """The one-CTA schedule walks all 2**16 splits of 2**25 keys in one CTA (no grid z)."""
@@ -319,7 +307,6 @@ def test_long_keys_one_cta_walks_65536_splits():
     _check_one_row_answer(out, lse, q, k, v, n)
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
 def test_long_keys_up_to_the_limit(n):
@@ -332,6 +319,49 @@ def test_long_keys_up_to_the_limit(n):
     out, lse = fad.flash_attn_with_kvcache(q, kx, vx, cache_seqlens=n, num_splits=2,
                                            return_softmax_lse=True)
     _check_one_row_answer(out, lse, q, k, v, n)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_keys_backward(causal):
+    """The backward over 2**25 keys (2**18 key blocks, one kv head, 3 query rows of GQA 2:1;
+    causal: bottom-right, row i sees the first n - Sq + i + 1 keys). Every key scores alike,
+    so P = 1/n and the exact gradients are dv_j = (sum of dout over the rows that see key j and their heads) / n, and
+    dq = dk = 0 but for o's rounding: dq_i = scale * k * dout_i.(v - o_i), dk a 1/n part of
+    that. dk and dv are leaves in k's full shape, so every key's gradient is checked."""
+    gen = make_gen(29)
+    n, Sq, H, D = 2 ** 25, 3, 2, 64
+    q = randn(gen, (1, Sq, H, D), BF, "cuda").requires_grad_()
+    k, v, kx, vx = _one_row_kv(n, 1, D, gen)
+    kx, vx = kx.detach().requires_grad_(), vx.detach().requires_grad_()
+    dout = randn(gen, (1, Sq, H, D), BF, "cuda")
+    out = fad.flash_attn_func(q, kx, vx, causal=causal)
+    out.backward(dout)
+    torch.cuda.synchronize()
+    scale = D ** -0.5
+    vv, kk = v[0, 0, 0].double(), k[0, 0, 0].double()
+    # row i sees keys 0 .. last[i] (bottom-right causal: n - Sq + i), each with weight 1/(last[i]+1)
+    last = [n - Sq + i if causal else n - 1 for i in range(Sq)]
+    d = dout[0].double().sum(1)  # (Sq, D): a row's dout summed over the heads of the kv group
+
+    def dv_want(j):
+        return sum(d[i] / (last[i] + 1) for i in range(Sq) if j <= last[i])
+
+    # o's rounding bounds dq and dk: |dout_i.(v - o_i)| per (row, head)
+    slack = (dout[0].double() * (vv - out[0].detach().double())).sum(-1).abs() + \
+        2 ** -8 * dout[0].double().norm(dim=-1) * vv.norm()
+    assert (q.grad[0].double().norm(dim=-1) <= 2 * scale * kk.norm() * slack + 1e-30).all()
+    dk_bound = 2 * scale * (q[0].detach().double().norm(dim=-1) * slack).sum().item() / (n - Sq)
+    step = 2 ** 22  # in chunks: an fp32 copy of a whole gradient is 8 GB
+    for j in range(0, n, step):
+        want = dv_want(j)  # the keys of a chunk that all rows see share it
+        m = min(step, min(last) + 1 - j)
+        dv = vx.grad[0, j:j + m, 0].double()
+        assert ((dv - want).abs() <= 2 ** -7 * want.abs() + 1e-12).all(), j
+        assert kx.grad[0, j:j + step, 0].double().abs().max().item() <= dk_bound + 1e-30, j
+    for j in range(min(last) + 1, n):  # causal: the last keys, seen by fewer rows
+        dv, want = vx.grad[0, j, 0].double(), dv_want(j)
+        assert ((dv - want).abs() <= 2 ** -7 * want.abs() + 1e-12).all(), j
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -359,7 +389,6 @@ def _assert_reference(out, lse, q, k, v, label):
     assert (lse.double() - s.logsumexp(-1)).abs().max().item() < 1e-4, label
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
 def test_batch_times_heads_past_65535(schedule):
@@ -381,7 +410,6 @@ def test_batch_times_heads_past_65535(schedule):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
 
-@gpu_gap
 @gpu
 def test_kvcache_batch_times_heads_past_65535():
     """Decode over a cache with B x H = 2**17 (GQA 4:1), mixed lengths."""
@@ -398,7 +426,6 @@ def test_kvcache_batch_times_heads_past_65535():
         _assert_reference(out[b], lse[b], q[b], kc[b, :n], vc[b, :n], b)
 
 
-@gpu_gap
 @gpu
 @pytest.mark.parametrize("schedule", ["auto", "cta_per_split"])
 def test_varlen_more_than_65535_sequences(schedule):
