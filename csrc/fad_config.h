@@ -172,15 +172,6 @@
 #define FAD_WS_D256_CONSUMERS 2
 #endif
 #define FAD_WS_R_SLOT_FLOATS (16 * 256)
-/* X slots: where a one-CTA walk across the end of a split group (fad_math.h,
- * FAD_MERGE_GROUP) keeps the outer result of a warp's rows (fwd_tile.cuh,
- * fold_group_close): FAD_X_LANE_FLOATS a lane (o of 2 x 16 or 1 x 32 n8 blocks,
- * the most any forward kernel holds, and (m, l) of 4 rows), a slot for each of
- * FAD_X_WARPS_PER_SM warps of every SM (as many as can be resident): 147 MB
- * on 132 SMs, asked only by calls whose keys span groups (past 2^19 keys at
- * the default 512-key splits) on the one-CTA schedule. */
-#define FAD_X_LANE_FLOATS (32 * 4 + 8)
-#define FAD_X_WARPS_PER_SM 64
 /* FAD_WS_RG_BATCH: n8 blocks of R's o in global memory loaded ahead of their
  * merges in a fold (kRGlobal). */
 #ifndef FAD_WS_RG_BATCH

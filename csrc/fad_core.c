@@ -273,6 +273,13 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     }
+    /* A row of more than FAD_MERGE_GROUP splits is folded in two levels,
+     * which only the combine runs (docs/design.md, "merge-groups"): such a
+     * plan takes a CTA per split on every schedule, a forced one-CTA one
+     * included. No bit changes (every schedule folds in the same order), and
+     * the one-CTA walks' tile loops stay free of group logic. */
+    if (plan->num_splits > FAD_MERGE_GROUP)
+        plan->cta_per_split = 1;
     if (plan->cta_per_split) {
         /* A ready flag per split CTA (grid x: at most m_blocks x B x Hq), for
          * a combine that folds each split as soon as its CTA is done. */
@@ -314,17 +321,6 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
 #else
     (void)wgmma;
 #endif
-    /* A CTA that walks a row block's splits across a group's end keeps its rows' outer
-     * result in a slot of the workspace (FAD_X_LANE_FLOATS): a pool with one for every
-     * warp that can be resident, taken and given back by the warps. */
-    if (st == FAD_OK && !plan->cta_per_split && num_sms > 0 &&
-        fad_num_splits(p->seqlen_k, plan->split_size) > FAD_MERGE_GROUP) {
-        plan->x_slots = FAD_X_WARPS_PER_SM * num_sms;
-        plan->ws_x_offset = (plan->workspace_bytes + 255) / 256 * 256;
-        plan->ws_x_flag_offset =
-            plan->ws_x_offset + (size_t)plan->x_slots * 32 * FAD_X_LANE_FLOATS * sizeof(float);
-        plan->workspace_bytes = plan->ws_x_flag_offset + (size_t)plan->x_slots * sizeof(unsigned);
-    }
     return st;
 }
 

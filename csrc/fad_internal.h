@@ -53,9 +53,6 @@ typedef struct fad_plan {
     int r_slots;           /* R slots (D256 on Hopper: fwd_prefill_ws.cu's kRGlobal), 0: none */
     size_t ws_r_offset;    /* bytes: fp32 R slots [r_slots][FAD_WS_R_SLOT_FLOATS] */
     size_t ws_r_flag_offset; /* bytes: uint32 taken flags [r_slots] (zeroed by the launch) */
-    int x_slots;           /* X slots (a one-CTA walk across split groups), 0: none */
-    size_t ws_x_offset;    /* bytes: fp32 X slots [x_slots][32][FAD_X_LANE_FLOATS] */
-    size_t ws_x_flag_offset; /* bytes: uint32 taken flags [x_slots] (zeroed by the launch) */
     size_t workspace_bytes;
 } fad_plan;
 

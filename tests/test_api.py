@@ -515,6 +515,28 @@ def test_workspace_size_is_zero_for_one_cta_and_positive_for_split():
 
 
 @requires_cuda
+def test_plan_past_one_merge_group_takes_a_cta_per_split():
+    """More than 1024 splits of a sequence are folded in two levels, which only the combine
+    runs: past that every schedule, a forced one-CTA one included, plans a CTA per split (the
+    same workspace of partials), while at 1024 splits the one-CTA schedule still needs none.
+    Prefill (64 query rows) and decode (1 row, GQA 4:1) shapes; the keys are expand()ed."""
+    for sq, h in ((64, 4), (1, 8)):
+        q = torch.zeros(1, sq, h, 64, dtype=torch.bfloat16, device="cuda")
+        for splits in (1024, 1025):
+            n = (splits - 1) * 512 + 1  # the last split holds one key
+            k = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16, device="cuda").expand(1, n, 2, 64)
+            need = {}
+            for sched in ("one_cta", "cta_per_split", "auto"):
+                with force_schedule(sched):
+                    need[sched] = workspace_bytes(q, k)
+            assert need["cta_per_split"] > 0, (sq, splits, need)
+            if splits == 1024:
+                assert need["one_cta"] == 0, (sq, splits, need)
+            else:
+                assert need["one_cta"] == need["auto"] == need["cta_per_split"], (sq, splits, need)
+
+
+@requires_cuda
 def test_decode_plan_spreads_splits_below_two_ctas_an_sm():
     """The automatic schedule of the packed (decode) kernel, deterministic mode: a CTA per
     split (a workspace for the partials) while the B x Hkv CTAs number below 1.9 an SM, one CTA

@@ -296,8 +296,10 @@ def test_long_keys_prefill_kernels(schedule):
 
 
 @gpu
-def test_long_keys_one_cta_walks_65536_splits():
-    """The one-CTA schedule walks all 2**16 splits of 2**25 keys in one CTA (no grid z)."""
+def test_long_keys_num_splits_1_past_one_group():
+    """num_splits=1 asks for one CTA a row block, but 2**25 keys are 2**16 splits, past one
+    merge group (1024): the plan gives the call a CTA per split (the combine's two-level
+    fold) all the same, and the answer is the exact one."""
     gen = make_gen(22)
     n = 2 ** 25
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -311,7 +313,7 @@ def test_long_keys_one_cta_walks_65536_splits():
 @pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
 def test_long_keys_up_to_the_limit(n):
     """2**28 keys up to the last one the API takes, a CTA per split (4M CTAs on grid y and z
-    at the limit; the one-CTA plan would walk them in one CTA for minutes). Also the combine's
+    at the limit; past 1024 splits every plan takes a CTA per split). Also the combine's
     error: out must stay within 2 bf16 steps of v's row whatever the number of splits."""
     gen = make_gen(23)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -537,9 +539,8 @@ def _one_row_error(out, lse, q, k, v, n):
             (lse[0].double() - want_lse).abs().max().item())
 
 
-# A CTA per split (the combine): at 2**30 keys the automatic schedule would take the one-CTA
-# walk (the partials pass its workspace cap), 2**24 tiles in one CTA; that walk's own test is
-# test_one_cta_walk_across_groups_error_bounded.
+# A CTA per split (the combine), asked for explicitly; past 1024 splits every schedule takes it
+# (fad_make_plan), a one-CTA request included: test_one_cta_request_across_groups_error_bounded.
 LONG_CALLS = {  # name: (call(q, kx, vx, n) -> (out, lse), query heads, kv heads)
     "func cta_per_split": (lambda q, kx, vx, n: _forced("cta_per_split", fad.flash_attn_func, q,
                                                          kx, vx, return_attn_probs=True)[:2], 2, 2),
@@ -573,9 +574,10 @@ def test_long_keys_error_no_larger_at_2_30_than_at_2_20(name):
 
 @gpu
 @pytest.mark.parametrize("entry", ["func", "kvcache"])
-def test_one_cta_walk_across_groups_error_bounded(entry):
-    """The one-CTA walk closes a group every 1024 splits: at 128-key splits 2**25 keys are 256
-    groups in one CTA, with the exact answer as at 2**20 (8 groups)."""
+def test_one_cta_request_across_groups_error_bounded(entry):
+    """A one-CTA request (forced schedule, num_splits=1) past 1024 splits runs a CTA per split,
+    whose combine closes a group every 1024 splits: at 128-key splits 2**25 keys are 256 groups,
+    with the exact answer as at 2**20 (8 groups)."""
     fad.set_deterministic_mode(True, split_size=128)
     gen = make_gen(34)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -604,9 +606,10 @@ GROUP_CASES = {  # name: (D, Sq, H, Hk, kwargs): 128-key splits, keys spanning 3
 @pytest.mark.parametrize("name", sorted(GROUP_CASES))
 def test_group_order_same_bits_on_every_schedule(name):
     """Random k/v over 3 x 2**17 + 777 keys at 128-key splits: rows whose splits span 2-4
-    groups (FAD_MERGE_GROUP), some starting or ending inside one (a window), on the one-CTA
-    walk (its X slots), a CTA per split (the combine) and the automatic schedule: the same
-    bits on each, and the float64 answer on sampled rows."""
+    groups (FAD_MERGE_GROUP), some starting or ending inside one (a window), asked for on the
+    one-CTA schedule, a CTA per split and the automatic one (past one group each plan takes a
+    CTA per split, whose combine folds in two levels): the same bits on each, and the float64
+    answer on sampled rows."""
     D, Sq, H, Hk, kw = GROUP_CASES[name]
     fad.set_deterministic_mode(True, split_size=128)
     gen = make_gen(35)

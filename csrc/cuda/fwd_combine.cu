@@ -1,9 +1,9 @@
 /*
  * fwd_combine.cu — the combine kernel of the CTA-per-split schedule: folds a
  * row's split partials left to right with fad_merge_* (fad_math.h), in groups
- * of FAD_MERGE_GROUP then the groups' results, the fold a one-CTA schedule
- * runs (fold_split, fold_group_close), so both give the same bits; and
- * its launch.
+ * of FAD_MERGE_GROUP then the groups' results: within one group the fold a
+ * one-CTA schedule runs (fold_split), so both give the same bits; rows of more
+ * splits are planned here alone (fad_make_plan); and its launch.
  */
 #include <type_traits>
 

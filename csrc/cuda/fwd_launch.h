@@ -29,10 +29,6 @@ struct fwd_args {
      * flags: fwd_prefill_ws.cu's kRGlobal; nullptr where the plan has none. */
     float *ws_r;
     unsigned *ws_r_flag;
-    /* X slots (plan.x_slots) and their taken flags: fold_group_close
-     * (fwd_tile.cuh); nullptr where the plan has none. */
-    float *ws_x;
-    unsigned *ws_x_flag;
 };
 
 /* The packed kernel's grid: x = (sequence b, kv head hk, block of

@@ -128,25 +128,12 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     const bool walked = t_first < t_last;
     int split_left = fad_split_tiles_left(t_first, S, kBlockN);
     bool acc_live = false; /* (wgmma) acc holds this split's o: false until its first P V */
-    auto with_R = [&](auto f) {
-        if constexpr (C::kRInRegs)
-            f(r_in_regs<kMT, kDB>{oR});
-        else
-            f(r_in_smem<kMT, kDB, C::kThreads>{sR, (int)threadIdx.x});
-    };
     auto fold = [&](bool to_R) {
-        with_R([&](const auto &R) { fold_split(acc, m_s, l_s, mR, lR, R, have_R, to_R); });
+        if constexpr (C::kRInRegs)
+            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, to_R);
+        else
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<kMT, kDB, C::kThreads>{sR, (int)threadIdx.x}, have_R, to_R);
     };
-    /* X: the outer result of a walk across split groups (fold_group_close);
-     * its slot's index in shared memory on sm_80, in a register on sm_90,
-     * whichever spilled this kernel's builds less (ptxas -v) */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    x_slot<kMT, kDB, C::kSmemXAt> X;
-#else
-    x_slot<kMT, kDB> X;
-#endif
-    X.set(-1);
-    const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     /* Loads K and V tile t0 into stage st. */
     auto copy_tile = [&](T *dst, const T *src, int row_stride, int rows) {
@@ -252,8 +239,6 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             if (C::kSmemQ == 0 && t0 == t_first)
                 __syncthreads();
             fold(true); /* never in a partial CTA: it walks one split */
-            if (fad_group_closes(fad_split_of(t0, S))) /* (CTA-uniform; once per FAD_MERGE_GROUP splits) */
-                with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
             split_left = S / kBlockN;
             if constexpr (kWgmma)
                 start_split_ml<kMT>(m_s, l_s), acc_live = false;
@@ -270,10 +255,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             store_split_rows(a, D, fad_split_of(t_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, poison);
         return;
     }
-    if (walked) { /* R is now in acc, mR, lR */
+    if (walked) /* R is now in acc, mR, lR */
         fold(false);
-        fold_group_end(acc, mR, lR, X, pool);
-    }
     store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison,
                          kDrop ? drop.rp : 1.f);
 }
