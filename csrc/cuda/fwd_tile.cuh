@@ -487,6 +487,197 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
     have_R = true;
 }
 
+/* The two-level fold of a walk across split groups (fad_math.h,
+ * FAD_MERGE_GROUP), in fwd_kernel's kGroups variant only (the plan's one-CTA
+ * schedule past FAD_MERGE_GROUP splits; docs/design.md, "merge-groups"): where a split that closes its group ends and the walk goes
+ * on, fold_group_close moves R into X, the outer result of the warp's rows (X
+ * <- X (+) R, R empty); after the last fold (R in acc, mR, lR),
+ * fold_group_end makes acc X (+) R. X lives in a slot of the call's workspace
+ * (fad_make_plan's x_slots, FAD_X_LANE_FLOATS a lane, lane-interleaved so that
+ * a warp's accesses are whole lines), taken at the walk's first close and
+ * given back at its end: a close comes once per FAD_MERGE_GROUP splits, so its
+ * memory round trip costs nothing a split. A row whose keys a group does not
+ * reach has an empty R or X there, which fad_outer_* copy or keep: every row
+ * gets the chain of its own groups, as on the CPU and in the combine. */
+/* A pool of slots in the call's workspace with a taken flag each (zeroed by
+ * the launch), which warps take and give back: lane 0 scans by
+ * compare-and-swap from slot `start` on (this SM's and warp's, so that the
+ * slot a warp that ran here gave back is found first, one compare-and-swap as
+ * a rule); a pool with a slot for every warp that can be resident always has
+ * a free one, so the scan ends. Returns the slot to every lane. */
+__device__ __forceinline__ int take_pool_slot(unsigned *flag, unsigned n, unsigned start)
+{
+    int slot = -1;
+    if (threadIdx.x % 32 == 0) {
+        unsigned sl = start % n;
+        while (atomicCAS(&flag[sl], 0u, 1u) != 0u)
+            sl = sl + 1 == n ? 0u : sl + 1;
+        slot = (int)sl;
+    }
+    return __shfl_sync(0xffffffffu, slot, 0);
+}
+
+/* After the warp's last access of the slot. */
+__device__ __forceinline__ void give_pool_slot(unsigned *flag, int slot)
+{
+    __syncwarp();
+    if (threadIdx.x % 32 == 0 && slot >= 0) {
+        __threadfence(); /* (the warp's reads and writes of the slot before it is free) */
+        atomicExch(&flag[slot], 0u);
+    }
+}
+
+__device__ __forceinline__ unsigned sm_id()
+{
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    return sm;
+}
+
+struct x_pool {
+    float *ws;      /* fwd_args::ws_x */
+    unsigned *flag; /* fwd_args::ws_x_flag */
+    int n;          /* plan.x_slots */
+};
+
+/* A warp's X. Its slot's index (-1: none taken, X empty) is held through
+ * the walk in a register (kAt = x_in_reg) or in a word of the kernel's
+ * dynamic shared memory, one a warp from byte kAt (4 bytes a warp at the end
+ * of its layout, fwd_cfg::kSmemXAt), whichever cost its tile loop less
+ * (ptxas -v: in a register on sm_90, in shared memory on sm_80). In
+ * shared memory every lane of the warp writes the same value and reads its
+ * own write back, so no lane waits on another (volatile: not held in a
+ * register across the loop). The lane's values are addressed from the index
+ * where used. */
+constexpr size_t x_in_reg = ~(size_t)0;
+template <int kMT, int kDB, size_t kAt = x_in_reg> struct x_slot {
+    static constexpr int kO = kMT * kDB * 4; /* the lane's o values, then m and l of its 2 kMT rows */
+    static_assert(kO + 4 * kMT <= FAD_X_LANE_FLOATS, "FAD_X_LANE_FLOATS holds a lane's X");
+    static_assert(kAt == x_in_reg || kAt % 4 == 0, "aligned words");
+    int reg = -1; /* (kAt == x_in_reg) */
+    __device__ __forceinline__ static volatile int &word()
+    {
+        extern __shared__ __align__(16) unsigned char fad_x_smem[];
+        return reinterpret_cast<volatile int *>(fad_x_smem + kAt)[threadIdx.x / 32];
+    }
+    __device__ __forceinline__ int slot() const
+    {
+        if constexpr (kAt == x_in_reg)
+            return reg;
+        else
+            return word();
+    }
+    __device__ __forceinline__ void set(int s)
+    {
+        if constexpr (kAt == x_in_reg)
+            reg = s;
+        else
+            word() = s;
+    }
+    __device__ __forceinline__ void give(const x_pool &pool)
+    {
+        give_pool_slot(pool.flag, slot());
+        set(-1);
+    }
+    /* value i of this lane (o: i < kO; m of row r: kO + r; l: kO + 2 kMT + r) */
+    struct lane_values {
+        float *p;
+        __device__ __forceinline__ float &at(int i) const { return p[i * 32]; }
+        __device__ __forceinline__ float &m(int r) const { return at(kO + r); }
+        __device__ __forceinline__ float &l(int r) const { return at(kO + 2 * kMT + r); }
+    };
+    __device__ __forceinline__ static lane_values values(const x_pool &pool, int slot)
+    {
+        return {pool.ws + (size_t)slot * 32 * FAD_X_LANE_FLOATS + threadIdx.x % 32};
+    }
+};
+
+/* X <- X (+) R, R empty (taking X's slot first where it has none). Inline,
+ * one row's weights and one value of X at a time: called from inside the tile
+ * loops, which run at their register limit, it adds as few registers to
+ * theirs as it can. (Out of line, R in registers had to go
+ * through the call's stack frame, and the registers live across the call
+ * through spills.) A close comes once per FAD_MERGE_GROUP splits, so its
+ * serial memory round trips cost nothing a split. */
+template <int kMT, int kDB, size_t kAt, class RO>
+__device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
+                                                 bool &have_R, x_slot<kMT, kDB, kAt> &X,
+                                                 const x_pool &pool)
+{
+    int slot = X.slot();
+    const bool first = slot < 0; /* X empty: X <- R (fad_outer_value copies) */
+    if (first) {
+        slot = take_pool_slot(pool.flag, (unsigned)pool.n, sm_id() * FAD_X_WARPS_PER_SM + threadIdx.x / 32);
+        X.set(slot);
+    }
+    const auto x = X.values(pool, slot);
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        const fad_outer_w w = fad_outer_weights(first ? -INFINITY : x.m(r), mR[r]);
+        x.l(r) = fad_outer_value(first ? 0.f : x.l(r), lR[r], w);
+        x.m(r) = w.w.m;
+        mR[r] = -INFINITY, lR[r] = 0.f;
+        /* row r's values: e = 2 (r % 2) and the next of every n8 block of mt = r / 2 */
+        const int mt = r / 2;
+        auto block = [&](int nb) {
+#pragma unroll
+            for (int e = 2 * (r % 2); e < 2 * (r % 2) + 2; e++) {
+                float &rv = R.at(mt, nb, e);
+                const int i = (mt * kDB + nb) * 4 + e;
+                x.at(i) = fad_outer_value(first ? 0.f : x.at(i), have_R ? rv : 0.f, w);
+                if constexpr (!RO::kSmem)
+                    rv = 0.f; /* (R in registers is read as it is: the empty state's o) */
+            }
+            __syncwarp(); /* (keeps ptxas from hoisting the loads of X ahead: one block's live at a time) */
+        };
+        /* R in memory: a loop, not kDB copies of the block in the tile loop's
+         * code, where that spilled the loops less (ptxas -v: sm_90 yes, sm_80 no) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+        constexpr bool kRolled = false;
+#else
+        constexpr bool kRolled = RO::kSmem;
+#endif
+        if constexpr (kRolled) {
+#pragma unroll 1
+            for (int nb = 0; nb < kDB; nb++)
+                block(nb);
+        } else {
+#pragma unroll
+            for (int nb = 0; nb < kDB; nb++)
+                block(nb);
+        }
+    }
+    have_R = false; /* (in memory R is read as 0 until the next fold writes it) */
+}
+
+template <int kMT, int kDB, size_t kAt>
+__device__ __forceinline__ void fold_group_end(float (&acc)[kMT][kDB][4], float (&mR)[2 * kMT],
+                                               float (&lR)[2 * kMT], x_slot<kMT, kDB, kAt> &X,
+                                               const x_pool &pool)
+{
+    const int slot = X.slot();
+    if (slot < 0) /* no close: X is empty, R the result (warp-uniform) */
+        return;
+    const auto x = X.values(pool, slot);
+    fad_outer_w w[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++) {
+        w[r] = fad_outer_weights(x.m(r), mR[r]);
+        lR[r] = fad_outer_value(x.l(r), lR[r], w[r]);
+        mR[r] = w[r].w.m;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nb][e] = fad_outer_value(x.at((mt * kDB + nb) * 4 + e), acc[mt][nb][e], w[2 * mt + e / 2]);
+            __syncwarp(); /* (one n8 block's loads at a time, as in fold_split) */
+        }
+    X.give(pool);
+}
+
 /* Row r of this thread, merged result (acc, m, l): normalised output to o
  * (the row's D values; acc holds columns col0 ..) and, with_lse, its lse. */
 template <typename T, int kMT, int kDB>
