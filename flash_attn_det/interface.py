@@ -84,15 +84,13 @@ def _launch(entry, head, tail, q, key, extra=()):
 def _check_workspace(nbytes, device):
     """A plan's workspace (split partials of a CTA-per-split schedule) larger than the device
     is refused by name before torch is asked for it; the one-CTA schedule (num_splits=1)
-    gives the same bits with no workspace where a sequence has at most 1024 splits (past
-    that every plan takes a CTA per split)."""
+    gives the same bits with no workspace (past 1024 splits of a sequence, a fixed pool of
+    about 1 MB an SM)."""
     total = torch.cuda.get_device_properties(device).total_memory
     if nbytes > total:
         raise ValueError(f"workspace: this call's plan needs {nbytes} bytes of split partials, "
                          f"more than the device's {total}; num_splits=1 (or the automatic "
-                         "schedule) computes the same bits without them where a sequence has "
-                         "at most 1024 splits (split_size x 1024 keys; longer sequences always "
-                         "take a CTA per split)")
+                         "schedule) computes the same bits without them")
 
 
 def _workspace(nbytes, device):
@@ -831,8 +829,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     a (sequence, kv head) in one CTA, folded in registers (no combine kernel: faster for a
     batch of same-length sequences that fills most SMs, slower for a long sequence among short
     ones, whose splits then queue in one CTA), > 1 gives each split a CTA plus the combine, 0
-    lets the plan choose from the shapes; the bits are the same whichever. A sequence of more
-    than 1024 splits (past 2**19 keys at split_size 512) always gets a CTA per split. Fast mode ignores it
+    lets the plan choose from the shapes; the bits are the same whichever. Fast mode ignores it
     (its plan adapts to the batch and the GPU). block_table (int32
     (batch, max_blocks)): a paged cache (num_blocks, page_size, nheads_k, headdim), page_size
     a multiple of 16; the kernels read the pages in place through the table (same bits as a
