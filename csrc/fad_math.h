@@ -335,9 +335,10 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
  * from the empty state, as one chain always was, then the groups' results
  * left to right into the row's outer result X. A row within one group (every
  * row of at most FAD_MERGE_GROUP splits from split 0) keeps the one chain's
- * bits. The CPU path and the combine fold in this order, whichever splits
- * they walk; the one-CTA walks keep the one chain, since no plan gives them
- * a row of more than FAD_MERGE_GROUP splits (fad_make_plan). */
+ * bits. The CPU path, the combine and fwd_kernel's kGroups variant fold in
+ * this order, whichever splits they walk; the other one-CTA walks keep the
+ * one chain, since no plan gives them a row of more than FAD_MERGE_GROUP
+ * splits (fad_make_plan). */
 #define FAD_MERGE_GROUP 1024
 
 /* Whether the fold of split s, after which a walk goes on to split s + 1,

@@ -313,7 +313,7 @@ def test_long_keys_num_splits_1_past_one_group():
 @pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
 def test_long_keys_up_to_the_limit(n):
     """2**28 keys up to the last one the API takes, a CTA per split (4M CTAs on grid y and z
-    at the limit; past 1024 splits every plan takes a CTA per split). Also the combine's
+    at the limit; num_splits=2 asks for a CTA per split). Also the combine's
     error: out must stay within 2 bf16 steps of v's row whatever the number of splits."""
     gen = make_gen(23)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
