@@ -172,15 +172,25 @@
 #define FAD_WS_D256_CONSUMERS 2
 #endif
 #define FAD_WS_R_SLOT_FLOATS (16 * 256)
-/* X slots: where a one-CTA walk across the end of a split group (fad_math.h,
- * FAD_MERGE_GROUP) keeps the outer result of a warp's rows (fwd_tile.cuh,
- * fold_group_close): FAD_X_LANE_FLOATS a lane (o of 2 x 16 or 1 x 32 n8 blocks,
- * the most any forward kernel holds, and (m, l) of 4 rows), a slot for each of
- * FAD_X_WARPS_PER_SM warps of every SM (as many as can be resident): 147 MB
- * on 132 SMs, asked only by calls whose keys span groups (past 2^19 keys at
- * the default 512-key splits) on the one-CTA schedule. */
+/* X slots: where fwd_kernel's kGroups variant (a one-CTA walk across the end
+ * of a split group, fad_math.h FAD_MERGE_GROUP) keeps the outer result of a
+ * warp's rows (fwd_tile.cuh, fold_group_close): FAD_X_LANE_FLOATS a lane (o of
+ * 2 x 16 or 1 x 32 n8 blocks, the most fwd_kernel holds, and (m, l) of 4
+ * rows), a slot for each of FAD_X_WARPS_PER_SM warps of every SM (as many as
+ * can be resident): 147 MB on 132 SMs, whatever the call's rows. */
 #define FAD_X_LANE_FLOATS (32 * 4 + 8)
 #define FAD_X_WARPS_PER_SM 64
+/* Past FAD_MERGE_GROUP splits the automatic schedule gives a CTA per split
+ * (the combine folds the groups) while its partials' workspace (splits x
+ * query rows x (D + 2) fp32, plus ready flags) stays within this, else the
+ * one-CTA walk with X slots (a fixed 147 MB on 132 SMs): a CTA per split
+ * keeps every SM busy on a few long rows (decode, short chunks) at a
+ * workspace of that size, while a long prefill fills the device with row
+ * blocks anyway and its partials would grow with rows x keys (2^20 rows and
+ * keys, 32 heads, D128: 140 GB). 1 GiB: well inside any device this runs on
+ * and above FAD_MAX_WORKSPACE_BYTES (which ordinary calls keep to), since
+ * past one group the alternative is a walk of 2^19+ keys in one CTA. */
+#define FAD_GROUPS_CTA_MAX_WORKSPACE ((size_t)1 << 30)
 /* FAD_WS_RG_BATCH: n8 blocks of R's o in global memory loaded ahead of their
  * merges in a fold (kRGlobal). */
 #ifndef FAD_WS_RG_BATCH

@@ -273,10 +273,32 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     }
+    /* A ready flag per split CTA (grid x: at most m_blocks x B x Hq), for
+     * a combine that folds each split as soon as its CTA is done. */
+    size_t flag_bytes = (size_t)plan->num_splits * plan->m_blocks * p->batch * p->num_heads * sizeof(int);
+    /* A row of more than FAD_MERGE_GROUP splits is folded in two levels
+     * (docs/design.md, "merge-groups"), which the combine runs and, of the
+     * one-CTA walks, only fwd_kernel's kGroups variant (its X slots; the
+     * others' tile loops stay free of group logic). Such a plan takes a CTA
+     * per split where asked, or, asked for nothing, where its partials stay
+     * within FAD_GROUPS_CTA_MAX_WORKSPACE; else (num_splits = 1, a forced
+     * one-CTA schedule, a long prefill) that variant, on the prefill kernel's
+     * row blocks. Every schedule folds in the same order: no bit changes. */
+    if (plan->num_splits > FAD_MERGE_GROUP) {
+        if (p->schedule == FAD_SCHEDULE_AUTO)
+            plan->cta_per_split = /* (+ 512: the offsets' alignment below) */
+                o_bytes + ml_bytes + flag_bytes + 512 <= FAD_GROUPS_CTA_MAX_WORKSPACE;
+        if (!plan->cta_per_split) {
+            if (plan->packed) {
+                plan->packed = 0;
+                plan->m_blocks = (p->seqlen_q + fad_block_m(p->head_dim) - 1) / fad_block_m(p->head_dim);
+            }
+            /* a slot for every warp that can be resident; none on the CPU path */
+            plan->x_slots = num_sms > 0 ? FAD_X_WARPS_PER_SM * num_sms : 0;
+            plan->workspace_bytes = fad_x_flag_offset(plan->x_slots) + (size_t)plan->x_slots * sizeof(unsigned);
+        }
+    }
     if (plan->cta_per_split) {
-        /* A ready flag per split CTA (grid x: at most m_blocks x B x Hq), for
-         * a combine that folds each split as soon as its CTA is done. */
-        size_t flag_bytes = (size_t)plan->num_splits * plan->m_blocks * p->batch * p->num_heads * sizeof(int);
         plan->ws_o_offset = 0;
         plan->ws_ml_offset = (o_bytes + 255) / 256 * 256;
         plan->ws_flag_offset = (plan->ws_ml_offset + ml_bytes + 255) / 256 * 256;
@@ -298,9 +320,20 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
     if (st != FAD_OK)
         return st;
     fad_make_plan(p, num_sms, plan);
+    /* fwd_kernel's kGroups variant is built without dropout (fwd_prefill.cu):
+     * refused by name before anything is allocated or written */
+    if (plan->x_slots && p->dropout_p > 0.f)
+        return fad_fail(FAD_ERR_VALUE, msg, msg_len,
+                        "dropout_p: dropout over more than %d splits (seqlen_k %d > %lld keys at split_size %d) "
+                        "runs on the CTA-per-split schedule only (num_splits > 1, or the automatic one where "
+                        "its partials fit in %llu bytes), not on the one-CTA walk this call's plan takes; "
+                        "use a larger split_size or no dropout",
+                        FAD_MERGE_GROUP, p->seqlen_k, (long long)FAD_MERGE_GROUP * plan->split_size,
+                        plan->split_size, (unsigned long long)FAD_GROUPS_CTA_MAX_WORKSPACE);
 #if FAD_WS_D256_CONSUMERS > 1 && FAD_WG_WS && FAD_WS_D256 /* (fwd_launch.cu's kWs256) */
     /* (the device is asked last, so that other calls, decode's among them, skip it) */
-    if (!plan->cta_per_split && !plan->packed && num_sms > 0 && p->head_dim > 192 && !(p->softcap > 0.f) &&
+    if (!plan->cta_per_split && !plan->packed && !plan->x_slots && num_sms > 0 && p->head_dim > 192 &&
+        !(p->softcap > 0.f) &&
         !p->alibi_slopes && !p->block_table) {
         st = fad_use_wgmma(&wgmma, msg, msg_len);
         if (st == FAD_OK && wgmma) {
@@ -314,17 +347,6 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
 #else
     (void)wgmma;
 #endif
-    /* A CTA that walks a row block's splits across a group's end keeps its rows' outer
-     * result in a slot of the workspace (FAD_X_LANE_FLOATS): a pool with one for every
-     * warp that can be resident, taken and given back by the warps. */
-    if (st == FAD_OK && !plan->cta_per_split && num_sms > 0 &&
-        fad_num_splits(p->seqlen_k, plan->split_size) > FAD_MERGE_GROUP) {
-        plan->x_slots = FAD_X_WARPS_PER_SM * num_sms;
-        plan->ws_x_offset = (plan->workspace_bytes + 255) / 256 * 256;
-        plan->ws_x_flag_offset =
-            plan->ws_x_offset + (size_t)plan->x_slots * 32 * FAD_X_LANE_FLOATS * sizeof(float);
-        plan->workspace_bytes = plan->ws_x_flag_offset + (size_t)plan->x_slots * sizeof(unsigned);
-    }
     return st;
 }
 

@@ -47,17 +47,27 @@ typedef struct fad_plan {
     int m_blocks;        /* query tiles per (batch, head); packed: per (batch, kv head) */
     int cta_per_split;   /* 1: one CTA per split, partials in workspace, combine */
     int packed;          /* 1: fwd_packed_kernel (GQA heads packed into M), else fwd_kernel */
+    /* X slots of fwd_kernel's kGroups variant (a one-CTA plan past FAD_MERGE_GROUP
+     * splits), 0: none. Their pool is then the whole workspace: fp32 slots
+     * [x_slots][32][FAD_X_LANE_FLOATS] from 0, uint32 taken flags [x_slots] from
+     * fad_x_flag_offset (zeroed by the launch). (An int in the padding before
+     * ws_o_offset: every other field keeps its offset, and the kernels without
+     * it their code.) */
+    int x_slots;
     size_t ws_o_offset;  /* bytes: fp32 o partials [split][B][Hq][Sq][D] */
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
     size_t ws_flag_offset; /* bytes: int32 ready flags, one per split CTA [split][grid x] */
     int r_slots;           /* R slots (D256 on Hopper: fwd_prefill_ws.cu's kRGlobal), 0: none */
     size_t ws_r_offset;    /* bytes: fp32 R slots [r_slots][FAD_WS_R_SLOT_FLOATS] */
     size_t ws_r_flag_offset; /* bytes: uint32 taken flags [r_slots] (zeroed by the launch) */
-    int x_slots;           /* X slots (a one-CTA walk across split groups), 0: none */
-    size_t ws_x_offset;    /* bytes: fp32 X slots [x_slots][32][FAD_X_LANE_FLOATS] */
-    size_t ws_x_flag_offset; /* bytes: uint32 taken flags [x_slots] (zeroed by the launch) */
     size_t workspace_bytes;
 } fad_plan;
+
+/* Where a plan's X slots' taken flags start in its workspace (fad_plan.x_slots). */
+static inline FAD_HOST_DEVICE size_t fad_x_flag_offset(int x_slots)
+{
+    return (size_t)x_slots * 32 * FAD_X_LANE_FLOATS * sizeof(float);
+}
 
 /* Builds the plan for p (already checked). num_sms = 0 on the CPU path. */
 void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan);

@@ -335,8 +335,10 @@ FAD_HD float fad_merge_value(float a, float b, fad_merge_w w)
  * from the empty state, as one chain always was, then the groups' results
  * left to right into the row's outer result X. A row within one group (every
  * row of at most FAD_MERGE_GROUP splits from split 0) keeps the one chain's
- * bits. Every path (CPU, one CTA a row block, the combine) folds in this
- * order, whichever splits it walks. */
+ * bits. The CPU path, the combine and fwd_kernel's kGroups variant fold in
+ * this order, whichever splits they walk; the other one-CTA walks keep the
+ * one chain, since no plan gives them a row of more than FAD_MERGE_GROUP
+ * splits (fad_make_plan). */
 #define FAD_MERGE_GROUP 1024
 
 /* Whether the fold of split s, after which a walk goes on to split s + 1,
@@ -348,25 +350,6 @@ FAD_HD int fad_group_closes(int s) { return (s + 1) % FAD_MERGE_GROUP == 0; }
  * FAD_MERGE_GROUP from s on whose fold may close a group (where it lies
  * before the walk's last split). */
 FAD_HD int fad_group_last(int s) { return s - s % FAD_MERGE_GROUP + (FAD_MERGE_GROUP - 1); }
-
-/* A tile walk's place, one register in the GPU's tile loops (block_n keys a
- * tile; splits are whole tiles): at tile t0, the tiles of t0's split from t0
- * on, times FAD_MERGE_GROUP, plus the splits after t0's in its group. Less
- * FAD_MERGE_GROUP a tile, a split's end is then a count below
- * FAD_MERGE_GROUP (the splits left in the group, 0: the split closes it)
- * and the last tile of a group exactly FAD_MERGE_GROUP before it: integer
- * compares in the loop where a division by the split size spilled it
- * (below 2^31: at most 2^18 tiles a split). fad_walk_next: the next split's
- * count at its first tile, from the count at the end of the one before. */
-FAD_HD int fad_walk_count(int t0, int split_size, int block_n)
-{
-    const int s = fad_split_of(t0, split_size);
-    return fad_split_tiles_left(t0, split_size, block_n) * FAD_MERGE_GROUP + (fad_group_last(s) - s);
-}
-FAD_HD int fad_walk_next(int end_count, int split_size, int block_n)
-{
-    return split_size / block_n * FAD_MERGE_GROUP + (end_count + FAD_MERGE_GROUP - 1) % FAD_MERGE_GROUP;
-}
 
 /* X <- X (+) G for a group's result G: fad_merge_* between two non-empty
  * states; a copy of G while X is empty, and X unchanged by an empty G (a row

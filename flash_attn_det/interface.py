@@ -84,7 +84,8 @@ def _launch(entry, head, tail, q, key, extra=()):
 def _check_workspace(nbytes, device):
     """A plan's workspace (split partials of a CTA-per-split schedule) larger than the device
     is refused by name before torch is asked for it; the one-CTA schedule (num_splits=1)
-    gives the same bits with no workspace."""
+    gives the same bits with no workspace (past 1024 splits of a sequence, a fixed pool of
+    about 1 MB an SM)."""
     total = torch.cuda.get_device_properties(device).total_memory
     if nbytes > total:
         raise ValueError(f"workspace: this call's plan needs {nbytes} bytes of split partials, "

@@ -515,6 +515,34 @@ def test_workspace_size_is_zero_for_one_cta_and_positive_for_split():
 
 
 @requires_cuda
+def test_plan_past_one_merge_group():
+    """More than 1024 splits of a sequence are folded in two levels, by the combine or by the
+    prefill kernel's group walk: past that a forced one-CTA schedule takes the walk, whose
+    workspace is its pool of X slots (64 an SM of 32 x 136 fp32 and a flag: fad_config.h),
+    whatever the rows, while the automatic one takes a CTA per split where its partials are
+    small (these shapes); at 1024 splits the one-CTA schedule needs no workspace. Prefill
+    (64 query rows) and decode (1 row, GQA 4:1: the walk runs it on the prefill kernel)
+    shapes; the keys are expand()ed."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    x_pool = 64 * sms * (32 * 136 * 4 + 4)
+    for sq, h in ((64, 4), (1, 8)):
+        q = torch.zeros(1, sq, h, 64, dtype=torch.bfloat16, device="cuda")
+        for splits in (1024, 1025):
+            n = (splits - 1) * 512 + 1  # the last split holds one key
+            k = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16, device="cuda").expand(1, n, 2, 64)
+            need = {}
+            for sched in ("one_cta", "cta_per_split", "auto"):
+                with force_schedule(sched):
+                    need[sched] = workspace_bytes(q, k)
+            assert need["cta_per_split"] > 0, (sq, splits, need)
+            if splits == 1024:
+                assert need["one_cta"] == 0, (sq, splits, need)
+            else:
+                assert need["one_cta"] == x_pool, (sq, splits, need)
+                assert need["auto"] == need["cta_per_split"] < 2 ** 30, (sq, splits, need)
+
+
+@requires_cuda
 def test_decode_plan_spreads_splits_below_two_ctas_an_sm():
     """The automatic schedule of the packed (decode) kernel, deterministic mode: a CTA per
     split (a workspace for the partials) while the B x Hkv CTAs number below 1.9 an SM, one CTA

@@ -22,7 +22,7 @@ import flash_attn_det as fad
 from flash_attn_det import _C
 from flash_attn_det.testing import force_schedule
 
-from conftest import make_gen, randn, requires_cuda
+from conftest import make_gen, randn, requires_cuda, workspace_bytes
 
 BF = torch.bfloat16
 INT32_MAX = 2 ** 31 - 1
@@ -296,8 +296,10 @@ def test_long_keys_prefill_kernels(schedule):
 
 
 @gpu
-def test_long_keys_one_cta_walks_65536_splits():
-    """The one-CTA schedule walks all 2**16 splits of 2**25 keys in one CTA (no grid z)."""
+def test_long_keys_num_splits_1_past_one_group():
+    """num_splits=1 asks for one CTA a row block, and 2**25 keys are 2**16 splits, past one
+    merge group (1024): the plan gives the call the prefill kernel's group walk (64 groups
+    folded in two levels in one CTA, its X slots), and the answer is the exact one."""
     gen = make_gen(22)
     n = 2 ** 25
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -311,7 +313,7 @@ def test_long_keys_one_cta_walks_65536_splits():
 @pytest.mark.parametrize("n", [2 ** 28, 2 ** 30, 2 ** 31 - 2 ** 16])
 def test_long_keys_up_to_the_limit(n):
     """2**28 keys up to the last one the API takes, a CTA per split (4M CTAs on grid y and z
-    at the limit; the one-CTA plan would walk them in one CTA for minutes). Also the combine's
+    at the limit; num_splits=2 asks for a CTA per split). Also the combine's
     error: out must stay within 2 bf16 steps of v's row whatever the number of splits."""
     gen = make_gen(23)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -537,9 +539,9 @@ def _one_row_error(out, lse, q, k, v, n):
             (lse[0].double() - want_lse).abs().max().item())
 
 
-# A CTA per split (the combine): at 2**30 keys the automatic schedule would take the one-CTA
-# walk (the partials pass its workspace cap), 2**24 tiles in one CTA; that walk's own test is
-# test_one_cta_walk_across_groups_error_bounded.
+# A CTA per split (the combine), asked for explicitly (at 2**30 keys a one-CTA plan would walk
+# 2**24 tiles in one CTA); the one-CTA group walk's own test is
+# test_one_cta_request_across_groups_error_bounded.
 LONG_CALLS = {  # name: (call(q, kx, vx, n) -> (out, lse), query heads, kv heads)
     "func cta_per_split": (lambda q, kx, vx, n: _forced("cta_per_split", fad.flash_attn_func, q,
                                                          kx, vx, return_attn_probs=True)[:2], 2, 2),
@@ -573,9 +575,10 @@ def test_long_keys_error_no_larger_at_2_30_than_at_2_20(name):
 
 @gpu
 @pytest.mark.parametrize("entry", ["func", "kvcache"])
-def test_one_cta_walk_across_groups_error_bounded(entry):
-    """The one-CTA walk closes a group every 1024 splits: at 128-key splits 2**25 keys are 256
-    groups in one CTA, with the exact answer as at 2**20 (8 groups)."""
+def test_one_cta_request_across_groups_error_bounded(entry):
+    """A one-CTA request (forced schedule, num_splits=1) past 1024 splits runs the prefill
+    kernel's group walk, which closes a group every 1024 splits: at 128-key splits 2**25 keys
+    are 256 groups in one CTA, with the exact answer as at 2**20 (8 groups)."""
     fad.set_deterministic_mode(True, split_size=128)
     gen = make_gen(34)
     q = randn(gen, (1, 1, 2, 64), BF, "cuda")
@@ -605,8 +608,9 @@ GROUP_CASES = {  # name: (D, Sq, H, Hk, kwargs): 128-key splits, keys spanning 3
 def test_group_order_same_bits_on_every_schedule(name):
     """Random k/v over 3 x 2**17 + 777 keys at 128-key splits: rows whose splits span 2-4
     groups (FAD_MERGE_GROUP), some starting or ending inside one (a window), on the one-CTA
-    walk (its X slots), a CTA per split (the combine) and the automatic schedule: the same
-    bits on each, and the float64 answer on sampled rows."""
+    schedule (the prefill kernel's group walk and its X slots, decode shapes included), a CTA
+    per split (the combine's two-level fold) and the automatic one: the same bits on each, and
+    the float64 answer on sampled rows."""
     D, Sq, H, Hk, kw = GROUP_CASES[name]
     fad.set_deterministic_mode(True, split_size=128)
     gen = make_gen(35)
@@ -628,3 +632,87 @@ def test_group_order_same_bits_on_every_schedule(name):
         sub = slice(lo, hi)
         _assert_reference(out[0, i:i + 1], lse[0, :, i:i + 1], q[0, i:i + 1], k[0, sub], v[0, sub],
                           f"{name} row {i}")
+
+
+# --- past one merge group: which schedule, at what workspace (GPU) ----------------
+
+def _x_pool_bytes():
+    """The workspace of a one-CTA plan past 1024 splits: FAD_X_WARPS_PER_SM (64) X slots an SM
+    of 32 lanes x FAD_X_LANE_FLOATS (136) fp32, and a taken flag a slot (fad_config.h)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 64 * sms * (32 * 136 * 4 + 4)
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_long_prefill_past_one_group_walks_in_one_cta(D):
+    """4096 query rows x 2 heads over 2**20 keys (2048 splits of 512, two merge groups): a CTA
+    per split would need 2048 x 8192 rows x (D + 2) fp32 of partials (4.4-17 GB, past the
+    automatic schedule's 1 GiB), so the automatic plan takes the one-CTA group walk, whose
+    workspace is the X slots' pool alone (as num_splits=1's), and the answer is the exact one
+    (k/v one row expand()ed)."""
+    gen = make_gen(40)
+    n, Sq = 2 ** 20, 4096
+    q = randn(gen, (1, Sq, 2, D), BF, "cuda")
+    k, v, kx, vx = _one_row_kv(n, 2, D, gen)
+    need = {}
+    for sched in ("one_cta", "cta_per_split", "auto"):
+        with force_schedule(sched):
+            need[sched] = workspace_bytes(q, kx)
+    assert need["cta_per_split"] >= 2048 * Sq * 2 * (D + 2) * 4 > 2 ** 30, need
+    assert need["auto"] == need["one_cta"] == _x_pool_bytes(), need
+    out, lse, _ = fad.flash_attn_func(q, kx, vx, return_attn_probs=True)
+    _check_one_row_answer(out, lse, q, k, v, n)
+
+
+GROUP_WALK_CASES = {  # name: (D, Sq, H, Hk, kwargs, float64 check): 512-key splits
+    "D128": (128, 70, 2, 1, {}, True),
+    "D64 causal": (64, 130, 2, 2, dict(causal=True), True),
+    "D64 softcap": (64, 40, 4, 2, dict(softcap=30.0), False),
+}
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(GROUP_WALK_CASES))
+def test_group_walk_same_bits_as_cta_per_split(name):
+    """2**19 + 512 keys at the default 512-key splits: 1025 splits, the last one a group of
+    its own. The one-CTA group walk (forced schedule; its workspace the X slots' pool) and a
+    CTA per split (the combine) give the same bits, and sampled rows the float64 answer
+    (softcap: the mma.sync kernel's score-mod variant, bits only)."""
+    D, Sq, H, Hk, kw, check = GROUP_WALK_CASES[name]
+    gen = make_gen(41)
+    n = 2 ** 19 + 512
+    q = randn(gen, (1, Sq, H, D), BF, "cuda")
+    k = randn(gen, (1, n, Hk, D), BF, "cuda")
+    v = randn(gen, (1, n, Hk, D), BF, "cuda")
+    with force_schedule("one_cta"):
+        assert workspace_bytes(q, k) == _x_pool_bytes()
+    res = {s: _forced(s, fad.flash_attn_func, q, k, v, return_attn_probs=True, **kw)[:2]
+           for s in ("one_cta", "cta_per_split")}
+    assert torch.equal(res["one_cta"][0], res["cta_per_split"][0])
+    assert torch.equal(res["one_cta"][1], res["cta_per_split"][1])
+    if not check:
+        return
+    out, lse = res["one_cta"]
+    for i in sorted({0, Sq // 2, Sq - 1}):
+        hi = n - Sq + i + 1 if kw.get("causal") else n
+        _assert_reference(out[0, i:i + 1], lse[0, :, i:i + 1], q[0, i:i + 1], k[0, :hi], v[0, :hi],
+                          f"{name} row {i}")
+
+
+@gpu
+def test_dropout_on_the_group_walk_refused():
+    """The one-CTA group walk has no dropout build: dropout over more than 1024 splits on it
+    (a forced one-CTA schedule) is a ValueError naming dropout_p and the key limit, while a CTA
+    per split runs it."""
+    gen = make_gen(42)
+    n = 2 ** 19 + 512
+    q = randn(gen, (1, 16, 2, 64), BF, "cuda")
+    _, _, kx, vx = _one_row_kv(n, 2, 64, gen)
+    with force_schedule("one_cta"), pytest.raises(
+            ValueError, match=r"^dropout_p: dropout over more than 1024 splits \(seqlen_k 524800 > "
+                              r"524288 keys at split_size 512\)"):
+        fad.flash_attn_func(q, kx, vx, dropout_p=0.1)
+    with force_schedule("cta_per_split"):
+        out = fad.flash_attn_func(q, kx, vx, dropout_p=0.1)
+    assert out.shape == q.shape and torch.isfinite(out).all()

@@ -142,15 +142,17 @@ template <int kHeadDim, bool kWgmma = false> struct fwd_cfg {
      * first fold into sR waits until every warp has read Q); then 2 x (sK, sV). */
     static constexpr size_t kSmemR = kRInRegs ? 0 : (size_t)kBlockM * kHeadDim * 4;
     static constexpr size_t kSmemQ = kQInRegs && kSmemR > 0 ? 0 : (size_t)kBlockM * kHeadDim * 2;
-    /* then, for sm_80's fwd_kernel, the warps' X slot words (fwd_tile.cuh, x_slot) */
-    static constexpr size_t kSmemXAt = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
-    static constexpr size_t kSmemBytes = kSmemXAt + (size_t)kWarps * 4;
+    static constexpr size_t kSmemBytes = kSmemR + kSmemQ + (size_t)2 * kStageElems * 2;
+    /* fwd_kernel's kGroups variant on sm_80: then the warps' X slot words
+     * (fwd_tile.cuh, x_slot), one a warp */
+    static constexpr size_t kSmemXAt = kSmemBytes;
+    static constexpr size_t kSmemGroupsBytes = kSmemXAt + (size_t)kWarps * 4;
     static_assert(kHeadDim % 64 == 0, "swizzle needs 8 chunks per row");
     static_assert(!kWgmma || ((kHeadDim == 64 || kHeadDim == 128) && !kWide && kWarps % 4 == 0 &&
                               kSmemR % 1024 == 0 && kSmemQ % 1024 == 0),
                   "wgmma: whole warpgroups, 1024-byte aligned swz128 tiles");
     static_assert(FAD_SPLIT_QUANTUM % kBlockN == 0, "splits are whole tiles");
-    static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+    static_assert(kSmemGroupsBytes <= 227 * 1024, "shared memory");
 };
 
 /* The end of a prefill row block, shared by fwd_kernel and fwd_ws_kernel.

@@ -1,9 +1,9 @@
 /*
  * fwd_combine.cu — the combine kernel of the CTA-per-split schedule: folds a
  * row's split partials left to right with fad_merge_* (fad_math.h), in groups
- * of FAD_MERGE_GROUP then the groups' results, the fold a one-CTA schedule
- * runs (fold_split, fold_group_close), so both give the same bits; and
- * its launch.
+ * of FAD_MERGE_GROUP then the groups' results: within one group the fold a
+ * one-CTA schedule runs (fold_split), so both give the same bits; rows of more
+ * splits are planned here alone (fad_make_plan); and its launch.
  */
 #include <type_traits>
 
@@ -44,7 +44,11 @@ template <int kHeadDim, int kParts> struct combine_cfg {
     static constexpr size_t kSmemBytes = (size_t)4 * kStages * kStageFloats * sizeof(float);
 };
 
-template <typename T, int kHeadDim, int kParts, bool kStaged> /* kHeadDim: the variant's bound on D */
+/* kHeadDim: the variant's bound on D. kGroups: the plan's rows may have more
+ * than FAD_MERGE_GROUP splits (the two-level order below); without it the
+ * kernel is the one chain's code alone, so that an ordinary call's combine
+ * carries no group logic. */
+template <typename T, int kHeadDim, int kParts, bool kStaged, bool kGroups>
 __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__ fwd_args a)
 {
     using ops = dtype_ops<T>;
@@ -136,10 +140,13 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
      * lane's o (xs[c]), l (xs[kC]) and m (xs[kC + 1]): in registers its
      * kC + 2 values were held through the whole fold (ptxas -v: up to 17 more
      * registers), for a close once per FAD_MERGE_GROUP splits. m is -inf
-     * (X empty) until the first close. */
-    __shared__ float x_smem[4][kC + 2][32];
-    float(&xs)[kC + 2][32] = x_smem[warp];
-    xs[kC + 1][lane] = -INFINITY;
+     * (X empty) until the first close. (!kGroups: no X, no close.) */
+    float(*xs)[32] = nullptr;
+    if constexpr (kGroups) {
+        __shared__ float x_smem[4][kC + 2][32];
+        xs = x_smem[warp];
+        xs[kC + 1][lane] = -INFINITY;
+    }
     /* X (+) R, value by value: put(c, v) gets o[c] (c < kC), then l (kC), then m (kC + 1) */
     auto outer = [&](auto &&put) {
         const fad_outer_w w = fad_outer_weights(xs[kC + 1][lane], m);
@@ -284,25 +291,39 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                 const int c0 = s0 + ch * C::kChunk;
                 const int h0 = (int)(((size_t)c0 * split_stride + row) & 1); /* slot 0's half */
                 const float *ml_even = st + 2 * h0, *ml_odd = st + 2 * (h0 ^ stride_odd);
-                auto merge_chunk = [&](auto all_live, auto closes) {
+                auto split_ov = [&](int u, float(&ov)[kC]) { /* split c0 + u's o from the stage */
+#pragma unroll
+                    for (int c = 0; c < kC; c++)
+                        ov[c] = st[4 * C::kChunk + (u * kC + c) * 32 + lane];
+                };
+                auto split_ml = [&](int u) { return *reinterpret_cast<const float2 *>((u % 2 ? ml_odd : ml_even) + 4 * u); };
+                auto merge_chunk = [&](auto all_live) {
 #pragma unroll
                     for (int u = 0; u < C::kChunk; u++) {
                         float ov[kC];
+                        split_ov(u, ov);
+                        merge_one(split_ml(u), ov, all_live || c0 + u < s_end);
+                    }
+                };
+                /* (a chunk that closes a group: its own loop, so that the
+                 * chunks' loop above is the one chain's code) */
+                auto merge_chunk_closing = [&]() {
+                    const int g_last = fad_group_last(c0);
 #pragma unroll
-                        for (int c = 0; c < kC; c++)
-                            ov[c] = st[4 * C::kChunk + (u * kC + c) * 32 + lane];
-                        merge_one(*reinterpret_cast<const float2 *>((u % 2 ? ml_odd : ml_even) + 4 * u), ov,
-                                  all_live || c0 + u < s_end);
-                        if (closes && c0 + u == fad_group_last(c0))
+                    for (int u = 0; u < C::kChunk; u++) {
+                        float ov[kC];
+                        split_ov(u, ov);
+                        merge_one(split_ml(u), ov, c0 + u < s_end);
+                        if (c0 + u == g_last)
                             close_group();
                     }
                 };
-                if (closes_in(c0, C::kChunk))
-                    merge_chunk(std::false_type{}, std::true_type{});
+                if (kGroups && closes_in(c0, C::kChunk))
+                    merge_chunk_closing();
                 else if (c0 + C::kChunk <= s_end)
-                    merge_chunk(std::true_type{}, std::false_type{});
+                    merge_chunk(std::true_type{});
                 else
-                    merge_chunk(std::false_type{}, std::false_type{});
+                    merge_chunk(std::false_type{});
                 __syncwarp(); /* every lane has read the stage before it is refilled */
                 if (polls && ch + 1 < n_chunks) {
                     issue_ready();
@@ -317,16 +338,17 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
         float2 ml_a[kBatch], ml_b[kBatch];
         float ov_a[kBatch][kC], ov_b[kBatch][kC];
         auto merge = [&](const float2 (&ml)[kBatch], const float (&ov)[kBatch][kC], int s0) {
-            if (closes_in(s0, kBatch)) {
-                const int g_last = fad_group_last(s0);
+            if constexpr (kGroups)
+                if (closes_in(s0, kBatch)) {
+                    const int g_last = fad_group_last(s0);
 #pragma unroll
-                for (int u = 0; u < kBatch; u++) {
-                    merge_one(ml[u], ov[u], s0 + u < s_end);
-                    if (s0 + u == g_last)
-                        close_group();
+                    for (int u = 0; u < kBatch; u++) {
+                        merge_one(ml[u], ov[u], s0 + u < s_end);
+                        if (s0 + u == g_last)
+                            close_group();
+                    }
+                    return;
                 }
-                return;
-            }
 #pragma unroll
             for (int u = 0; u < kBatch; u++)
                 merge_one(ml[u], ov[u], s0 + u < s_end);
@@ -344,8 +366,9 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
             merge(ml_b, ov_b, s0 + kBatch);
         }
     }
-    if (xs[kC + 1][lane] != -INFINITY) /* (the row's splits spanned groups: R <- X (+) R) */
-        outer([&](int c, float v) { (c < kC ? o[c] : c == kC ? l : m) = v; });
+    if constexpr (kGroups)
+        if (xs[kC + 1][lane] != -INFINITY) /* (the row's splits spanned groups: R <- X (+) R) */
+            outer([&](int c, float v) { (c < kC ? o[c] : c == kC ? l : m) = v; });
     const float inv = poison ? __int_as_float(0x7fffffff) : fad_out_scale(l, fad_dropout_rp(p.dropout_p));
     T *out = (T *)p.out + seq.o_off + (int64_t)i * p.out_row_stride + h * p.out_head_stride;
 #pragma unroll
@@ -388,13 +411,18 @@ fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, siz
     const int64_t blocks = combine_grid_x(a); /* (by_cols: a CTA a row) */
     using C4 = combine_cfg<kHeadDim, 4>;
     const bool staged = by_cols && C4::staged(a.plan.num_splits);
-    void (*kernel)(fwd_args) = staged    ? combine_kernel<T, kHeadDim, 4, C4::kStaged>
-                               : by_cols ? combine_kernel<T, kHeadDim, 4, false>
-                                         : combine_kernel<T, kHeadDim, 1, false>;
+    /* the group logic only where a row may have more splits than one group */
+    const bool groups = a.plan.num_splits > FAD_MERGE_GROUP;
+    auto pick = [&](auto g) -> void (*)(fwd_args) {
+        return staged    ? combine_kernel<T, kHeadDim, 4, C4::kStaged, decltype(g)::value>
+               : by_cols ? combine_kernel<T, kHeadDim, 4, false, decltype(g)::value>
+                         : combine_kernel<T, kHeadDim, 1, false, decltype(g)::value>;
+    };
+    void (*kernel)(fwd_args) = groups ? pick(std::true_type{}) : pick(std::false_type{});
     const size_t smem = staged ? C4::kSmemBytes : 0;
     if (smem > 48 * 1024) {
-        static int smem_set[FAD_MAX_DEVICES];
-        const fad_status st = allow_smem(kernel, smem_set, smem, msg, msg_len);
+        static int smem_set[2][FAD_MAX_DEVICES]; /* (per kernel: with and without groups) */
+        const fad_status st = allow_smem(kernel, smem_set[groups], smem, msg, msg_len);
         if (st != FAD_OK)
             return st;
     }

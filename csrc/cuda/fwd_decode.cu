@@ -157,9 +157,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     for (int r = 0; r < kRows; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
-    /* X: the outer result of a walk across split groups (fold_group_close) */
-    x_slot<kMT, kDB> X;
-    const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     /* The pipeline. Tile j (keys t_first + j kBlockN ..) lives in stage
      * j % kStages. The copies run K one tile ahead of V: commit group g holds
@@ -294,8 +291,6 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             /* the next tile starts a split: fold this one into R, fresh state */
             if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
                 fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
-                if (fad_group_closes(cur_split)) /* (once per FAD_MERGE_GROUP splits) */
-                    fold_group_close(mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, X, pool);
                 cur_split = fad_split_of(t0 + kBlockN, S);
                 start_split(acc, m_s, l_s);
             }
@@ -305,11 +300,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     cp_async_wait_all();
     /* a page outside the cache: every row of the CTA gets NaN (CTA-uniform branch) */
     const bool poison = kPaged ? __syncthreads_or(bad_page) != 0 : false;
-    if (!warp_active) {
-        if (X.slot() >= 0)
-            X.give(pool);
+    if (!warp_active)
         return;
-    }
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
         if (cur_split >= 0) {
@@ -336,10 +328,8 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         }
         return;
     }
-    if (cur_split >= 0) {
+    if (cur_split >= 0)
         fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, false);
-        fold_group_end(acc, mR, lR, X, pool);
-    }
 
 #pragma unroll
     for (int r = 0; r < kRows; r++) {

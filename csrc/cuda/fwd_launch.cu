@@ -28,8 +28,17 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
     fwd_args a = a_in;
     if (!combine_polls<kHeadDim>(a)) /* (else the packed kernel marks each split CTA done) */
         a.ws_flag = nullptr;
-    if (a.plan.x_slots) /* every X slot free (fold_group_close) */
+    if (a.plan.x_slots) {
+        /* A one-CTA plan past FAD_MERGE_GROUP splits: fwd_kernel's kGroups
+         * variant (mma.sync, the same bits as every other kernel), its X
+         * slots all free first, and no combine. */
         CUDA_TRY(cudaMemsetAsync(a.ws_x_flag, 0, (size_t)a.plan.x_slots * sizeof(unsigned), stream));
+        const fad_status st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        CUDA_TRY(cudaGetLastError());
+        return FAD_OK;
+    }
     if (a.plan.packed) {
         fad_status st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
         if (st != FAD_OK)
@@ -134,11 +143,22 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_flag = plan->cta_per_split ? (int *)((char *)workspace + plan->ws_flag_offset) : nullptr;
     a.ws_r = plan->r_slots ? (float *)((char *)workspace + plan->ws_r_offset) : nullptr;
     a.ws_r_flag = plan->r_slots ? (unsigned *)((char *)workspace + plan->ws_r_flag_offset) : nullptr;
-    a.ws_x = plan->x_slots ? (float *)((char *)workspace + plan->ws_x_offset) : nullptr;
-    a.ws_x_flag = plan->x_slots ? (unsigned *)((char *)workspace + plan->ws_x_flag_offset) : nullptr;
+    a.ws_x = plan->x_slots ? (float *)workspace : nullptr;
+    a.ws_x_flag = plan->x_slots ? (unsigned *)((char *)workspace + fad_x_flag_offset(plan->x_slots)) : nullptr;
     const fad_status st = check_grid(a, msg, msg_len);
     if (st != FAD_OK)
         return st;
+    /* The one-CTA walks but fwd_kernel's kGroups variant fold a row's splits
+     * in one chain, the two-level order only up to one group (fad_math.h,
+     * FAD_MERGE_GROUP): fad_make_plan gives a longer row a CTA per split or X
+     * slots (that variant; launch() sends it nowhere else), so a plan with
+     * neither is a bug, refused here rather than answered in another order;
+     * so is a plan with X slots that is not a one-CTA prefill plan. */
+    if (plan->x_slots && (plan->cta_per_split || plan->packed || plan->r_slots))
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: X slots in a plan that is no one-CTA prefill plan");
+    if (!plan->cta_per_split && !plan->x_slots && fad_num_splits(p->seqlen_k, plan->split_size) > FAD_MERGE_GROUP)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: a one-CTA plan of %d splits (at most %d)",
+                        fad_num_splits(p->seqlen_k, plan->split_size), FAD_MERGE_GROUP);
     if (p->dtype == FAD_BFLOAT16)
         return dispatch_mod<__nv_bfloat16>(a, stream, msg, msg_len);
     return dispatch_mod<__half>(a, stream, msg, msg_len);

@@ -29,8 +29,9 @@ struct fwd_args {
      * flags: fwd_prefill_ws.cu's kRGlobal; nullptr where the plan has none. */
     float *ws_r;
     unsigned *ws_r_flag;
-    /* X slots (plan.x_slots) and their taken flags: fold_group_close
-     * (fwd_tile.cuh); nullptr where the plan has none. */
+    /* X slots (plan.x_slots) and their taken flags: fwd_kernel's kGroups
+     * variant (fwd_tile.cuh, fold_group_close); nullptr where the plan has
+     * none. (Last, so that every other field keeps its offset.) */
     float *ws_x;
     unsigned *ws_x_flag;
 };

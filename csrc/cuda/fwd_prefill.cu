@@ -43,8 +43,13 @@
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
 
-/* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows). */
-template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma, bool kDrop = false>
+/* The prefill kernel: one CTA per (sequence, query head, kBlockM query rows).
+ * kGroups (mma.sync only): the one-CTA walk of a plan past FAD_MERGE_GROUP
+ * splits, which folds them in two levels (fold_group_close / fold_group_end,
+ * X slots in the workspace); without it the group logic is compiled out, since
+ * in every walk it cost ordinary calls 3-11% of the forward (docs/design.md,
+ * "merge-groups"). */
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma, bool kDrop = false, bool kGroups = false>
 __global__ void __launch_bounds__(fwd_cfg<kHeadDim, kWgmma>::kThreads, fwd_cfg<kHeadDim, kWgmma>::kMinBlocks)
 fwd_kernel(const __grid_constant__ fwd_args a)
 {
@@ -137,15 +142,17 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     auto fold = [&](bool to_R) {
         with_R([&](const auto &R) { fold_split(acc, m_s, l_s, mR, lR, R, have_R, to_R); });
     };
-    /* X: the outer result of a walk across split groups (fold_group_close);
-     * its slot's index in shared memory on sm_80, in a register on sm_90,
-     * whichever spilled this kernel's builds less (ptxas -v) */
+    static_assert(!kGroups || !kWgmma, "the group walk is fwd_kernel's mma.sync variant's");
+    /* (kGroups) X: the outer result of a walk across split groups
+     * (fold_group_close); its slot's index in shared memory on sm_80, in a
+     * register on sm_90, whichever spilled this kernel's builds less (ptxas -v) */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     x_slot<kMT, kDB, C::kSmemXAt> X;
 #else
     x_slot<kMT, kDB> X;
 #endif
-    X.set(-1);
+    if constexpr (kGroups)
+        X.set(-1);
     const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     /* Loads K and V tile t0 into stage st. */
@@ -252,8 +259,9 @@ fwd_kernel(const __grid_constant__ fwd_args a)
             if (C::kSmemQ == 0 && t0 == t_first)
                 __syncthreads();
             fold(true); /* never in a partial CTA: it walks one split */
-            if (fad_group_closes(fad_split_of(t0, S))) /* (CTA-uniform; once per FAD_MERGE_GROUP splits) */
-                with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
+            if constexpr (kGroups)
+                if (fad_group_closes(fad_split_of(t0, S))) /* (CTA-uniform; once per FAD_MERGE_GROUP splits) */
+                    with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
             split_left = S / kBlockN;
             if constexpr (kWgmma)
                 start_split_ml<kMT>(m_s, l_s), acc_live = false;
@@ -272,7 +280,8 @@ fwd_kernel(const __grid_constant__ fwd_args a)
     }
     if (walked) { /* R is now in acc, mR, lR */
         fold(false);
-        fold_group_end(acc, mR, lR, X, pool);
+        if constexpr (kGroups)
+            fold_group_end(acc, mR, lR, X, pool);
     }
     store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison,
                          kDrop ? drop.rp : 1.f);
@@ -283,20 +292,33 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
 {
     using C = fwd_cfg<kHeadDim, kWgmma>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
+    static int smem_set_groups[FAD_MAX_DEVICES];
     void (*kernel)(fwd_args) = fwd_kernel<T, kHeadDim, kMod, kPaged, kWgmma>;
     int *set = smem_set;
+    size_t smem = C::kSmemBytes;
     /* dropout: its own variant with dropout compiled in (no pages: refused before) */
     if constexpr (!kPaged)
         if (a.p.dropout_p > 0.f)
             kernel = fwd_kernel<T, kHeadDim, kMod, false, kWgmma, true>, set = smem_set_drop;
-    fad_status st = allow_smem(kernel, set, C::kSmemBytes, msg, msg_len);
+    /* a one-CTA plan past FAD_MERGE_GROUP splits (its X slots): the kGroups
+     * variant, mma.sync only (fwd_launch.cu sends such a plan nowhere else),
+     * without dropout (its dropout builds took this file's compile from 59 to
+     * 126 s at sm_90a: make_gpu_plan refuses dropout on this schedule) */
+    if (a.plan.x_slots) {
+        if (kWgmma || a.p.dropout_p > 0.f)
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: a group walk on the wgmma or dropout variant");
+        if constexpr (!kWgmma)
+            kernel = fwd_kernel<T, kHeadDim, kMod, kPaged, false, false, true>, set = smem_set_groups;
+        smem = C::kSmemGroupsBytes;
+    }
+    fad_status st = allow_smem(kernel, set, smem, msg, msg_len);
     if (st != FAD_OK)
         return st;
     if (C::kBlockM != fad_block_m(a.p.head_dim)) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: tile rows %d != plan's %d",
                         C::kBlockM, fad_block_m(a.p.head_dim));
     const dim3 grid = split_grid((int64_t)a.plan.m_blocks * a.p.batch * a.p.num_heads, a.plan);
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    kernel<<<grid, C::kThreads, smem, stream>>>(a);
     return FAD_OK;
 }
 

@@ -145,8 +145,7 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
-    static constexpr size_t kSmemXAt = kBarOffset + kBars * sizeof(uint64_t); /* the warps' X slot words (x_slot) */
-    static constexpr size_t kSmemBytes = kSmemXAt + (size_t)kThreads / 32 * 4;
+    static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
     static_assert((kHeadDim == 128 && kConsumers == 2) || (kNarrow && kConsumers == 1) || (kHeadDim == 64 && kConsumers >= 2) ||
                       (kHeadDim == 256 && kConsumers <= 2),
                   "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one or two)");
@@ -435,39 +434,46 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     int r_slot = -1;
     float *r_lane = a.ws_r + lane;
     auto take_slot = [&]() {
-        /* (consumer warps are 4 .. 4 kConsumers + 3, after the producer's
-         * 4; fad_make_plan's 4 x FAD_WS_D256_CONSUMERS slots an SM) */
-        r_slot = take_pool_slot(a.ws_r_flag, (unsigned)a.plan.r_slots,
-                                sm_id() * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4));
+        if (lane == 0) {
+            const unsigned n = (unsigned)a.plan.r_slots;
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            /* (consumer warps are 4 .. 4 kConsumers + 3, after the producer's
+             * 4; fad_make_plan's 4 x FAD_WS_D256_CONSUMERS slots an SM) */
+            unsigned sl = (sm * (unsigned)(4 * C::kConsumers) + (unsigned)(warp - 4)) % n;
+            while (atomicCAS(&a.ws_r_flag[sl], 0u, 1u) != 0u)
+                sl = sl + 1 == n ? 0u : sl + 1;
+            r_slot = (int)sl;
+        }
+        r_slot = __shfl_sync(0xffffffffu, r_slot, 0);
         r_lane = a.ws_r + (size_t)r_slot * FAD_WS_R_SLOT_FLOATS + lane;
     };
-    auto give_slot = [&]() { give_pool_slot(a.ws_r_flag, r_slot); }; /* after the last fold's reads */
+    auto give_slot = [&]() { /* after the last fold's reads */
+        __syncwarp();
+        if (lane == 0 && r_slot >= 0) {
+            __threadfence(); /* (this warp's reads and writes of the slot before it is free) */
+            atomicExch(&a.ws_r_flag[r_slot], 0u);
+        }
+    };
     float acc[1][kHeadDim / 8][4] = {}; /* (written by a split's first P V, as in fwd_kernel) */
 #pragma unroll
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
-    auto with_R = [&](auto f) {
-        if constexpr (C::kRGlobal)
-            f(r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane});
-        else if constexpr (C::kRSmem)
-            f(r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128});
-        else
-            f(r_in_regs<1, kHeadDim / 8>{oR});
-    };
     auto fold = [&](bool to_R) {
-        if constexpr (C::kRGlobal)
+        if constexpr (C::kRGlobal) {
             if (to_R && r_slot < 0)
                 take_slot();
-        with_R([&](const auto &R) { fold_split(acc, m_s, l_s, mR, lR, R, have_R, to_R); });
-        if constexpr (C::kRGlobal)
+            fold_split(acc, m_s, l_s, mR, lR,
+                       r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane}, have_R,
+                       to_R);
             if (!to_R)
                 give_slot();
+        } else if constexpr (C::kRSmem)
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
+        else
+            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };
-    /* X: the outer result of a walk across split groups (fold_group_close) */
-    x_slot<1, kHeadDim / 8, C::kSmemXAt> X;
-    X.set(-1);
-    const x_pool pool = {a.ws_x, a.ws_x_flag, a.plan.x_slots};
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
     const uint32_t kv_addr0 = smem_addr(sKV);
@@ -544,97 +550,79 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
             issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
         };
+        /* Prologue: S and the softmax of the first tile. */
         int t0 = my_first;
         ring_pos pos = pos_of(t0); /* tile t0's */
+        wait_full(pos);
+        issue_s(pos);
+        wgmma_wait<0>();
+        wgmma_fence_operand(s[0]);
+        release_k(pos);
+        softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
+                           p.window_right);
+        softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+        int split_left = fad_split_tiles_left(t0, S, kBlockN);
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
-        /* A run of the walk: up to its last tile, or up to the end of a split
-         * that closes its group, where the run's loop is left with no S in
-         * flight, so that the close below holds none of the loop's registers
-         * (once per FAD_MERGE_GROUP splits: the pipeline drains there, which
-         * costs nothing a split). */
+        /* Each turn of the loop: s holds P of tile t0, and scale its factors
+         * for acc. Issue S of the next tile into s, rescale acc meanwhile,
+         * then issue O += P V of tile t0 (the tensor cores run the two in
+         * that order); the next tile's softmax then starts while O += P V
+         * runs. (The source waits for it after the exponentials; ptxas
+         * schedules that wait above them. Waiting at the next turn's start
+         * instead, which keeps the exponentials under the product, measured
+         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
+         * operations in the same order as in fwd_kernel (a split's first
+         * P V overwrites acc, so its rescale is skipped). Each path issues its
+         * groups on straight-line code, so ptxas sees which group each
+         * wgmma_wait retires. */
         for (;;) {
-            /* Prologue: S and the softmax of the run's first tile. */
-            wait_full(pos);
-            issue_s(pos);
-            wgmma_wait<0>();
-            wgmma_fence_operand(s[0]);
-            release_k(pos);
-            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k, p.window_left,
-                               p.window_right);
-            softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-            /* (a split's and a group's end without a division: fad_walk_count) */
-            int split_left = fad_walk_count(t0, S, kBlockN);
-            /* Each turn of the loop: s holds P of tile t0, and scale its factors
-             * for acc. Issue S of the next tile into s, rescale acc meanwhile,
-             * then issue O += P V of tile t0 (the tensor cores run the two in
-             * that order); the next tile's softmax then starts while O += P V
-             * runs. (The source waits for it after the exponentials; ptxas
-             * schedules that wait above them. Waiting at the next turn's start
-             * instead, which keeps the exponentials under the product, measured
-             * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
-             * operations in the same order as in fwd_kernel (a split's first
-             * P V overwrites acc, so its rescale is skipped). Each path issues its
-             * groups on straight-line code, so ptxas sees which group each
-             * wgmma_wait retires. */
-            for (;;) {
-                p_fragments<T, kBlockN>(s, pf);
-                if constexpr (kDrop) {
-                    fad_u32x4 dbits[2][1];
-                    dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
-                    dropout_pf(pf, keep, dbits);
-                }
-                const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
-                const ring_pos pos_done = pos;
-                auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
-                    wgmma_wait<0>();
-                    wgmma_fence_operand(acc[0]);
-                    wgmma_fence_operand(pf);
-                    release(pos_done);
-                };
-                if (t0 + kBlockN >= my_last || split_left == FAD_MERGE_GROUP) { /* (a group's last tile) */
-                    if (acc_live)
-                        rescale_acc<true>(acc, scale, all_one);
-                    wait_v(pos_done);
-                    issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-                    pv_done();
-                    break;
-                }
-                t0 += kBlockN;
-                pos = pos.next();
-                wait_full(pos);
-                issue_s(pos);
+            p_fragments<T, kBlockN>(s, pf);
+            if constexpr (kDrop) {
+                fad_u32x4 dbits[2][1];
+                dropout_draw_tile<2, kBlockN / 8>(dbits, drop, h, i_pos, t0);
+                dropout_pf(pf, keep, dbits);
+            }
+            const uint32_t v_addr = k_addr(pos) + (uint32_t)C::kTileBytes;
+            const ring_pos pos_done = pos;
+            auto pv_done = [&]() { /* O += P V of the tile at pos_done has finished */
+                wgmma_wait<0>();
+                wgmma_fence_operand(acc[0]);
+                wgmma_fence_operand(pf);
+                release(pos_done);
+            };
+            if (t0 + kBlockN >= my_last) {
                 if (acc_live)
                     rescale_acc<true>(acc, scale, all_one);
                 wait_v(pos_done);
                 issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
-                acc_live = true;
-                wgmma_wait<1>(); /* S of tile t0 (the older group) */
-                wgmma_fence_operand(s[0]);
-                release_k(pos);
-                softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
-                                   p.window_left, p.window_right);
-                /* the split ends with the tile at pos_done: fold, fresh state */
-                if ((split_left -= FAD_MERGE_GROUP) < FAD_MERGE_GROUP) {
-                    pv_done();
-                    fold(true);
-                    split_left = fad_walk_next(split_left, S, kBlockN);
-                    start_split_ml<1>(m_s, l_s);
-                    acc_live = false;
-                    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-                } else {
-                    softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-                    pv_done();
-                }
-            }
-            if (t0 + kBlockN >= my_last)
+                pv_done();
                 break;
-            /* t0's split closed its group: fold it, R into X, a fresh split from the next tile */
-            fold(true);
-            with_R([&](const auto &R) { fold_group_close(mR, lR, R, have_R, X, pool); });
-            start_split_ml<1>(m_s, l_s);
-            acc_live = false;
+            }
             t0 += kBlockN;
             pos = pos.next();
+            wait_full(pos);
+            issue_s(pos);
+            if (acc_live)
+                rescale_acc<true>(acc, scale, all_one);
+            wait_v(pos_done);
+            issue_pv_wgmma_pf<T, kHeadDim, kBlockN>(acc, pf, v_addr, acc_live);
+            acc_live = true;
+            wgmma_wait<1>(); /* S of tile t0 (the older group) */
+            wgmma_fence_operand(s[0]);
+            release_k(pos);
+            softmax_max<false>(s, m_tile, need_mask(t0), mod, rows, t0, len_q, len_k,
+                               p.window_left, p.window_right);
+            if (--split_left == 0) { /* the split ends with the tile at pos_done: fold, fresh state */
+                pv_done();
+                fold(true);
+                split_left = S / kBlockN;
+                start_split_ml<1>(m_s, l_s);
+                acc_live = false;
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+            } else {
+                softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
+                pv_done();
+            }
         }
     }
     /* The other consumers' tiles after this one's last. my_last need not be a
@@ -643,21 +631,16 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     const int my_end = walked ? my_first + (my_last - my_first + kBlockN - 1) / kBlockN * kBlockN : u_last;
     for (int t0 = my_end; t0 < u_last; t0 += kBlockN)
         skip(pos_of(t0));
-    if (m0 >= len_q) {
-        if (X.slot() >= 0)
-            X.give(pool);
+    if (m0 >= len_q)
         return;
-    }
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (walked)
             store_split_rows(a, D, fad_split_of(my_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
         return;
     }
-    if (walked) { /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
+    if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
-        fold_group_end(acc, mR, lR, X, pool);
-    }
     store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false,
                          kDrop ? drop.rp : 1.f);
 }

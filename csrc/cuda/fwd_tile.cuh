@@ -488,7 +488,8 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
 }
 
 /* The two-level fold of a walk across split groups (fad_math.h,
- * FAD_MERGE_GROUP): where a split that closes its group ends and the walk goes
+ * FAD_MERGE_GROUP), in fwd_kernel's kGroups variant only (the plan's one-CTA
+ * schedule past FAD_MERGE_GROUP splits; docs/design.md, "merge-groups"): where a split that closes its group ends and the walk goes
  * on, fold_group_close moves R into X, the outer result of the warp's rows (X
  * <- X (+) R, R empty); after the last fold (R in acc, mR, lR),
  * fold_group_end makes acc X (+) R. X lives in a slot of the call's workspace
@@ -542,9 +543,8 @@ struct x_pool {
 /* A warp's X. Its slot's index (-1: none taken, X empty) is held through
  * the walk in a register (kAt = x_in_reg) or in a word of the kernel's
  * dynamic shared memory, one a warp from byte kAt (4 bytes a warp at the end
- * of its layout), whichever cost its tile loop less (ptxas -v: fwd_ws_kernel
- * D128 in a register 36 B of spills, in shared memory 24, main's 20;
- * fwd_kernel on sm_90 the other way round, on sm_80 as the former). In
+ * of its layout, fwd_cfg::kSmemXAt), whichever cost its tile loop less
+ * (ptxas -v: in a register on sm_90, in shared memory on sm_80). In
  * shared memory every lane of the warp writes the same value and reads its
  * own write back, so no lane waits on another (volatile: not held in a
  * register across the loop). The lane's values are addressed from the index
@@ -597,8 +597,7 @@ template <int kMT, int kDB, size_t kAt = x_in_reg> struct x_slot {
  * loops, which run at their register limit, it adds as few registers to
  * theirs as it can. (Out of line, R in registers had to go
  * through the call's stack frame, and the registers live across the call
- * through spills: ptxas -v, fwd_ws_kernel D128 20 -> 70 B of spills, 24 ->
- * 312 B of stack.) A close comes once per FAD_MERGE_GROUP splits, so its
+ * through spills.) A close comes once per FAD_MERGE_GROUP splits, so its
  * serial memory round trips cost nothing a split. */
 template <int kMT, int kDB, size_t kAt, class RO>
 __device__ __forceinline__ void fold_group_close(float (&mR)[2 * kMT], float (&lR)[2 * kMT], const RO &R,
