@@ -45,11 +45,12 @@ def preset_configs(name):
     if name == "d256":  # head dim 256 (the wgmma kernels' column-split variants), H8, 32k tokens
         return [Config("bf16", max(1, 32768 // L), L, L, 8, 8, 256, causal)
                 for L in (1024, 4096, 8192) for causal in (False, True)]
-    if name == "dq":  # four rows of quick, for quick probes
+    if name == "dq":  # four rows of quick and one of gqa, for quick probes
         return [Config("bf16", 16, 2048, 2048, 32, 32, 64, False),
                 Config("bf16", 4, 8192, 8192, 32, 32, 64, True),
                 Config("bf16", 4, 8192, 8192, 16, 16, 128, False),
-                Config("bf16", 4, 8192, 8192, 16, 16, 128, True)]
+                Config("bf16", 4, 8192, 8192, 16, 16, 128, True),
+                Config("bf16", 2, 16384, 16384, 32, 8, 128, True)]
     if name == "long":  # one long causal row: B2 L16k H16 D128
         return [Config("bf16", 2, 16384, 16384, 16, 16, 128, True)]
     if name == "cpu-smoke":

@@ -383,5 +383,13 @@
 #ifndef FAD_BWD_WG_D64_TILE_N
 #define FAD_BWD_WG_D64_TILE_N 128
 #endif
+/* FAD_BWD_DQ_SPAN: the five-product dK/dV grid (bwd_block.cuh,
+ * dkdv_work_of_cta) deals out the key blocks of G = ceil(FAD_BWD_DQ_SPAN /
+ * key blocks) (sequence, kv head) pairs in turn, so that a block starts G
+ * CTAs after the block whose dQ adds it follows; 1: one pair at a time.
+ * Changes no bit (the order of the adds is fixed by the turns). */
+#ifndef FAD_BWD_DQ_SPAN
+#define FAD_BWD_DQ_SPAN 128
+#endif
 
 #endif /* FAD_CONFIG_H */

@@ -8,8 +8,12 @@ Variants: the prefill kernel's wgmma variants (D64 one warpgroup, D128 warp-spec
 mma.sync one (softcap / ALiBi, and FLASH_ATTN_DET_WGMMA=0 runs everything on mma.sync), the packed
 decode kernel on a contiguous and a paged cache, the combine (CTA-per-split schedule), the
 append + rotary step, varlen, and the backward (dK/dV, dQ, dsum; wgmma and mma.sync).
-    python3 dev/sanitize_gpu.py
+    python3 dev/sanitize_gpu.py [bwd]
+bwd: the backward's calls alone (with FLASH_ATTN_DET_BWD_DQ=reduce: the five-product kernels, the
+dQ adds' turns crossing several key blocks in the GQA calls).
 """
+import sys
+
 import torch
 
 import flash_attn_det as fad
@@ -42,6 +46,14 @@ def prefill_and_backward():
     out = fad.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
     out.float().sum().backward()
     finite("fwd+bwd alibi", out, q.grad)
+    for causal in (False, True):  # GQA 8/2, five key blocks: every dQ tile waits for its turns
+        q, k, v = rnd(2, 600, 8, 128), rnd(2, 600, 2, 128), rnd(2, 600, 2, 128)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = fad.flash_attn_func(q, k, v, causal=causal)
+        out.float().square().sum().backward()
+        finite(f"fwd+bwd gqa 600, causal={causal}", out, q.grad, k.grad, v.grad)
+    if sys.argv[1:2] == ["bwd"]:
+        return
     # GQA and a long enough row for several splits on the CTA-per-split schedule
     fad.set_deterministic_mode(True, split_size=128)
     for sched in ("one_cta", "cta_per_split"):
@@ -92,6 +104,9 @@ def decode():
 if __name__ == "__main__":
     prefill_and_backward()
     varlen()
+    if sys.argv[1:2] == ["bwd"]:
+        print("all variants ran")
+        sys.exit(0)
     decode()
     fad.set_deterministic_mode(False)
     q, k, v = rnd(1, 300, 4, 128), rnd(1, 300, 4, 128), rnd(1, 300, 4, 128)

@@ -6,6 +6,8 @@
 # allocator is off so that memcheck sees each buffer's real bounds. Logs under $OUT (or
 # ./device_out); prints each run's ERROR SUMMARY. Needs a built module (dev/device_all.sh build).
 #   bash dev/sanitize_gpu.sh [tool ...]      tools: memcheck racecheck initcheck synccheck
+# SANITIZE_ARGS=bwd: the backward's calls alone (dev/sanitize_gpu.py bwd); WGMMA_SETTINGS="force"
+# (default "force 0"): which FLASH_ATTN_DET_WGMMA settings run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -14,10 +16,10 @@ export PYTHONPATH=$PWD PYTORCH_NO_CUDA_MEMORY_CACHING=1
 tools=${*:-memcheck racecheck initcheck synccheck}
 fail=0
 for tool in $tools; do
-    for wg in force 0; do
+    for wg in ${WGMMA_SETTINGS:-force 0}; do
         log="$out/sanitize_${tool}_wgmma${wg}.log"
         FLASH_ATTN_DET_WGMMA=$wg timeout 900 compute-sanitizer --tool "$tool" \
-            --target-processes all python3 dev/sanitize_gpu.py > "$log" 2>&1
+            --target-processes all python3 dev/sanitize_gpu.py ${SANITIZE_ARGS:-} > "$log" 2>&1
         rc=$?
         summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$log" | tail -1)
         ran=$(grep -c "^ok " "$log")

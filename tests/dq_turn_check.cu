@@ -3,7 +3,8 @@
  * (tests/test_bwd_dq_reduce.py builds and runs it with nvcc, host code only):
  * for random lengths and masks (causal, windows, more rows than keys or fewer),
  * every row tile's walkers (dkdv_row_tiles, the dK/dV kernel's own walk) must
- * take the turns 0, 1, 2, ... from the last key block down (dq_turn). A gap
+ * take the turns 0, 1, 2, ... in key-block order, from the last block down or
+ * (GQA's walk) from the first up (dq_turn). A gap
  * would leave a CTA waiting forever; a repeat would add twice in one turn.
  * Prints "ok <cases>" or the first failing case, and exits nonzero on failure.
  */
@@ -12,24 +13,27 @@
 
 #include "cuda/bwd_dq_accum.cuh"
 
-template <int kM, int kN> static bool check(int lq, int lk, int wl, int wr)
+template <int kM, int kN> static bool check(int lq, int lk, int wl, int wr, bool from_first)
 {
     const int n_blocks = (lk + kN - 1) / kN, m_tiles = (lq + kM - 1) / kM;
     std::vector<std::vector<int>> walkers(m_tiles);
-    for (int j = n_blocks - 1; j >= 0; j--) { /* from the last key block down: each tile's list is in turn order */
+    for (int i = 0; i < n_blocks; i++) { /* in turn order: each tile's list is too */
+        const int j = from_first ? i : n_blocks - 1 - i;
         int first = 0, count = 0;
         dkdv_row_tiles<kM, kN>(lq, lk, wl, wr, j * kN, &first, &count);
         for (int m = first; m < first + count; m++)
             walkers[m].push_back(j);
     }
     for (int m = 0; m < m_tiles; m++)
-        for (size_t t = 0; t < walkers[m].size(); t++)
-            if (dq_turn(walkers[m][t], kN, m, kM, lq, lk, wl, wr) != (int)t) {
-                std::printf("FAIL kM %d kN %d len_q %d len_k %d window (%d, %d): tile %d, key block %d has "
-                            "turn %d, expected %d\n", kM, kN, lq, lk, wl, wr, m, walkers[m][t],
-                            dq_turn(walkers[m][t], kN, m, kM, lq, lk, wl, wr), (int)t);
+        for (size_t t = 0; t < walkers[m].size(); t++) {
+            const int turn = dq_turn(walkers[m][t], kN, m, kM, lq, lk, wl, wr, from_first);
+            if (turn != (int)t) {
+                std::printf("FAIL kM %d kN %d len_q %d len_k %d window (%d, %d) from_first %d: tile %d, key "
+                            "block %d has turn %d, expected %d\n", kM, kN, lq, lk, wl, wr, (int)from_first, m,
+                            walkers[m][t], turn, (int)t);
                 return false;
             }
+        }
     return true;
 }
 
@@ -43,10 +47,12 @@ int main()
         const int wl = rnd(3) == 0 ? -1 : rnd(600);
         const int wr = rnd(3) == 0 ? -1 : rnd(2) ? 0 : rnd(600); /* (0: causal) */
         /* the tile shapes of D128 (64-row steps) and D64 (128-row steps), 128-key blocks */
-        if (!check<dq_accum_cfg<128>::kRows, bwd_wg_cfg<128>::kKeys>(lq, lk, wl, wr) ||
-            !check<dq_accum_cfg<64>::kRows, bwd_wg_cfg<64>::kKeys>(lq, lk, wl, wr))
-            return 1;
-        cases += 2;
+        for (bool from_first : {false, true}) {
+            if (!check<dq_accum_cfg<128>::kRows, bwd_wg_cfg<128>::kKeys>(lq, lk, wl, wr, from_first) ||
+                !check<dq_accum_cfg<64>::kRows, bwd_wg_cfg<64>::kKeys>(lq, lk, wl, wr, from_first))
+                return 1;
+            cases += 2;
+        }
     }
     std::printf("ok %d\n", cases);
     return 0;

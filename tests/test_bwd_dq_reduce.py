@@ -6,7 +6,10 @@ process with it set (the parent asserts the child's exit and prints its report):
 - dq, dk, dv against float64 autograd on fresh random inputs, the gradients' memory
   poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not;
   GQA 4:1; a window; softcap; ALiBi; more query rows than keys);
-- dk and dv bit-equal to the dQ-recomputing path's (the same products in the same order);
+- dk and dv bit-equal to the dQ-recomputing path's with one query head a kv head (the same
+  products in the same order), dq differing somewhere (its sum regrouped: the path really ran);
+  with GQA dk differing too (the five-product kernel walks its row tiles from the last down,
+  the group's heads inner);
 - run to run, batch size (B=1 against the same sequence in B=4) and padded against varlen,
   bit for bit; the dq-only and dk/dv-only parts equal to the whole.
 
@@ -138,18 +141,23 @@ def _run_child(mode, path):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
-    """Both settings meet the float64 reference and the contract; dk, dv are bit-equal across
-    them, and dq differs somewhere (so the five-product path ran: the sums are regrouped)."""
+    """Both settings meet the float64 reference and the contract; without GQA dk, dv are
+    bit-equal across them; dq differs somewhere, and with GQA dk too (so the five-product path
+    ran: the sums are regrouped)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the five-product path is sm_90's")
     reduce = _run_child("reduce", tmp_path / "reduce.pt")
     recompute = _run_child("recompute", tmp_path / "recompute.pt")
-    dq_differs = False
+    dq_differs = dk_differs = False
     for key, (dq, dk, dv) in reduce.items():
         rdq, rdk, rdv = recompute[key]
-        assert torch.equal(dk, rdk) and torch.equal(dv, rdv), f"{key}: dk/dv differ between the settings"
         dq_differs |= not torch.equal(dq, rdq)
+        if REF_CASES[key[0]][3] == REF_CASES[key[0]][4]:  # H == Hk: the recomputing path's walk
+            assert torch.equal(dk, rdk) and torch.equal(dv, rdv), f"{key}: dk/dv differ between the settings"
+        else:
+            dk_differs |= not torch.equal(dk, rdk)
     assert dq_differs, "dq bit-equal to the recomputing path everywhere: was the reduce path taken?"
+    assert dk_differs, "GQA dk bit-equal to the recomputing path everywhere: was the five-product walk taken?"
 
 
 @pytest.mark.gpu

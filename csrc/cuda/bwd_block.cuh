@@ -192,17 +192,45 @@ struct dkdv_work {
     fad_seq seq;
     int b, hk, group, n0, col0, mt_first, mt_count;
 };
-/* (high_first: the key blocks of a (sequence, head) from the last down in
- * blockIdx, the order in which the dQ adds of the five-product kernel land,
- * bwd_dq_accum.cuh) */
+/* Whether the five-product kernel's dQ adds go from the first key block up
+ * (GQA: it walks its row tiles from the last down, the heads inner) or from
+ * the last down (bwd_dq_accum.cuh's header). */
+__host__ __device__ __forceinline__ bool dq_turns_from_first(int num_heads, int num_heads_k)
+{
+    return num_heads > num_heads_k;
+}
+
+/* adds_in_order (the five-product kernel, col_split 1): the key blocks of a
+ * (sequence, kv head) pair in blockIdx in the order in which their dQ adds
+ * land (bwd_dq_accum.cuh: from_first with GQA, dq_turns_from_first, else from
+ * the last down), so that the block a CTA waits for was dispatched before it. The
+ * pairs go in groups of G (FAD_BWD_DQ_SPAN), the group's pairs taking turns
+ * block by block: a pair's next block then starts G CTAs later, by which time
+ * the one before it has usually added the tiles they share. With one pair at
+ * a time (G = 1), a short sequence's blocks start together and queue at
+ * every tile (D64 L2k, full: 0.84x the speed of unordered adds;
+ * docs/performance.md). */
 template <int kN, int kM>
 __device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
-                                                 dkdv_work *w, bool high_first = false)
+                                                 dkdv_work *w, bool adds_in_order = false,
+                                                 bool from_first = false)
 {
     const fad_fwd_params &p = a.p;
-    const int n_block = high_first ? a.n_blocks - 1 - (int)(blockIdx.x % a.n_blocks) : blockIdx.x % a.n_blocks;
-    const int bh = blockIdx.x / a.n_blocks / col_split;
-    w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
+    int n_block, bh;
+    if (adds_in_order) {
+        const int pairs = p.batch * p.num_heads_k;
+        const int g = max(1, min(pairs, (FAD_BWD_DQ_SPAN + a.n_blocks - 1) / a.n_blocks));
+        const int64_t per_group = (int64_t)g * a.n_blocks;
+        const int group = (int)(blockIdx.x / per_group), r = (int)(blockIdx.x % per_group);
+        const int in_group = min(g, pairs - group * g); /* (the last group may be smaller) */
+        n_block = from_first ? r / in_group : a.n_blocks - 1 - r / in_group;
+        bh = group * g + r % in_group;
+        w->col0 = 0;
+    } else {
+        n_block = blockIdx.x % a.n_blocks;
+        bh = blockIdx.x / a.n_blocks / col_split;
+        w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
+    }
     w->b = bh / p.num_heads_k, w->hk = bh % p.num_heads_k;
     w->group = p.num_heads / p.num_heads_k;
     w->seq = fad_get_seq(&p, w->b);

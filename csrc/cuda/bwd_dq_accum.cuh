@@ -16,26 +16,35 @@
  * c0 + e % 2), so the stores into shared memory are conflict-free 16-byte
  * stores and no thread reorders anything.
  *
- * The order of the adds: the semaphore of a tile (one int, zeroed with the
- * accumulator) counts the key blocks that added to it. The key blocks that walk
- * row tile m (dkdv_row_tiles) are consecutive, up to jhi(m) = (hi(r) - 1) / kN,
- * r the tile's last row below len_q (hi: a row's key range's end,
- * fad_row_keys): a row's key range moves by at most one key a row, so a key
- * block between two that see the tile's rows is seen by one of them too. Key
- * block j therefore adds when the count is jhi(m) - j: from the last key block
- * down (for every mask), a function of positions inside the sequence only.
- * From the last down because a key block's walk starts no earlier than a lower
- * one's: the block whose turn comes first at a tile reaches it in no more
- * steps than the next, so turns rarely wait (causal: the last block's first
- * step is its diagonal tile, which it adds at once; from the first up, every
- * block would wait for block 0 to walk down to its diagonal).
+ * The order of the adds: the semaphore of a tile (one int, zeroed before the
+ * call; the accumulator is not: the first add is a copy) counts the key
+ * blocks that added to it. The key blocks that walk row tile m
+ * (dkdv_row_tiles) are consecutive, from jlo(m) = lo(r0) / kN to jhi(m) =
+ * (hi(r1) - 1) / kN, r0 and r1 the tile's first and last row below len_q
+ * (lo, hi: a row's key range, fad_row_keys): a row's key range moves by at
+ * most one key a row, so a key block between two that see the tile's rows is
+ * seen by one of them too. The turns follow the dK/dV kernel's walk
+ * (bwd_dkdv_wgmma.cu, step_h), which depends on the call's group size only:
  *
- * No wait can deadlock: the dK/dV grid puts a (sequence, head)'s key blocks
- * from the last down in blockIdx order (dkdv_work_of_cta, high_first), and CTAs
- * are dispatched in blockIdx order, so the CTA a waiting CTA waits for (the
- * next key block up) was dispatched before it: it is resident or done, never
- * waiting for an SM. It waits in turn only for the block above, and the tile's
- * last walker (turn 0) never waits.
+ *   one query head a kv head: the walk goes from the block's first row tile
+ *   up, and key block j adds when the count is jhi(m) - j, from the last
+ *   block down: a block's walk starts no earlier than a lower one's, so the
+ *   higher one reaches a shared tile in no more steps (causal: a block above
+ *   reaches each tile 1 or 2 steps earlier, the diagonal's offset, so the
+ *   turns rarely wait);
+ *   GQA: the walk goes from the block's last row tile down, the group's heads
+ *   inner, and key block j adds when the count is j - jlo(m), from the first
+ *   block up: a block's walk starts no later than a higher one's (causal,
+ *   full: at the same tile, so the adds to a tile follow one another while it
+ *   is in L2).
+ *
+ * Either way a function of positions inside the sequence only. No wait can
+ * deadlock: the dK/dV grid puts a (sequence, kv head)'s key blocks in turn
+ * order in blockIdx (dkdv_work_of_cta, adds_in_order), and CTAs are
+ * dispatched in blockIdx order, so the CTA a waiting CTA waits for (the next
+ * key block in turn order) was dispatched before it: it is resident or done,
+ * never waiting for an SM. It waits in turn only for that block, and the
+ * tile's first adder (turn 0) never waits.
  */
 #ifndef FAD_BWD_DQ_ACCUM_CUH
 #define FAD_BWD_DQ_ACCUM_CUH
@@ -59,8 +68,11 @@ template <int kHeadDim> struct dq_accum_cfg {
 
 /* Key block n_block's turn at row tile m (the header's rule; checked against
  * dkdv_row_tiles's walks on the CPU by tests/dq_turn_check.cu). */
-__host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl, int wr)
+__host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int kRows, int len_q, int len_k, int wl,
+                                                int wr, bool from_first)
 {
+    if (from_first)
+        return n_block - fad_row_keys(m * kRows, len_q, len_k, wl, wr).lo / kN;
     const int last_row = ((m + 1) * kRows < len_q ? (m + 1) * kRows : len_q) - 1;
     return (fad_row_keys(last_row, len_q, len_k, wl, wr).hi - 1) / kN - n_block;
 }
@@ -91,7 +103,10 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
  * shared src) to global dst through the copy engine, wait until the add has
  * COMPLETED (the bulk group's wait without .read: its writes are performed,
  * not only its shared-memory reads done), then hand the turn on. The proxy
- * fences order the generic-proxy semaphore accesses and the async-proxy add. */
+ * fences order the generic-proxy semaphore accesses and the async-proxy add.
+ * Turn 0 copies instead of adding, so the accumulator needs no zeroing (only
+ * the semaphores do); a tile no key block visits keeps its semaphore at 0,
+ * and the conversion kernel writes its dQ as zeros. */
 __device__ __forceinline__ void dq_ordered_add(float *dst, const float *src, uint32_t bytes, int *sem, int turn)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -100,9 +115,14 @@ __device__ __forceinline__ void dq_ordered_add(float *dst, const float *src, uin
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
     } while (v != turn);
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(smem_addr(src)), "r"(bytes)
-                 : "memory");
+    if (turn == 0)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                     "r"(smem_addr(src)), "r"(bytes)
+                     : "memory");
+    else
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                     "r"(smem_addr(src)), "r"(bytes)
+                     : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     asm volatile("fence.proxy.async.global;\n" ::: "memory");

@@ -4,7 +4,8 @@
  * order, rounded to the dtype (the rounding the dQ kernel's store applies,
  * store_acc_rows). dS already carries the softmax scale (fad_ds), so nothing
  * is scaled here. One CTA a tile; rows past the sequence and columns past the
- * head dim are not stored.
+ * head dim are not stored. A tile that no key block added to holds whatever
+ * the workspace held (the first add copies, bwd_dq_accum.cuh): its dQ is 0.
  */
 #include "bwd_dq_accum.cuh"
 
@@ -21,6 +22,9 @@ __global__ void __launch_bounds__(256) dq_post_kernel(const bwd_args a)
     if (m0 >= seq.len_q)
         return;
     const float4 *src = reinterpret_cast<const float4 *>(a.dq_accum + tile * Acc::kTileFloats);
+    /* a tile no key block added to (its semaphore still 0: its rows see no
+     * key) was never written: its dQ is zero */
+    const bool added = a.dq_sems[tile] != 0;
     T *dq = (T *)a.dq + seq.q_off + h * p.q_head_stride;
     /* Element i of the walk is the float4 of part w, n8 block nb, thread t of the
      * dK/dV kernel's math warpgroup, taken so that a warp's 32 consecutive i
@@ -32,7 +36,7 @@ __global__ void __launch_bounds__(256) dq_post_kernel(const bwd_args a)
         const int row = m0 + Acc::row_of(w, t);
         if (col >= p.head_dim)
             continue;
-        const float4 v = src[Acc::slot(w, nb, t)];
+        const float4 v = added ? src[Acc::slot(w, nb, t)] : make_float4(0.f, 0.f, 0.f, 0.f);
         if (row < seq.len_q)
             *reinterpret_cast<uint32_t *>(dq + (int64_t)row * p.q_row_stride + col) = dtype_ops<T>::pack(v.x, v.y);
         if (row + 8 < seq.len_q)

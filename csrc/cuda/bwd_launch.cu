@@ -15,8 +15,10 @@
  * issues the fifth product dQ = dS K itself and adds it to an fp32
  * accumulator in key-block order (bwd_dq_accum.cuh), and a conversion kernel
  * (bwd_dq_post.cu) replaces the dQ kernel, which recomputes S and dP. The two
- * settings give different dQ bits (the sum is regrouped), each a function of
- * positions inside the sequence only; dK and dV keep theirs. */
+ * settings give different bits, each a function of positions inside the
+ * sequence only: dQ's sum is regrouped, and with GQA the dK/dV kernel walks
+ * its row tiles from the last down, the heads inner, which regroups dK's and
+ * dV's (bwd_dkdv_wgmma.cu, step_h). */
 static fad_status dq_reduce_env(int *reduce, char *msg, size_t msg_len)
 {
     static int env = -1; /* 0 recompute, 1 reduce, 2 neither */
@@ -33,16 +35,18 @@ static fad_status dq_reduce_env(int *reduce, char *msg, size_t msg_len)
 /* The one rule for whether a call's dQ is summed by the dK/dV kernel (the
  * workspace size and the dispatch both ask here): the switch set, the sm_90a
  * kernels in use (fad_use_wgmma), head dim <= 128, no dropout (D256 and
- * dropout keep the dQ kernel), and dQ asked for. Every other input, the grid
- * size included, leaves it unchanged: the dQ bits of one (dtype, head dim,
- * mods) must not depend on the batch (launch_bwd, the small-grid rule). */
-static fad_status dq_reduce_applies(const fad_fwd_params &p, fad_bwd_part part, int *use, char *msg,
-                                    size_t msg_len)
+ * dropout keep the dQ kernel). Every other input, the grid size included,
+ * leaves it unchanged: the bits of one (dtype, head dim, mods) must not
+ * depend on the batch (launch_bwd, the small-grid rule). A dK/dV-only call
+ * runs it too, its dQ adds left unconverted in the workspace: with GQA that
+ * kernel walks its row tiles in its own order (bwd_dkdv_wgmma.cu, step_h), and
+ * dK, dV must not depend on whether dQ was asked for. */
+static fad_status dq_reduce_applies(const fad_fwd_params &p, int *use, char *msg, size_t msg_len)
 {
     int env = 0;
     *use = 0;
     fad_status st = dq_reduce_env(&env, msg, msg_len);
-    if (st != FAD_OK || !env || !FAD_SM90A || part == FAD_BWD_DKDV || p.head_dim > 128 || p.dropout_p > 0.f)
+    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || p.dropout_p > 0.f)
         return st;
     int wgmma = 0;
     st = fad_use_wgmma(&wgmma, msg, msg_len);
@@ -70,7 +74,7 @@ extern "C" fad_status fad_bwd_cuda_extra_bytes(const fad_bwd_params *bp, size_t 
 {
     int use = 0;
     *bytes = 0;
-    const fad_status st = dq_reduce_applies(bp->fwd, bp->part, &use, msg, msg_len);
+    const fad_status st = dq_reduce_applies(bp->fwd, &use, msg, msg_len);
     if (st == FAD_OK && use)
         *bytes = (dsum_bytes + 255) / 256 * 256 - dsum_bytes + dq_accum_bytes(bp->fwd);
     return st;
@@ -93,13 +97,14 @@ static fad_status launch_bwd_wgmma(bwd_args &a, cudaStream_t stream, char *msg, 
     const int64_t dkdv_ctas = (int64_t)a.n_blocks * p.batch * p.num_heads_k;
     const int64_t dq_ctas = (int64_t)a.m_blocks * p.batch * p.num_heads;
     fad_status st = FAD_OK;
-    if (a.dq_accum) { /* five products: dK/dV (stored unless only dQ is asked for) and dQ's adds, then dQ */
+    if (a.dq_accum) { /* five products: dK/dV (stored unless only dQ is asked for) and dQ's adds, then dQ
+                       * (unless only dK/dV are) */
         bwd_args r = a;
         if (a.part == FAD_BWD_DQ)
             r.dk = r.dv = nullptr;
         if (dkdv_ctas > 0)
             st = launch_dkdv_wgmma<T, kHeadDim, kMod>(r, dkdv_ctas, stream, msg, msg_len);
-        if (st == FAD_OK)
+        if (st == FAD_OK && a.part != FAD_BWD_DKDV)
             st = launch_dq_post<T, kHeadDim>(a, stream, msg, msg_len);
         return st;
     }
@@ -168,8 +173,8 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
         wgmma = 0;
     if (st != FAD_OK)
         return st;
-    if (a.dq_accum) /* the accumulator and its semaphores start at zero */
-        CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, dq_accum_bytes(p), stream));
+    if (a.dq_accum) /* the semaphores start at zero (the accumulator's first add is a copy) */
+        CUDA_TRY(cudaMemsetAsync(a.dq_sems, 0, (size_t)p.batch * p.num_heads * a.dq_m_tiles * sizeof(int), stream));
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# variant_so.sh: A module with one kernel file rebuilt from a patched copy of csrc, for same-run A/B probes (dev/ab_so.sh). Verdict: tool, no verdict of its own.
+# Copies csrc to /tmp, applies sed expressions to the named files there, compiles CU (files of
+# csrc/cuda, comma-separated) for sm_90a, and links them with every other object of the last CUDA
+# build in build/
+# (FLASH_ATTN_DET_CUDA=1 FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py build_ext --inplace) into
+# dev/abi/_C_NAME.abi3.so. Patches stay out of the product: a probe ("what if the dQ adds did not
+# wait for their turn") is a sed expression here, not a macro in the kernel.
+#
+#   dev/variant_so.sh NAME CU[,CU...] [FILE=SED ...]      (no SED: the working tree's csrc)
+#   dev/variant_so.sh unord bwd_dkdv_wgmma.cu 'cuda/bwd_dq_accum.cuh=s/while (v != turn)/while (0)/'
+#
+# Fails if a sed expression changed nothing (a probe that silently measures the base).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name=$1 cu=$2
+shift 2
+tmp=/tmp/variant_$name
+rm -rf "$tmp" && cp -r csrc "$tmp"
+for patch in "$@"; do
+    file=${patch%%=*} expr=${patch#*=}
+    cp "$tmp/$file" "$tmp/$file.orig"
+    sed -i "$expr" "$tmp/$file"
+    if cmp -s "$tmp/$file" "$tmp/$file.orig"; then
+        echo "variant_so: '$expr' changed nothing in $file" >&2
+        exit 1
+    fi
+done
+objs=build/temp.linux-x86_64-cpython-311
+cuda_objs=$(ls $objs/cuda/*.o)
+new_objs=
+for f in ${cu//,/ }; do
+    nvcc -c "$tmp/cuda/$f" -o "$tmp/$f.o" -O3 -std=c++17 --threads 0 -Xcompiler -fPIC -I"$tmp" \
+        --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFAD_SM90A=1
+    cuda_objs=$(echo "$cuda_objs" | grep -v "/$f.o$")
+    new_objs="$new_objs $tmp/$f.o"
+done
+c_objs=$(find $objs/csrc -name '*.o' ! -name fad_nocuda.o)
+libdir=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+[ -e "$libdir/lib64/libcudart_static.a" ] && libdir=$libdir/lib64 || libdir=$libdir/lib
+[ -e "$libdir/libcudart_static.a" ] || libdir=/usr/local/cuda/lib64
+mkdir -p dev/abi
+gcc -shared -o "dev/abi/_C_$name.abi3.so" $c_objs $cuda_objs $new_objs -L"$libdir" \
+    -lcudart_static -ldl -lrt -lpthread -lstdc++
+echo "dev/abi/_C_$name.abi3.so"
