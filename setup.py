@@ -86,12 +86,12 @@ def say(line):
 
 def run_jobs(cmds):
     """Runs the nvcc commands side by side, at most FLASH_ATTN_DET_BUILD_JOBS (default: the
-    CPU count) at a time, the largest source first: each nvcc already compiles its arch
-    targets in parallel (--threads 0), and starting every file at once on a small machine only
-    adds contention. One progress line a file ("[3/13] nvcc fwd_combine.cu"): a build of every
-    arch takes minutes."""
+    CPU count) at a time, in the order given (fad_toolchain.compile_order: the longest first):
+    each nvcc already compiles its arch targets in parallel (--threads 0), and starting every
+    file at once on a small machine only adds contention. One progress line a file
+    ("[3/13] nvcc fwd_combine.cu"): a build of every arch takes minutes."""
     limit = int(os.environ.get("FLASH_ATTN_DET_BUILD_JOBS", "0")) or os.cpu_count() or 1
-    todo = sorted(cmds, key=lambda c: -os.path.getsize(c[2]))  # c[2]: the source
+    todo = list(cmds)
     running = []
     started = 0
     while todo or running:
@@ -143,7 +143,8 @@ class BuildExt(build_ext):
             os.makedirs(obj_dir, exist_ok=True)
             t0 = time.time()
             cmds = []
-            for src, gencode in fad_toolchain.cuda_compiles(plan.archs, CUDA_SOURCES):
+            for src, gencode in fad_toolchain.compile_order(
+                    fad_toolchain.cuda_compiles(plan.archs, CUDA_SOURCES)):
                 obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
                 cmds.append([plan.nvcc, "-c", os.path.join(CSRC, src), "-o", obj, "-O3",
                              "-std=c++17", "--threads", "0", "-Xcompiler", "-fPIC", "-I" + CSRC,

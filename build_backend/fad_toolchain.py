@@ -209,6 +209,44 @@ def cuda_compiles(archs, sources):
     return out
 
 
+# Seconds of nvcc for each kernel file: (sm_80, sm_90a; None where not built), each with its
+# build's PTX; for compile_order, which needs only their ranks. Measured in one build of archs 80
+# and one of 90, setup.py's commands two at a time on a 2-core machine (nvcc 13.0). A file's size
+# is no guide: the prefill kernel's variants live in small files, its template in a header.
+NVCC_SECONDS = {
+    "fwd_prefill.cu": (49.5, 92.5),
+    "fwd_combine.cu": (29.4, 62.0),
+    "fwd_prefill_groups.cu": (45.7, 57.0),
+    "fwd_decode.cu": (29.5, 45.7),
+    "fwd_prefill_ws.cu": (None, 38.4),
+    "bwd_dkdv_wgmma.cu": (None, 30.7),
+    "bwd_dkdv.cu": (15.7, 20.4),
+    "bwd_dq.cu": (11.5, 15.3),
+    "bwd_dq_wgmma.cu": (None, 12.6),
+    "rows.cu": (4.0, 5.1),
+    "fwd_launch.cu": (1.5, 2.1),
+    "bwd_dsum.cu": (1.5, 2.0),
+    "bwd_launch.cu": (1.6, 1.9),
+    "append.cu": (1.5, 1.8),
+    "bwd_dq_post.cu": (1.5, 1.8),
+    "device.cu": (1.3, 1.7),
+}
+
+
+def compile_order(compiles):
+    """cuda_compiles' list, longest compile first: setup.py runs the files a few at a time, and
+    the build lasts as long as its busiest job, so the long files must not start last (longest
+    processing time first). A file missing from NVCC_SECONDS goes first, as if the longest."""
+    def seconds(item):
+        src, gencode = item
+        cost = NVCC_SECONDS.get(os.path.basename(src))
+        if cost is None:
+            return float("inf")
+        cubins = [f for f in gencode if ",code=sm_" in f]
+        return sum(cost[1] if f.endswith("sm_90a") else cost[0] for f in cubins)
+    return sorted(compiles, key=seconds, reverse=True)
+
+
 def describe_archs(archs):
     """"sm_80, sm_90a + PTX compute_90": what the cubins and the PTX are for."""
     a = arch_list(archs)

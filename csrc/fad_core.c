@@ -320,7 +320,7 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
     if (st != FAD_OK)
         return st;
     fad_make_plan(p, num_sms, plan);
-    /* fwd_kernel's kGroups variant is built without dropout (fwd_prefill.cu):
+    /* fwd_kernel's kGroups variant is built without dropout (fwd_prefill.cu, fwd_prefill_groups.cu):
      * refused by name before anything is allocated or written */
     if (plan->x_slots && p->dropout_p > 0.f)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,

@@ -220,6 +220,23 @@ def test_only_what_the_archs_use_is_compiled():
     assert tc.describe_archs("80;90") == "sm_80, sm_90a + PTX compute_90"
 
 
+def test_compile_order_longest_first():
+    """setup.py starts the kernel files longest first: every file has its figures (a new file
+    without them would go first, as if the longest), and the order follows them, per build."""
+    cuda_dir = os.path.join(ROOT, "csrc", "cuda")
+    sources = sorted(f for f in os.listdir(cuda_dir) if f.endswith(".cu"))
+    assert set(tc.NVCC_SECONDS) == set(sources)
+    for src, (s80, s90) in tc.NVCC_SECONDS.items():
+        assert s90 > 0 and ((s80 is None) == (src in tc.SM90A_SOURCES)), src
+    for archs, cost in [("80", lambda c: c[0]), ("90", lambda c: c[1]), ("80;90", lambda c: (c[0] or 0) + c[1])]:
+        compiles = tc.cuda_compiles(archs, sources)
+        ordered = tc.compile_order(compiles)
+        assert sorted(ordered) == sorted(compiles)  # the same compiles, reordered
+        costs = [cost(tc.NVCC_SECONDS[src]) for src, _ in ordered]
+        assert costs == sorted(costs, reverse=True), archs
+    assert tc.compile_order([("new.cu", ["-gencode=arch=compute_80,code=sm_80"])] + compiles)[0][0] == "new.cu"
+
+
 def test_machine_facts_from_nvidia_smi(monkeypatch):
     """Without libcuda the driver's CUDA release and the GPUs come from nvidia-smi."""
     monkeypatch.setattr(tc, "_libcuda", lambda: None)

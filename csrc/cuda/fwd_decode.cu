@@ -1,7 +1,7 @@
 /*
  * fwd_decode.cu — the packed kernel (fwd_packed_kernel) for short query blocks
  * such as decode: GQA heads packed into M, a deep cp.async pipeline; and its
- * launch. Shapes: as fwd_kernel (fwd_prefill.cu's header).
+ * launch. Shapes: as fwd_kernel (fwd_prefill_kernel.cuh's header).
  */
 #include "fwd_block.cuh"
 

@@ -83,7 +83,7 @@ __device__ __forceinline__ int split_of_cta() { return (int)(blockIdx.y * gridDi
 #define FAD_FWD_HEAD_DIMS_T(X, T) X(T, 64) X(T, 128) X(T, 192) X(T, 256)
 #define FAD_FWD_HEAD_DIMS(X) FAD_FWD_HEAD_DIMS_T(X, __half) FAD_FWD_HEAD_DIMS_T(X, __nv_bfloat16)
 
-/* fwd_prefill.cu: fwd_kernel (kWgmma: its sm_90a variant). */
+/* fwd_prefill.cu: fwd_kernel (fwd_prefill_kernel.cuh; kWgmma: its sm_90a variant). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
 fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
 /* fwd_prefill_ws.cu: fwd_ws_kernel (sm_90a, D 128). */

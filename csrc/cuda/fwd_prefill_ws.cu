@@ -5,9 +5,9 @@
  * short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
  * mid-length keys --, FAD_WS_D256_CONSUMERS at D256 -- part of R in shared
  * memory in the long variant for long keys --: see fwd_ws_cfg) compute. It
- * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill.cu).
+ * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill_kernel.cuh).
  *
- * Shapes: as fwd_kernel (fwd_prefill.cu's header). One CTA = one (sequence,
+ * Shapes: as fwd_kernel (fwd_prefill_kernel.cuh's header). One CTA = one (sequence,
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
  * 128 (n + 1) threads:
  *   warpgroup 0, the producer: Q of all n blocks (cp.async), then every

@@ -3,7 +3,7 @@
  * fwd_ws_kernel, fwd_packed_kernel): a thread's rows, S = Q K^T and O += P V
  * on mma.sync, scores and mask, the online-softmax step, the fold of a split
  * into the row's merged result, and the store of a row. The one copy of this
- * math: a row gets the same bits whichever kernel runs it (fwd_prefill.cu's
+ * math: a row gets the same bits whichever kernel runs it (fwd_prefill_kernel.cuh's
  * header says why).
  *
  * Fragment shapes (mma.m16n8k16, mma.cuh): a thread holds rows r = 2*mt + e/2
