@@ -28,23 +28,22 @@
  *
  *   one query head a kv head: the walk goes from the block's first row tile
  *   up, and key block j adds when the count is jhi(m) - j, from the last
- *   block down: a block's walk starts no earlier than a lower one's, so the
- *   higher one reaches a shared tile in no more steps (causal: a block above
- *   reaches each tile 1 or 2 steps earlier, the diagonal's offset, so the
- *   turns rarely wait);
+ *   block down: a higher block's first row tile is no lower than a lower
+ *   block's, so it reaches a shared tile in no more steps (causal: 1 or 2
+ *   steps fewer, the diagonal's offset, so the turns rarely wait);
  *   GQA: the walk goes from the block's last row tile down, the group's heads
  *   inner, and key block j adds when the count is j - jlo(m), from the first
- *   block up: a block's walk starts no later than a higher one's (causal,
- *   full: at the same tile, so the adds to a tile follow one another while it
- *   is in L2).
+ *   block up: a lower block's last row tile is no higher than a higher
+ *   block's, so it reaches a shared tile in no more steps (causal, full: the
+ *   same tile, so the adds to a tile follow one another while it is in L2).
  *
  * Either way a function of positions inside the sequence only. No wait can
  * deadlock: the dK/dV grid puts a (sequence, kv head)'s key blocks in turn
  * order in blockIdx (dkdv_work_of_cta, adds_in_order), and CTAs are
- * dispatched in blockIdx order, so the CTA a waiting CTA waits for (the next
- * key block in turn order) was dispatched before it: it is resident or done,
- * never waiting for an SM. It waits in turn only for that block, and the
- * tile's first adder (turn 0) never waits.
+ * dispatched in blockIdx order, so the CTA a waiting CTA waits for (the key
+ * block before it in turn order) was dispatched before it: it is resident or
+ * done, never waiting for an SM. It waits in turn only for the block before
+ * it, and the tile's first adder (turn 0) never waits.
  */
 #ifndef FAD_BWD_DQ_ACCUM_CUH
 #define FAD_BWD_DQ_ACCUM_CUH
