@@ -56,8 +56,8 @@ def _child_main():
         x = empty_like(t, *a, **kw)
         return x.fill_(float("nan")) if x.is_floating_point() else x
 
-    def poisoned_empty(*a, **kw):  # the workspace starts as 0xff bytes: the accumulator and its
-        x = empty(*a, **kw)        # semaphores must be zeroed by the call itself
+    def poisoned_empty(*a, **kw):  # the workspace starts as 0xff bytes: the call zeroes the semaphores,
+        x = empty(*a, **kw)        # and every accumulator tile must be written (first add a copy) or skipped
         return x.fill_(255) if x.dtype == torch.uint8 else x
 
     def grads(fn, q, k, v, dout, **kw):
