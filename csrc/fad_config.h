@@ -391,5 +391,13 @@
 #ifndef FAD_BWD_DQ_SPAN
 #define FAD_BWD_DQ_SPAN 128
 #endif
+/* FAD_BWD_DQ_WARPS: warps of the five-product dK/dV kernel's producer
+ * warpgroup that add the dQ tiles (bwd_dkdv_wgmma.cu, dq_warp): 1 (both
+ * step-parity buffers) or 2 (one each, so two adds are in flight); the
+ * group's other warps load. Changes no bit (the order of the adds is fixed
+ * by the turns). */
+#ifndef FAD_BWD_DQ_WARPS
+#define FAD_BWD_DQ_WARPS 2
+#endif
 
 #endif /* FAD_CONFIG_H */

@@ -63,8 +63,9 @@
  * dS^T's bf16 fragments are stored transposed (stmatrix) into a step-parity
  * buffer, both warpgroups meet (their keys are the two halves of the k dim),
  * and warpgroup w computes part w of the step's kStepM x D tile; the parts go
- * to a step-parity fp32 buffer, which the producer's fourth warp adds to the
- * accumulator in its turn (the other three load).
+ * to a step-parity fp32 buffer, which the producer's last warps (the dQ
+ * warps, FAD_BWD_DQ_WARPS) add to the accumulator in their turn (the others
+ * load).
  */
 #include "bwd_dq_accum.cuh"
 #include "bwd_tile_wgmma.cuh"
@@ -104,8 +105,8 @@ template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgm
     static constexpr size_t kXChunks = C::kStepM / 16; /* of one operand */
     /* kRed (dQ summed here, bwd_dq_accum.cuh): two buffers (step parity) of
      * dS, kStepM rows x the CTA's kKeys keys (the A operand of dQ = dS K,
-     * K-major swz128), then two of the step's fp32 dQ tile, which the dQ warp
-     * adds to the accumulator. */
+     * K-major swz128), then two of the step's fp32 dQ tile, which the dQ warps
+     * add to the accumulator. */
     static constexpr size_t kDsOffset = (kXOffset + (kSplit ? 2 * 2 * kXChunks * 128 * 16 : 0) + 1023) / 1024 * 1024;
     static constexpr size_t kDqOffset = kDsOffset + (kRed ? (size_t)2 * C::kStepM * C::kKeys * 2 : 0);
     static constexpr size_t kBytes = kDqOffset + (kRed ? (size_t)2 * C::kStepM * kHeadDim * 4 : 0);
@@ -113,32 +114,38 @@ template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgm
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
-/* The dQ warp of dkdv_wgmma_kernel<kRed>: step by step, in the math warps'
- * order, once they stored the step's dQ tile into buffer step & 1 (barrier
- * kBarDqFull), lane 0 adds it to the accumulator in its turn
- * (dq_ordered_add); the buffer is then free (kBarDqEmpty, which the math
- * warps wait on two steps later; none for the last two, which nothing waits on). */
+/* A dQ warp of dkdv_wgmma_kernel<kRed>: its steps (every step, or with two
+ * dQ warps those of its parity, FAD_BWD_DQ_WARPS) in the math warps' order:
+ * once they stored the step's dQ tile into buffer step & 1 (barrier
+ * kBarDqFull), lane 0 adds it to the accumulator in its turn; once the copy
+ * engine has read the buffer it is free (kBarDqEmpty, which the math warps
+ * wait on two steps later; none for the last two, which nothing waits on),
+ * and once the add has landed the turn passes on (dq_add_start, _finish).
+ * Two warps keep two adds in flight: a step's add then need not wait for the
+ * previous step's to land, nor for its turn. */
 template <int kHeadDim, bool kDown, typename StepH, typename StepM>
 __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, StepH step_h, StepM step_m0,
-                                        int steps, int kN, const float *s_dq)
+                                        int first, int steps, int kN, const float *s_dq)
 {
     using Acc = dq_accum_cfg<kHeadDim>;
     const fad_fwd_params &p = a.p;
     const int n_block = w.n0 / kN;
-    for (int step = 0; step < steps; step++) {
+    for (int step = first; step < steps; step += FAD_BWD_DQ_WARPS) {
         const int buf = step & 1;
         named_bar_sync(kBarDqFull + buf, kDqBarThreads);
+        const int m = step_m0(step) / Acc::kRows;
+        const int64_t tile = ((int64_t)w.b * p.num_heads + step_h(step)) * a.dq_m_tiles + m;
         if (threadIdx.x % 32 == 0) {
-            const int m = step_m0(step) / Acc::kRows;
-            const int64_t tile = ((int64_t)w.b * p.num_heads + step_h(step)) * a.dq_m_tiles + m;
             const int turn = dq_turn(n_block, kN, m, Acc::kRows, w.seq.len_q, w.seq.len_k, p.window_left,
                                      p.window_right, kDown);
-            dq_ordered_add(a.dq_accum + tile * Acc::kTileFloats, s_dq + buf * Acc::kTileFloats,
-                           Acc::kTileFloats * 4, a.dq_sems + tile, turn);
+            dq_add_start(a.dq_accum + tile * Acc::kTileFloats, s_dq + buf * Acc::kTileFloats,
+                         Acc::kTileFloats * 4, a.dq_sems + tile, turn);
         }
         __syncwarp();
         if (step + 2 < steps)
             named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads);
+        if (threadIdx.x % 32 == 0)
+            dq_add_finish(a.dq_sems + tile);
     }
 }
 
@@ -152,7 +159,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using Shape = dkdv_wgmma_shape<kHeadDim, kWs>;
     using Smem = dkdv_wgmma_smem<kHeadDim, kDrop, kWs, kRed>;
     /* kRed: the fifth product, dQ = dS K per step, added to a.dq_accum in
-     * key-block order by the producer warpgroup's last warp (the dQ warp), so
+     * key-block order by the producer warpgroup's last warps (the dQ warps), so
      * that no dQ kernel runs (bwd_dq_accum.cuh) */
     static_assert(!kRed || (kWs && !C::kSplitCols && !kDrop && !C::kDkdvDefer),
                   "kRed: the producer-fed kernel at D 64 and 128, no dropout, waits not deferred");
@@ -182,8 +189,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
     const int64_t lse_hs = fad_lse_head_stride(&p);
     /* The loaders' threads: every thread, or (kWs) the producer warpgroup's
-     * (kRed: its first three warps; the fourth is the dQ warp). */
-    constexpr int kLoaders = kRed ? 96 : kWs ? 128 : C::kDkdvThreads;
+     * (kRed: its first warps; the last FAD_BWD_DQ_WARPS are the dQ warps). */
+    static_assert(FAD_BWD_DQ_WARPS == 1 || FAD_BWD_DQ_WARPS == 2, "a dQ warp for both buffers, or one each");
+    constexpr int kLoaders = kRed ? 128 - 32 * FAD_BWD_DQ_WARPS : kWs ? 128 : C::kDkdvThreads;
     const int ltid = threadIdx.x % kLoaders;
 
     /* step's head and first row: the group's heads outer, row tiles from
@@ -227,11 +235,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         load_step_tiles(step, st);
         load_step_rows(step, st);
     };
+    /* K and V, once: every producer thread (kWs; the dQ warps too, before
+     * their adds: with 64 loaders the copy's unrolled offsets spilled) */
+    constexpr int kKvLoaders = kWs ? 128 : C::kDkdvThreads;
     auto load_kv = [&]() {
-        load_tile<T, kHeadDim, kN, kLoaders, true>(
+        load_tile<T, kHeadDim, kN, kKvLoaders, true>(
             sK, (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
             (int)p.k_row_stride, len_k - n0, D);
-        load_tile<T, kHeadDim, kN, kLoaders, true>(
+        load_tile<T, kHeadDim, kN, kKvLoaders, true>(
             sV, (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride,
             (int)p.v_row_stride, len_k - n0, D);
     };
@@ -241,18 +252,20 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * (cp.async) and once its row values are stored (a plain arrive);
          * empty: one arrival per math warp (kRed: per math thread) */
         ring_init(full, empty, kStages, 2 * kLoaders, kRed ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS, kv_full,
-                  kLoaders);
+                  kKvLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
+            load_kv();
+            mbar_arrive_cp_async(kv_full);
             if constexpr (kRed) {
-                if (threadIdx.x >= kLoaders) { /* ---- the dQ warp ---- */
-                    dq_warp<kHeadDim, kDown>(a, w, step_h, step_m0, steps, kN, reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
+                if (threadIdx.x >= kLoaders) { /* ---- the dQ warps ---- */
+                    dq_warp<kHeadDim, kDown>(a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, steps, kN,
+                                             reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
+                    cp_async_wait_all();
                     return;
                 }
             }
-            load_kv();
-            mbar_arrive_cp_async(kv_full);
             /* wa.tma: a step whose rows all lie inside the sequence gets Q and
              * dO from the copy engine (thread 0's arrival expects their bytes,
              * the other threads' stands in for their cp.async arrival); the
@@ -489,8 +502,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             else
                 warp_arrive(&empty[st], lane);
         }
-        /* kRed: the part into the step's dQ buffer (once the dQ warp's add from
-         * it two steps back completed), then to the dQ warp. After the stage's
+        /* kRed: the part into the step's dQ buffer (once the copy engine read
+         * it for the add two steps back), then to the dQ warp. After the stage's
          * release: this wait may follow another CTA's turn. */
         if constexpr (kRed) {
             wgmma_fence_operand(dqa);

@@ -77,8 +77,9 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
 }
 
 /* Named barriers between the math warpgroups (256 threads) and the dQ warp
- * (32): full[buf] (the math warps stored a tile into buffer buf), empty[buf]
- * (the dQ warp's add from it has completed); and the math warpgroups' own
+ * adding from buffer buf (FAD_BWD_DQ_WARPS: one for both buffers, or one
+ * each): full[buf] (the math warps stored a tile into buffer buf), empty[buf]
+ * (the copy engine has read it); and the math warpgroups' own
  * (both stored their dS). 1, 2: warpgroup_sync; 3: split_meet. */
 enum { kBarDqFull = 4, kBarDqEmpty = 6, kBarDsStored = 8, kDqBarThreads = 256 + 32 };
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -98,15 +99,17 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
 #endif
 }
 
-/* One ordered add (one thread): wait for the turn, add the tile (bytes from
- * shared src) to global dst through the copy engine, wait until the add has
- * COMPLETED (the bulk group's wait without .read: its writes are performed,
- * not only its shared-memory reads done), then hand the turn on. The proxy
- * fences order the generic-proxy semaphore accesses and the async-proxy add.
- * Turn 0 copies instead of adding, so the accumulator needs no zeroing (only
- * the semaphores do); a tile no key block visits keeps its semaphore at 0,
- * and the conversion kernel writes its dQ as zeros. */
-__device__ __forceinline__ void dq_ordered_add(float *dst, const float *src, uint32_t bytes, int *sem, int turn)
+/* One ordered add (one thread), in two halves, so that the shared buffer it
+ * reads can be handed back before the add lands: dq_add_start waits for the
+ * turn, adds the tile (bytes from shared src) to global dst through the copy
+ * engine and returns once the copy engine has READ src (the bulk group's
+ * .read wait); dq_add_finish waits until the add has COMPLETED (its writes
+ * are performed, not only its shared-memory reads done), then hands the turn
+ * on. The proxy fences order the generic-proxy semaphore accesses and the
+ * async-proxy add. Turn 0 copies instead of adding, so the accumulator needs
+ * no zeroing (only the semaphores do); a tile no key block visits keeps its
+ * semaphore at 0, and the conversion kernel writes its dQ as zeros. */
+__device__ __forceinline__ void dq_add_start(float *dst, const float *src, uint32_t bytes, const int *sem, int turn)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     int v;
@@ -123,11 +126,21 @@ __device__ __forceinline__ void dq_ordered_add(float *dst, const float *src, uin
                      "r"(smem_addr(src)), "r"(bytes)
                      : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)sem, (void)turn;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void dq_add_finish(int *sem)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
 #else
-    (void)dst, (void)src, (void)bytes, (void)sem, (void)turn;
+    (void)sem;
     __trap();
 #endif
 }

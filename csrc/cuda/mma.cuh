@@ -260,7 +260,7 @@ __device__ __forceinline__ void load_tile(T *smem, const T *g, int row_stride, i
 {
     constexpr int kChunks = kHeadDim / 8;
     /* (kThreads need not divide the chunks: the dK/dV kernel's producer
-     * loads with 96 threads when its fourth warp sums dQ, bwd_dkdv_wgmma.cu;
+     * loads with 96 or 64 threads when its last warps sum dQ, bwd_dkdv_wgmma.cu;
      * the last round is then partial) */
     constexpr int kTotal = kRows * kChunks, kRounds = (kTotal + kThreads - 1) / kThreads;
     /* kSw128 (the wgmma kernel's Q copy, and its K/V copies with
