@@ -399,5 +399,13 @@
 #ifndef FAD_BWD_DQ_WARPS
 #define FAD_BWD_DQ_WARPS 2
 #endif
+/* FAD_BWD_DQ_LAG_MAX_D: up to this head dim (score mods aside: ptxas
+ * serialized their wgmma), the five-product dK/dV kernel issues each step's
+ * dQ product a step late and its math warpgroups take turns at issuing their
+ * products (bwd_dkdv_wgmma.cu, kLag). Changes no bit: the same products, the
+ * same chains. */
+#ifndef FAD_BWD_DQ_LAG_MAX_D
+#define FAD_BWD_DQ_LAG_MAX_D 64
+#endif
 
 #endif /* FAD_CONFIG_H */

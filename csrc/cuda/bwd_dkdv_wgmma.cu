@@ -61,11 +61,15 @@
  * product, with no dQ kernel after it (bwd_dq_accum.cuh has the order):
  *   dQ   (64 rows x 64 cols)     = dS K     A: sDs (K-major)   B: sK (MN-major)
  * dS^T's bf16 fragments are stored transposed (stmatrix) into a step-parity
- * buffer, both warpgroups meet (their keys are the two halves of the k dim),
- * and warpgroup w computes part w of the step's kStepM x D tile; the parts go
+ * buffer (the warpgroups' keys are the two halves of its k dim), and once
+ * the other warpgroup's half is there, warpgroup w computes part w of the
+ * step's kStepM x D tile; the parts go
  * to a step-parity fp32 buffer, which the producer's last warps (the dQ
  * warps, FAD_BWD_DQ_WARPS) add to the accumulator in their turn (the others
- * load).
+ * load). kLag (FAD_BWD_DQ_LAG_MAX_D, no score mod): the part a step late,
+ * and the warpgroups take turns at issuing their products (ping-pong), so
+ * that one's element-wise work runs under the other's products; without the
+ * lag, the dQ product's wait for the other's dS would keep them in lockstep.
  */
 #include "bwd_dq_accum.cuh"
 #include "bwd_tile_wgmma.cuh"
@@ -332,6 +336,59 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
+    /* kRed: the dQ product and its hand-off (dq_warp). Step t's dS buffer
+     * holds both warpgroups' halves of dS (rows x the CTA's keys, K-major);
+     * warpgroup w's part of step t's dQ tile (64 x 64, part_row, part_col) is
+     * dS K over those keys in increasing k16 order, issued once the other
+     * warpgroup stored its half (kBarDsFull), at step t + kDqLag; the part
+     * then goes into dQ buffer t & 1 once the copy engine read it for step
+     * t - 2 (kBarDqEmpty), and to the dQ warps (kBarDqFull). */
+    using Acc = dq_accum_cfg<kRed ? kHeadDim : 64>;
+    constexpr bool kLag = kRed && !kMod && kHeadDim <= FAD_BWD_DQ_LAG_MAX_D;
+    constexpr int kDqLag = kLag ? 1 : 0;
+    auto ds_buf = [&](int t) {
+        return smem_addr(wg_smem + Smem::kDsOffset) + (uint32_t)(t & 1) * (kM * kN * 2);
+    };
+    /* (kLag, t = -1, the first step's: a product of K and V's tiles, which
+     * nobody writes, taken as dS and never stored. Issued under a branch
+     * instead, ptxas serialized every wgmma of the kernel, short of registers.) */
+    static_assert(kM * kN <= 2 * kN * kHeadDim, "the first step's dummy dS: sK, sV");
+    auto issue_dq = [&](float (&dqa)[8][4], int t) {
+        if (t >= 0)
+            named_bar_sync(kBarDsFull + 2 * (t & 1) + (1 - wg), 256);
+        const int part_row = 64 * (wg / Acc::kColParts), part_col = 64 * (wg % Acc::kColParts);
+        issue_ss_mn<T, kM, kN>(dqa, (t >= 0 ? ds_buf(t) : smem_addr(sK)) + (uint32_t)part_row * 128,
+                               smem_addr(sK) + (uint32_t)(part_col / 64) * kN * 128);
+    };
+    auto store_dq = [&](float (&dqa)[8][4], int t) {
+        wgmma_fence_operand(dqa);
+        if (t >= 2)
+            named_bar_sync(kBarDqEmpty + (t & 1), kDqBarThreads);
+        float4 *dq_s = reinterpret_cast<float4 *>(wg_smem + Smem::kDqOffset) + (t & 1) * (Acc::kTileFloats / 4);
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++)
+            dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
+        fence_async_smem(); /* (the copy engine reads it through the async proxy) */
+        named_bar_arrive(kBarDqFull + (t & 1), kDqBarThreads);
+    };
+
+    /* kLag: the warpgroups take turns at issuing their products (S^T and
+     * dP^T, then dV, dK and the last step's dQ), each while the other does its
+     * element-wise work: ping-pong. A warpgroup waits for its turn (named
+     * barrier kBarTurn + its index) and passes it on once its products are
+     * issued; warpgroup 1 hands warpgroup 0 the first turn. (D128 ran 2-5%
+     * slower so: its element-wise work outlasts the other's products, and the
+     * turns only delayed the products.) */
+    auto turn_wait = [&]() {
+        if constexpr (kLag)
+            named_bar_sync(kBarTurn + wg, 256);
+    };
+    auto turn_pass = [&]() {
+        if constexpr (kLag)
+            named_bar_arrive(kBarTurn + (1 - wg), 256);
+    };
+    if (wg == 1 && steps > 0)
+        turn_pass();
     if constexpr (kWs)
         if (steps > 0)
             mbar_wait(kv_full, 0);
@@ -353,8 +410,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * this warpgroup's kMw rows from m0 + rw0). */
         const int rw0 = kSplit ? wg * kMw : 0;
         float pt[kMw / 8][4], ds[kMw / 8][4]; /* written by their first k-chunk */
+        turn_wait();
         issue_ss<T, kHeadDim, kN, kMw, kM>(pt, k_addr, q_addr + (uint32_t)rw0 * 128);
         issue_ss<T, kHeadDim, kN, kMw, kM>(ds, v_addr, do_addr + (uint32_t)rw0 * 128);
+        turn_pass();
         /* The next step's copies, while the tensor cores run S^T and dP^T. */
         if constexpr (!kWs) {
             if (step + 1 < steps)
@@ -460,9 +519,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         }
         /* kRed: dS (dS^T's bf16 fragments, as dK's product rounds them) into
          * this step's buffer, transposed by stmatrix: 8x8 matrix i of chunk kk
-         * is keys warp*16 + 8 (i % 2) .. of rows 16 kk + 8 (i / 2) .. (p_fragment). */
-        const uint32_t ds_s = smem_addr(wg_smem + Smem::kDsOffset) + (uint32_t)(step & 1) * (kM * kN * 2);
+         * is keys warp*16 + 8 (i % 2) .. of rows 16 kk + 8 (i / 2) .. (p_fragment),
+         * once (kLag) the other warpgroup is done reading the buffer (its dQ two
+         * steps back; without the lag, it was by its last step's kBarDsFull). */
         if constexpr (kRed) {
+            if (kLag && step >= 2)
+                named_bar_sync(kBarDsEmpty + 2 * (step & 1) + (1 - wg), 256);
+            const uint32_t ds_s = ds_buf(step);
             const int i = lane / 8;
 #pragma unroll
             for (int kk = 0; kk < kM / 16; kk++)
@@ -470,19 +533,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                                   sf[kk]);
             fence_async_smem(); /* (wgmma reads it through the async proxy) */
         }
+        turn_wait();
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
         issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
-        /* kRed: dQ (this warpgroup's 64 x 64 part of the step's tile) = dS K
-         * over the CTA's keys in increasing k16 order, once both warpgroups
-         * stored their dS (their keys' halves of the k dim). */
-        using Acc = dq_accum_cfg<kRed ? kHeadDim : 64>;
+        /* kRed: this step's dQ (kLag: the last step's) */
         float dqa[8][4];
         if constexpr (kRed) {
-            named_bar_sync(kBarDsStored, 256);
-            const int part_row = 64 * (wg / Acc::kColParts), part_col = 64 * (wg % Acc::kColParts);
-            issue_ss_mn<T, kM, kN>(dqa, ds_s + (uint32_t)part_row * 128,
-                                   smem_addr(sK) + (uint32_t)(part_col / 64) * kN * 128);
+            named_bar_arrive(kBarDsFull + 2 * (step & 1) + wg, 256);
+            issue_dq(dqa, step - kDqLag);
         }
+        turn_pass();
         if constexpr (!C::kDkdvDefer) {
             wgmma_wait<0>();
             wgmma_fence_operand(dv);
@@ -502,19 +562,26 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             else
                 warp_arrive(&empty[st], lane);
         }
-        /* kRed: the part into the step's dQ buffer (once the copy engine read
-         * it for the add two steps back), then to the dQ warp. After the stage's
-         * release: this wait may follow another CTA's turn. */
-        if constexpr (kRed) {
-            wgmma_fence_operand(dqa);
-            if (step >= 2)
-                named_bar_sync(kBarDqEmpty + (step & 1), kDqBarThreads);
-            float4 *dq_s = reinterpret_cast<float4 *>(wg_smem + Smem::kDqOffset) + (step & 1) * (Acc::kTileFloats / 4);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++)
-                dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
-            fence_async_smem(); /* (the copy engine reads it through the async proxy) */
-            named_bar_arrive(kBarDqFull + (step & 1), kDqBarThreads);
+        /* kRed: the dQ part goes to the dQ warps (kLag: the last step's, and
+         * this warpgroup is done reading that step's dS buffer, which the
+         * other's next store waits on). After the stage's release: the
+         * store's wait may follow another CTA's turn. */
+        if constexpr (kLag) {
+            if (step >= 1) {
+                if (step + 1 < steps)
+                    named_bar_arrive(kBarDsEmpty + 2 * ((step - 1) & 1) + wg, 256);
+                store_dq(dqa, step - 1);
+            }
+        } else if constexpr (kRed) {
+            store_dq(dqa, step);
+        }
+    }
+    if constexpr (kLag) { /* the last step's dQ */
+        if (steps > 0) {
+            float dqa[8][4];
+            issue_dq(dqa, steps - 1);
+            wgmma_wait<0>();
+            store_dq(dqa, steps - 1);
         }
     }
     if constexpr (C::kDkdvDefer) {

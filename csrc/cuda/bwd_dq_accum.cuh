@@ -79,9 +79,13 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
 /* Named barriers between the math warpgroups (256 threads) and the dQ warp
  * adding from buffer buf (FAD_BWD_DQ_WARPS: one for both buffers, or one
  * each): full[buf] (the math warps stored a tile into buffer buf), empty[buf]
- * (the copy engine has read it); and the math warpgroups' own
- * (both stored their dS). 1, 2: warpgroup_sync; 3: split_meet. */
-enum { kBarDqFull = 4, kBarDqEmpty = 6, kBarDsStored = 8, kDqBarThreads = 256 + 32 };
+ * (the copy engine has read it); and the math warpgroups' own, 128 threads
+ * of each: ds_full[buf][w] (warpgroup w stored its half of dS into dS buffer
+ * buf), ds_empty[buf][w] (warpgroup w is done reading buffer buf), at
+ * kBarDsFull + 2 buf + w and kBarDsEmpty + 2 buf + w; turn[w] (warpgroup w
+ * may issue its products, bwd_dkdv_wgmma.cu's kLag) at kBarTurn + w. 1, 2:
+ * also warpgroup_sync's, 3: split_meet's (neither in a kernel that adds dQ). */
+enum { kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12, kDqBarThreads = 256 + 32 };
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
