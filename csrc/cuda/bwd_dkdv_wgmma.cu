@@ -340,7 +340,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
      * holds both warpgroups' halves of dS (rows x the CTA's keys, K-major);
      * warpgroup w's part of step t's dQ tile (64 x 64, part_row, part_col) is
      * dS K over those keys in increasing k16 order, issued once the other
-     * warpgroup stored its half (kBarDsFull), at step t + kDqLag; the part
+     * warpgroup stored its half (kLag: kBarDsFull; else both meet at
+     * kBarDsStored), at step t + kDqLag; the part
      * then goes into dQ buffer t & 1 once the copy engine read it for step
      * t - 2 (kBarDqEmpty), and to the dQ warps (kBarDqFull). */
     using Acc = dq_accum_cfg<kRed ? kHeadDim : 64>;
@@ -354,8 +355,12 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
      * instead, ptxas serialized every wgmma of the kernel, short of registers.) */
     static_assert(kM * kN <= 2 * kN * kHeadDim, "the first step's dummy dS: sK, sV");
     auto issue_dq = [&](float (&dqa)[8][4], int t) {
-        if (t >= 0)
-            named_bar_sync(kBarDsFull + 2 * (t & 1) + (1 - wg), 256);
+        if constexpr (kLag) {
+            if (t >= 0)
+                named_bar_sync(kBarDsFull + 2 * (t & 1) + (1 - wg), 256);
+        } else {
+            named_bar_sync(kBarDsStored, 256); /* (both warpgroups: one barrier, no arrival) */
+        }
         const int part_row = 64 * (wg / Acc::kColParts), part_col = 64 * (wg % Acc::kColParts);
         issue_ss_mn<T, kM, kN>(dqa, (t >= 0 ? ds_buf(t) : smem_addr(sK)) + (uint32_t)part_row * 128,
                                smem_addr(sK) + (uint32_t)(part_col / 64) * kN * 128);
@@ -521,7 +526,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * this step's buffer, transposed by stmatrix: 8x8 matrix i of chunk kk
          * is keys warp*16 + 8 (i % 2) .. of rows 16 kk + 8 (i / 2) .. (p_fragment),
          * once (kLag) the other warpgroup is done reading the buffer (its dQ two
-         * steps back; without the lag, it was by its last step's kBarDsFull). */
+         * steps back; without the lag, it was by its last step's kBarDsStored). */
         if constexpr (kRed) {
             if (kLag && step >= 2)
                 named_bar_sync(kBarDsEmpty + 2 * (step & 1) + (1 - wg), 256);
@@ -539,7 +544,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         /* kRed: this step's dQ (kLag: the last step's) */
         float dqa[8][4];
         if constexpr (kRed) {
-            named_bar_arrive(kBarDsFull + 2 * (step & 1) + wg, 256);
+            if constexpr (kLag)
+                named_bar_arrive(kBarDsFull + 2 * (step & 1) + wg, 256);
             issue_dq(dqa, step - kDqLag);
         }
         turn_pass();

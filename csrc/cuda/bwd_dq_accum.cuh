@@ -76,16 +76,20 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
     return (fad_row_keys(last_row, len_q, len_k, wl, wr).hi - 1) / kN - n_block;
 }
 
-/* Named barriers between the math warpgroups (256 threads) and the dQ warp
+/* Named barriers. Between the math warpgroups (256 threads) and the dQ warp
  * adding from buffer buf (FAD_BWD_DQ_WARPS: one for both buffers, or one
- * each): full[buf] (the math warps stored a tile into buffer buf), empty[buf]
- * (the copy engine has read it); and the math warpgroups' own, 128 threads
- * of each: ds_full[buf][w] (warpgroup w stored its half of dS into dS buffer
- * buf), ds_empty[buf][w] (warpgroup w is done reading buffer buf), at
- * kBarDsFull + 2 buf + w and kBarDsEmpty + 2 buf + w; turn[w] (warpgroup w
- * may issue its products, bwd_dkdv_wgmma.cu's kLag) at kBarTurn + w. 1, 2:
- * also warpgroup_sync's, 3: split_meet's (neither in a kernel that adds dQ). */
-enum { kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12, kDqBarThreads = 256 + 32 };
+ * each): dq_full[buf] (the math warps stored a tile into buffer buf),
+ * dq_empty[buf] (the copy engine has read it). Between the math warpgroups
+ * (128 threads each): ds_stored (both stored their halves of the step's dS);
+ * with bwd_dkdv_wgmma.cu's kLag instead ds_full[buf][w] (warpgroup w stored
+ * its half into dS buffer buf), ds_empty[buf][w] (warpgroup w is done reading
+ * buffer buf) and turn[w] (warpgroup w may issue its products). 1, 2 are also
+ * warpgroup_sync's, 3 split_meet's: neither runs in a kernel that adds dQ. */
+enum {
+    kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12,
+    kBarDsStored = kBarDsFull, /* (in the kernels without ds_full) */
+    kDqBarThreads = 256 + 32
+};
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
