@@ -58,21 +58,14 @@
  * the maps), the rest by cp.async: 0.99-1.04x more.
  *
  * kRed (FLASH_ATTN_DET_BWD_DQ=reduce, D 64 and 128, no dropout): the fifth
- * product, with no dQ kernel after it (bwd_dq_accum.cuh has the order):
- *   dQ   (64 rows x 64 cols)     = dS K     A: sDs (K-major)   B: sK (MN-major)
- * dS^T's bf16 fragments are stored transposed (stmatrix) into a step-parity
- * buffer (the warpgroups' keys are the two halves of its k dim), and once
- * the other warpgroup's half is there, warpgroup w computes part w of the
- * step's kStepM x D tile; the parts go
- * to a step-parity fp32 buffer, which the producer's last warps (the dQ
- * warps, FAD_BWD_DQ_WARPS) add to the accumulator in their turn (the others
- * load). kLag (FAD_BWD_DQ_LAG_MAX_D, no score mod): the part a step late,
- * and the warpgroups take turns at issuing their products (ping-pong), so
- * that one's element-wise work runs under the other's products; without the
- * lag, the dQ product's wait for the other's dS would keep them in lockstep.
+ * product, dQ = dS K, with no dQ kernel after it: each math warpgroup stores
+ * its dS^T transposed and computes a 64 x 64 part of the step's dQ tile, and
+ * the producer's last warps (the dQ warps, FAD_BWD_DQ_WARPS; the others load)
+ * add the tile to an fp32 accumulator in key-block order (bwd_dq_reduce.cuh;
+ * the order: bwd_dq_accum.cuh). With kLag (D64) the warpgroups take turns at
+ * issuing their products.
  */
-#include "bwd_dq_accum.cuh"
-#include "bwd_tile_wgmma.cuh"
+#include "bwd_dq_reduce.cuh"
 
 /* kWs (FAD_BWD_WG_DKDV_WS): a producer warpgroup streams each step's tiles
  * into a ring of kStages stages through mbarriers (full: its copies and
@@ -117,41 +110,6 @@ template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgm
     static_assert(kWs || kDropOffset == C::kDkdvSmem, "bwd_wg_cfg's layout");
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
-
-/* A dQ warp of dkdv_wgmma_kernel<kRed>: its steps (every step, or with two
- * dQ warps those of its parity, FAD_BWD_DQ_WARPS) in the math warps' order:
- * once they stored the step's dQ tile into buffer step & 1 (barrier
- * kBarDqFull), lane 0 adds it to the accumulator in its turn; once the copy
- * engine has read the buffer it is free (kBarDqEmpty, which the math warps
- * wait on two steps later; none for the last two, which nothing waits on),
- * and once the add has landed the turn passes on (dq_add_start, _finish).
- * Two warps keep two adds in flight: a step's add then need not wait for the
- * previous step's to land, nor for its turn. */
-template <int kHeadDim, bool kDown, typename StepH, typename StepM>
-__device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, StepH step_h, StepM step_m0,
-                                        int first, int steps, int kN, const float *s_dq)
-{
-    using Acc = dq_accum_cfg<kHeadDim>;
-    const fad_fwd_params &p = a.p;
-    const int n_block = w.n0 / kN;
-    for (int step = first; step < steps; step += FAD_BWD_DQ_WARPS) {
-        const int buf = step & 1;
-        named_bar_sync(kBarDqFull + buf, kDqBarThreads);
-        const int m = step_m0(step) / Acc::kRows;
-        const int64_t tile = ((int64_t)w.b * p.num_heads + step_h(step)) * a.dq_m_tiles + m;
-        if (threadIdx.x % 32 == 0) {
-            const int turn = dq_turn(n_block, kN, m, Acc::kRows, w.seq.len_q, w.seq.len_k, p.window_left,
-                                     p.window_right, kDown);
-            dq_add_start(a.dq_accum + tile * Acc::kTileFloats, s_dq + buf * Acc::kTileFloats,
-                         Acc::kTileFloats * 4, a.dq_sems + tile, turn);
-        }
-        __syncwarp();
-        if (step + 2 < steps)
-            named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads);
-        if (threadIdx.x % 32 == 0)
-            dq_add_finish(a.dq_sems + tile);
-    }
-}
 
 template <typename T, int kHeadDim, bool kDrop, bool kWs, bool kMod, bool kRed = false, bool kDown = false>
 __global__ void __launch_bounds__(dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, 1)
@@ -336,64 +294,11 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
-    /* kRed: the dQ product and its hand-off (dq_warp). Step t's dS buffer
-     * holds both warpgroups' halves of dS (rows x the CTA's keys, K-major);
-     * warpgroup w's part of step t's dQ tile (64 x 64, part_row, part_col) is
-     * dS K over those keys in increasing k16 order, issued once the other
-     * warpgroup stored its half (kLag: kBarDsFull; else both meet at
-     * kBarDsStored), at step t + kDqLag; the part
-     * then goes into dQ buffer t & 1 once the copy engine read it for step
-     * t - 2 (kBarDqEmpty), and to the dQ warps (kBarDqFull). */
-    using Acc = dq_accum_cfg<kRed ? kHeadDim : 64>;
+    /* kRed: the fifth product and its hand-off to the dQ warps (bwd_dq_reduce.cuh) */
     constexpr bool kLag = kRed && !kMod && kHeadDim <= FAD_BWD_DQ_LAG_MAX_D;
-    constexpr int kDqLag = kLag ? 1 : 0;
-    auto ds_buf = [&](int t) {
-        return smem_addr(wg_smem + Smem::kDsOffset) + (uint32_t)(t & 1) * (kM * kN * 2);
-    };
-    /* (kLag, t = -1, the first step's: a product of K and V's tiles, which
-     * nobody writes, taken as dS and never stored. Issued under a branch
-     * instead, ptxas serialized every wgmma of the kernel, short of registers.) */
-    static_assert(kM * kN <= 2 * kN * kHeadDim, "the first step's dummy dS: sK, sV");
-    auto issue_dq = [&](float (&dqa)[8][4], int t) {
-        if constexpr (kLag) {
-            if (t >= 0)
-                named_bar_sync(kBarDsFull + 2 * (t & 1) + (1 - wg), 256);
-        } else {
-            named_bar_sync(kBarDsStored, 256); /* (both warpgroups: one barrier, no arrival) */
-        }
-        const int part_row = 64 * (wg / Acc::kColParts), part_col = 64 * (wg % Acc::kColParts);
-        issue_ss_mn<T, kM, kN>(dqa, (t >= 0 ? ds_buf(t) : smem_addr(sK)) + (uint32_t)part_row * 128,
-                               smem_addr(sK) + (uint32_t)(part_col / 64) * kN * 128);
-    };
-    auto store_dq = [&](float (&dqa)[8][4], int t) {
-        wgmma_fence_operand(dqa);
-        if (t >= 2)
-            named_bar_sync(kBarDqEmpty + (t & 1), kDqBarThreads);
-        float4 *dq_s = reinterpret_cast<float4 *>(wg_smem + Smem::kDqOffset) + (t & 1) * (Acc::kTileFloats / 4);
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++)
-            dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
-        fence_async_smem(); /* (the copy engine reads it through the async proxy) */
-        named_bar_arrive(kBarDqFull + (t & 1), kDqBarThreads);
-    };
-
-    /* kLag: the warpgroups take turns at issuing their products (S^T and
-     * dP^T, then dV, dK and the last step's dQ), each while the other does its
-     * element-wise work: ping-pong. A warpgroup waits for its turn (named
-     * barrier kBarTurn + its index) and passes it on once its products are
-     * issued; warpgroup 1 hands warpgroup 0 the first turn. (D128 ran 2-5%
-     * slower so: its element-wise work outlasts the other's products, and the
-     * turns only delayed the products.) */
-    auto turn_wait = [&]() {
-        if constexpr (kLag)
-            named_bar_sync(kBarTurn + wg, 256);
-    };
-    auto turn_pass = [&]() {
-        if constexpr (kLag)
-            named_bar_arrive(kBarTurn + (1 - wg), 256);
-    };
-    if (wg == 1 && steps > 0)
-        turn_pass();
+    using Red = std::conditional_t<kRed, dq_reducer<T, kRed ? kHeadDim : 64, kM, kN, kLag>, dq_no_reducer>;
+    const Red red(wg_smem + Smem::kDsOffset, wg_smem + Smem::kDqOffset, smem_addr(sK), wg, tid);
+    red.start(steps);
     if constexpr (kWs)
         if (steps > 0)
             mbar_wait(kv_full, 0);
@@ -415,10 +320,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * this warpgroup's kMw rows from m0 + rw0). */
         const int rw0 = kSplit ? wg * kMw : 0;
         float pt[kMw / 8][4], ds[kMw / 8][4]; /* written by their first k-chunk */
-        turn_wait();
+        red.turn_wait();
         issue_ss<T, kHeadDim, kN, kMw, kM>(pt, k_addr, q_addr + (uint32_t)rw0 * 128);
         issue_ss<T, kHeadDim, kN, kMw, kM>(ds, v_addr, do_addr + (uint32_t)rw0 * 128);
-        turn_pass();
+        red.turn_pass();
         /* The next step's copies, while the tensor cores run S^T and dP^T. */
         if constexpr (!kWs) {
             if (step + 1 < steps)
@@ -522,33 +427,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 p_fragment<T>(ds, kk, sf[kk]);
             }
         }
-        /* kRed: dS (dS^T's bf16 fragments, as dK's product rounds them) into
-         * this step's buffer, transposed by stmatrix: 8x8 matrix i of chunk kk
-         * is keys warp*16 + 8 (i % 2) .. of rows 16 kk + 8 (i / 2) .. (p_fragment),
-         * once (kLag) the other warpgroup is done reading the buffer (its dQ two
-         * steps back; without the lag, it was by its last step's kBarDsStored). */
-        if constexpr (kRed) {
-            if (kLag && step >= 2)
-                named_bar_sync(kBarDsEmpty + 2 * (step & 1) + (1 - wg), 256);
-            const uint32_t ds_s = ds_buf(step);
-            const int i = lane / 8;
-#pragma unroll
-            for (int kk = 0; kk < kM / 16; kk++)
-                stmatrix_x4_trans(ds_s + swz128<kM>(kk * 16 + 8 * (i / 2) + lane % 8, warp * 16 + 8 * (i % 2)) * 2,
-                                  sf[kk]);
-            fence_async_smem(); /* (wgmma reads it through the async proxy) */
-        }
-        turn_wait();
+        red.store_ds(sf, step, warp, lane); /* (kRed: dS for the fifth product) */
+        red.turn_wait();
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
         issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
-        /* kRed: this step's dQ (kLag: the last step's) */
-        float dqa[8][4];
-        if constexpr (kRed) {
-            if constexpr (kLag)
-                named_bar_arrive(kBarDsFull + 2 * (step & 1) + wg, 256);
-            issue_dq(dqa, step - kDqLag);
-        }
-        turn_pass();
+        float dqa[8][4]; /* (kRed: this step's dQ part; kLag: the last step's) */
+        red.issue(dqa, step);
+        red.turn_pass();
         if constexpr (!C::kDkdvDefer) {
             wgmma_wait<0>();
             wgmma_fence_operand(dv);
@@ -568,28 +453,11 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             else
                 warp_arrive(&empty[st], lane);
         }
-        /* kRed: the dQ part goes to the dQ warps (kLag: the last step's, and
-         * this warpgroup is done reading that step's dS buffer, which the
-         * other's next store waits on). After the stage's release: the
-         * store's wait may follow another CTA's turn. */
-        if constexpr (kLag) {
-            if (step >= 1) {
-                if (step + 1 < steps)
-                    named_bar_arrive(kBarDsEmpty + 2 * ((step - 1) & 1) + wg, 256);
-                store_dq(dqa, step - 1);
-            }
-        } else if constexpr (kRed) {
-            store_dq(dqa, step);
-        }
+        /* kRed: the part to the dQ warps. After the stage's release: its wait
+         * may follow another CTA's turn. */
+        red.hand_off(dqa, step, steps);
     }
-    if constexpr (kLag) { /* the last step's dQ */
-        if (steps > 0) {
-            float dqa[8][4];
-            issue_dq(dqa, steps - 1);
-            wgmma_wait<0>();
-            store_dq(dqa, steps - 1);
-        }
-    }
+    red.finish(steps);
     if constexpr (C::kDkdvDefer) {
         wgmma_wait<0>();
         wgmma_fence_operand(dv);
