@@ -3,7 +3,8 @@
 # Modules travel as .carry/abi.tar.xz (tar of dev/abi/_C_*.abi3.so, xz); carry [".carry"].
 # Stages (STAGES): test (pytest ${TEST_FILES} with FLASH_ATTN_DET_BWD_DQ=reduce on each of
 # TEST_BUILDS, a timeout each: a candidate that hangs fails here), ab (dev/ab_so.sh, BUILDS,
-# PRESETS, reduce), ncu (dev/ncu_source.sh on the dK/dV kernel of NCU_ARGS for each of NCU_BUILDS).
+# PRESETS, reduce), ncu (dev/ncu_source.sh on the dK/dV kernel of NCU_ARGS for each of NCU_BUILDS),
+# rate (dev/wgmma_rate.cu: the tensor pipe's rate per wgmma shape, built there).
 # Summary in $OUT/summary.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,9 @@ if has ncu; then for b in ${NCU_BUILDS:-base}; do stage "ncu $b"
   python3 dev/ncu_sass_top.py $out/ncu_${b}_sass.csv.gz 25 > $out/ncu_${b}_top.txt 2>&1
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput" $out/ncu_$b.txt | head -6 >> $log
 done; fi
+if has rate; then stage rate
+  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc dev/wgmma_rate.cu -o /tmp/wgmma_rate \
+    > $out/wgmma_rate.log 2>&1 && timeout 120 /tmp/wgmma_rate >> $out/wgmma_rate.log 2>&1
+  grep -E "FLOP|rror" $out/wgmma_rate.log >> $log
+fi
 stage end
