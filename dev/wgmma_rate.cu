@@ -57,11 +57,13 @@ template <int NB> __device__ __forceinline__ float sum_acc(float (&d)[NB][4])
 
 // One group: 8 k16 instructions of the kind into d (the first overwrites it).
 template <Kind kKind, int NB>
-__device__ __forceinline__ void group(float (&d)[NB][4], const uint32_t (&a)[kK / 16][4], uint32_t a_addr,
+__device__ __forceinline__ void group(float (&d)[NB][4], uint32_t (&a)[kK / 16][4], uint32_t a_addr,
                                       uint32_t b_addr)
 {
     const uint64_t a_desc = gmma_desc(a_addr, 16, 1024);
     const uint64_t b_k = gmma_desc(b_addr, 16, 1024), b_mn = gmma_desc(b_addr, kK * 128, 1024);
+    if constexpr (kKind == kRS64 || kKind == kRS128) /* (as the kernels' fragments: fresh values to ptxas) */
+        wgmma_fence_operand(a);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kK / 16; kk++) {
