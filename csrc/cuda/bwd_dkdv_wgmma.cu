@@ -296,6 +296,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
 
     /* kRed: the fifth product and its hand-off to the dQ warps (bwd_dq_reduce.cuh) */
     constexpr bool kLag = kRed && !kMod && kHeadDim <= FAD_BWD_DQ_LAG_MAX_D;
+    /* kEarlyStore (kRed without the lag): the step's products in the order
+     * dV, dQ, dK, and dQ's part stored while dK runs (FlashAttention's sm90
+     * backward's order; before, the store waited for all three). */
+    constexpr bool kEarlyStore = kRed && !kLag;
     using Red = std::conditional_t<kRed, dq_reducer<T, kRed ? kHeadDim : 64, kM, kN, kLag>, dq_no_reducer>;
     const Red red(wg_smem + Smem::kDsOffset, wg_smem + Smem::kDqOffset, smem_addr(sK), wg, tid);
     red.start(steps);
@@ -429,9 +433,27 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         }
         red.store_ds(sf, step, warp, lane); /* (kRed: dS for the fifth product) */
         red.turn_wait();
+        float dqa[8][4]; /* (kRed: this step's dQ part; kLag: the last step's) */
+        if constexpr (kEarlyStore) {
+            /* dV, then dQ (once both warpgroups' dS is stored), then dK: once dQ
+             * is done its part goes to the dQ warps while dK still runs. (Each
+             * product's chain is unchanged, so are the bits.) */
+            issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
+            red.issue(dqa, step);
+            wgmma_wait<1>(); /* dV done */
+            wgmma_fence_operand(dv);
+            wgmma_fence_operand(pf);
+            issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
+            wgmma_wait<1>(); /* dQ done */
+            red.hand_off(dqa, step, steps);
+            wgmma_wait<0>();
+            wgmma_fence_operand(dk);
+            wgmma_fence_operand(sf);
+            mbar_arrive(&empty[st]); /* (every math thread: see below) */
+            continue;
+        }
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
         issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
-        float dqa[8][4]; /* (kRed: this step's dQ part; kLag: the last step's) */
         red.issue(dqa, step);
         red.turn_pass();
         if constexpr (!C::kDkdvDefer) {

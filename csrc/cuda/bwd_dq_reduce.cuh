@@ -23,6 +23,9 @@
  * products; without the lag, the product's wait for the other's dS would keep
  * them in lockstep. At D128 the turns lost 2-5%: its element-wise work
  * outlasts the other warpgroup's products, and the turns only delayed them.
+ * Without the lag (D128, score mods) the kernel issues dV, then dQ, then dK,
+ * and hands dQ's part off while dK still runs (FlashAttention's sm90
+ * backward's order; +3-5% at D128 against waiting for all three).
  * The products and their chains are the same either way: no bit changes.
  */
 #ifndef FAD_BWD_DQ_REDUCE_CUH
@@ -37,7 +40,8 @@
  * warpgroups), step by step in the kernel's order:
  *   turn_wait, S^T and dP^T, turn_pass, ..., store_ds, turn_wait, dV and dK,
  *   issue (this step's dQ; kLag: the last step's), turn_pass, the wait for
- *   the products, hand_off; after the loop, finish. */
+ *   the products, hand_off; after the loop, finish. (Without the lag: dV,
+ *   issue, dK, the wait for dQ, hand_off, the wait for dV and dK.) */
 template <typename T, int kHeadDim, int kM, int kN, bool kLag> struct dq_reducer {
     using Acc = dq_accum_cfg<kHeadDim>;
     static constexpr int kDqLag = kLag ? 1 : 0;
