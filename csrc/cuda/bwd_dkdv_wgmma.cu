@@ -488,8 +488,12 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    if (!kRed || a.dk) /* (kRed: a dQ-only call passes no dK, dV) */
-        store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
+    if (!kRed || a.dk) { /* (kRed: a dQ-only call passes no dK, dV) */
+        if constexpr (C::kSplitCols)
+            store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
+        else
+            store_dkdv_staged<T, kHeadDim, kN>(dk, dv, sK, sV, a, seq, hk, n0, tid);
+    }
 }
 
 template <typename T, int kHeadDim, bool kMod>

@@ -49,6 +49,7 @@
 #define FAD_BWD_DQ_ACCUM_CUH
 
 #include "bwd_block.cuh"
+#include "wgmma.cuh"
 
 template <int kHeadDim> struct dq_accum_cfg {
     using C = bwd_wg_cfg<kHeadDim>;
@@ -90,22 +91,6 @@ enum {
     kBarDsStored = kBarDsFull, /* (in the kernels without ds_full) */
     kDqBarThreads = 256 + 32
 };
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-
-/* Four 8x8 b16 matrices of the m16n8k16 fragment layout, stored transposed:
- * lane 8i + c gives the address of row c of matrix i as stored (16 bytes). */
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-#else
-    (void)addr, (void)r;
-    __trap();
-#endif
-}
 
 /* One ordered add (one thread), in two halves, so that the shared buffer it
  * reads can be handed back before the add lands: dq_add_start waits for the

@@ -242,6 +242,37 @@ template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_rs_mnmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *, int = 1) { __trap(); }
 #endif
 
+/* Named barrier id among n threads (whole warps): bar.sync waits, bar.arrive does not. */
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* Four 8x8 b16 matrices of the m16n8k16 fragment layout (register i: this
+ * thread's two elements of matrix i, row lane / 4, columns 2 (lane % 4) ..):
+ * lane 8i + c gives the address of row c of matrix i as stored (16 bytes);
+ * stmatrix_x4 stores the rows as they are, stmatrix_x4_trans transposed. */
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)addr, (void)r;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)addr, (void)r;
+    __trap();
+#endif
+}
+
 /* Ties the accumulators to this point of the program: the compiler sees a
  * wgmma write them at issue, so without this it could move their reads above
  * the wgmma_wait that makes them valid. */
