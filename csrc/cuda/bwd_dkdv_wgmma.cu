@@ -491,8 +491,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if (!kRed || a.dk) { /* (kRed: a dQ-only call passes no dK, dV) */
         if constexpr (C::kSplitCols)
             store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
-        else
+        else {
+            /* (a CTA without steps never waited for K and V: their copies
+             * must land before the staging overwrites them) */
+            if constexpr (kWs)
+                if (steps == 0)
+                    mbar_wait(kv_full, 0);
             store_dkdv_staged<T, kHeadDim, kN>(dk, dv, sK, sV, a, seq, hk, n0, tid);
+        }
     }
 }
 
