@@ -1,4 +1,4 @@
-// wgmma_rate.cu: How many FLOP a cycle one SM's warpgroup MMAs reach per instruction shape and operand source, alone and beside shared-memory stores. Verdict: every shape reaches the peak alone; beside 4-8 KB of shared stores a group the m64n64 SS shapes lose a fifth, m64n128 SS 1%, RS none (benchmarks/results/2026-11-29_h200_bwd_early_store_d04c18b.md).
+// wgmma_rate.cu: How many FLOP a cycle one SM's warpgroup MMAs reach per instruction shape and operand source, alone and beside shared-memory stores. Verdict: every shape reaches the peak alone; beside 4-8 KB of shared stores a group the m64n64 SS shapes lose a fifth, m64n128 SS 1%, RS none (benchmarks/results/2026-11-29_h200_bwd_early_store_epilogue_b5f25c9.md).
 // wgmma_rate.cu — the tensor pipe's rate per wgmma shape, in FLOP per SM cycle (clock64), so that
 // a kernel's products can be judged against what their shape can reach (the five-product
 // backward's D128 step: tensor pipe 56% busy; docs/performance.md).
