@@ -95,7 +95,7 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag> struct dq_reducer
         const int i = lane / 8;
 #pragma unroll
         for (int kk = 0; kk < kM / 16; kk++)
-            stmatrix_x4_trans(ds_s + swz128<kM>(kk * 16 + 8 * (i / 2) + lane % 8, warp * 16 + 8 * (i % 2)) * 2,
+            stmatrix_x4<true>(ds_s + swz128<kM>(kk * 16 + 8 * (i / 2) + lane % 8, warp * 16 + 8 * (i % 2)) * 2,
                               sf[kk]);
         fence_async_smem(); /* (wgmma reads it through the async proxy) */
     }

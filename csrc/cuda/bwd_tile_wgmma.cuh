@@ -109,8 +109,8 @@ __device__ __forceinline__ void store_dkdv_staged(const float (&dk)[kHeadDim / 8
             const uint32_t v4[4] = {dtype_ops<T>::pack(dv[nb][0], dv[nb][1]), dtype_ops<T>::pack(dv[nb][2], dv[nb][3]),
                                     dtype_ops<T>::pack(dv[nb + 1][0], dv[nb + 1][1]),
                                     dtype_ops<T>::pack(dv[nb + 1][2], dv[nb + 1][3])};
-            stmatrix_x4(at(s_dk, row, nb + i / 2), k4);
-            stmatrix_x4(at(s_dv, row, nb + i / 2), v4);
+            stmatrix_x4<false>(at(s_dk, row, nb + i / 2), k4);
+            stmatrix_x4<false>(at(s_dv, row, nb + i / 2), v4);
         }
     }
     named_bar_sync(3, 256);

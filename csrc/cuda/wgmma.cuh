@@ -249,24 +249,18 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("
 /* Four 8x8 b16 matrices of the m16n8k16 fragment layout (register i: this
  * thread's two elements of matrix i, row lane / 4, columns 2 (lane % 4) ..):
  * lane 8i + c gives the address of row c of matrix i as stored (16 bytes);
- * stmatrix_x4 stores the rows as they are, stmatrix_x4_trans transposed. */
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4])
+ * the rows are stored as they are, or with kTrans transposed. */
+template <bool kTrans> __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4])
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-#else
-    (void)addr, (void)r;
-    __trap();
-#endif
-}
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
+    if constexpr (kTrans)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+    else
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
 #else
     (void)addr, (void)r;
     __trap();
