@@ -5,8 +5,10 @@
 # the builds it is compared to. Stages (STAGES, default all): ab (dev/ab_so.sh, AB_BUILDS against
 # the candidate, the dq preset, FLASH_ATTN_DET_BWD_DQ=reduce), bench (bench_bwd.py quick and gqa with
 # reduce, cuDNN in both layouts), test_red (the backward's GPU tests with reduce), test_def (with the
-# default setting), san (compute-sanitizer racecheck + synccheck on dev/sanitize_gpu.py bwd).
-# Summary in $OUT/summary.log. Modules come from dev/variant_so.sh or a full build.
+# default setting), san (compute-sanitizer racecheck + synccheck on dev/sanitize_gpu.py bwd), train
+# (examples/train_check.py with reduce, its JSON). Summary in $OUT/summary.log; the logs end in
+# $OUT/logs.tar.gz (the device returns at most 8 files). Modules come from dev/variant_so.sh or a
+# full build.
 #   tar cf - -C dev/abi _C_base.abi3.so _C_cand.abi3.so | xz -T2 > .carry/abi.tar.xz
 #   (device) AB_BUILDS="base cand" bash dev/device_bwd_check.sh     (carry [".carry"])
 set -uo pipefail
@@ -20,7 +22,7 @@ python3 -c "import flash_attn_det._C as c; print(c.BUILD)" >> $log 2>&1
 t0=$(date +%s)
 left() { echo $(( ${DEADLINE:-575} - ($(date +%s) - t0) )); }
 stage() { echo "=== $1 ($(( $(date +%s) - t0 )) s)" >> $log; }
-has() { [[ " ${STAGES:-ab bench test_red test_def san} " == *" $1 "* ]]; }
+has() { [[ " ${STAGES:-ab bench test_red test_def san train} " == *" $1 "* ]]; }
 if has ab; then stage ab
   FLASH_ATTN_DET_BWD_DQ=reduce BENCH=bwd PRESET=dq BUILDS="${AB_BUILDS:-base cand}" bash dev/ab_so.sh 2 >> $log 2>&1
   rm -rf $out/run; cp dev/abi/_C_cand.abi3.so flash_attn_det/_C.abi3.so
@@ -46,5 +48,12 @@ if has san; then stage san
   mv $out/sanitize_racecheck_wgmmaforce.log $out/sanitize_racecheck_reduce.log
   SANITIZE_ARGS=bwd WGMMA_SETTINGS=force timeout $(left) bash dev/sanitize_gpu.sh racecheck >> $log 2>&1
 fi
+if has train; then stage train
+  FLASH_ATTN_DET_BWD_DQ=reduce timeout $(left) python3 examples/train_check.py --json $out/train_reduce.json \
+    > $out/train_check.log 2>&1; echo "train_check rc $?" >> $log
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(d['result'], {k: v['tokens_per_s'] for k, v in d['speed'].items()})" \
+    $out/train_reduce.json >> $log 2>&1
+fi
 rm -f $out/*.jsonl
+(cd $out && tar czf logs.tar.gz --remove-files $(ls *.log 2>/dev/null | grep -v '^summary.log$') 2>/dev/null)
 stage end
