@@ -19,14 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#define CHECK(call)                                                                             \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "cuda_check.h"
 
 constexpr int kRowBytes = 256;            // one head's D 128 bf16
 constexpr int kTileRows = 64;             // keys per tile

@@ -26,14 +26,7 @@
 
 #include "cuda/wgmma.cuh"
 
-#define CHECK(call)                                                                             \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "cuda_check.h"
 
 using T = __nv_bfloat16;
 enum Kind { kSS64, kSSMN64, kSS128, kRS64, kRS128 };
