@@ -85,7 +85,8 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
  * with bwd_dkdv_wgmma.cu's kLag instead ds_full[buf][w] (warpgroup w stored
  * its half into dS buffer buf), ds_empty[buf][w] (warpgroup w is done reading
  * buffer buf) and turn[w] (warpgroup w may issue its products). 1, 2 are also
- * warpgroup_sync's, 3 split_meet's: neither runs in a kernel that adds dQ. */
+ * warpgroup_sync's, 3 split_meet's: neither runs in a kernel that adds dQ;
+ * 3 is also the D <= 128 dK/dV epilogue's, after the loop (store_dkdv_staged). */
 enum {
     kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12,
     kBarDsStored = kBarDsFull, /* (in the kernels without ds_full) */
