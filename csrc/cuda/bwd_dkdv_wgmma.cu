@@ -489,16 +489,23 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         cp_async_wait_all();
 
     if (!kRed || a.dk) { /* (kRed: a dQ-only call passes no dK, dV) */
-        if constexpr (C::kSplitCols)
-            store_dkdv<T>(dk, dv, a, seq, hk, n0 + key_row, col0);
-        else {
-            /* (a CTA without steps never waited for K and V: their copies
-             * must land before the staging overwrites them) */
-            if constexpr (kWs)
-                if (steps == 0)
-                    mbar_wait(kv_full, 0);
-            store_dkdv_staged<T, kHeadDim, kN>(dk, dv, sK, sV, a, seq, hk, n0, tid);
-        }
+        /* dK and dV staged where K and V were (bwd_tile_wgmma.cuh: stage_acc),
+         * once every product is done with them: a CTA without steps never
+         * waited for their copies, and the other warpgroup's products read
+         * this one's keys (barrier 3: split_meet's, the same 256 threads) */
+        if constexpr (kWs)
+            if (steps == 0)
+                mbar_wait(kv_full, 0);
+        named_bar_sync(3, C::kDkdvThreads);
+        const uint32_t s[2] = {smem_addr(sK), smem_addr(sV)};
+        stage_acc<T, kHeadDim>(dk, s[0], key_row - lane / 4, col0, lane);
+        stage_acc<T, kHeadDim>(dv, s[1], key_row - lane / 4, col0, lane);
+        named_bar_sync(3, C::kDkdvThreads);
+        /* (the CTA's first key, n0, at each tile's row 0) */
+        T *const g[2] = {(T *)a.dk + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
+                         (T *)a.dv + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride};
+        const int64_t stride[2] = {p.k_row_stride, p.v_row_stride};
+        store_staged<T, kHeadDim, kN, C::kDkdvThreads>(s, g, stride, len_k - n0, p.head_dim, tid);
     }
 }
 

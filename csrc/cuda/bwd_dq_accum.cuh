@@ -86,7 +86,7 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
  * its half into dS buffer buf), ds_empty[buf][w] (warpgroup w is done reading
  * buffer buf) and turn[w] (warpgroup w may issue its products). 1, 2 are also
  * warpgroup_sync's, 3 split_meet's: neither runs in a kernel that adds dQ;
- * 3 is also the D <= 128 dK/dV epilogue's, after the loop (store_dkdv_staged). */
+ * 3 is also the epilogues' (after the loop: stage_acc, bwd_tile_wgmma.cuh). */
 enum {
     kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12,
     kBarDsStored = kBarDsFull, /* (in the kernels without ds_full) */

@@ -253,7 +253,15 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    store_dq<T>(dq, a, seq, h, m0 + row0, col0);
+    /* dQ staged where Q was (bwd_tile_wgmma.cuh: stage_acc), once every
+     * product is done with it (barrier 3: split_meet's, the same threads) */
+    named_bar_sync(3, C::kDqThreads);
+    const uint32_t s[1] = {smem_addr(sQ)};
+    stage_acc<T, kHeadDim>(dq, s[0], row0 - lane / 4, col0, lane);
+    named_bar_sync(3, C::kDqThreads);
+    T *const g[1] = {(T *)a.dq + seq.q_off + (int64_t)m0 * p.q_row_stride + h * p.q_head_stride}; /* (row m0 first) */
+    const int64_t stride[1] = {p.q_row_stride};
+    store_staged<T, kHeadDim, kM, C::kDqThreads>(s, g, stride, len_q - m0, D, tid);
     pdl_wait_primary();
 }
 

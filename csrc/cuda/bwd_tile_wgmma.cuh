@@ -73,61 +73,60 @@ __device__ __forceinline__ void issue_ss_mn(float (&acc)[8][4], uint32_t a_addr,
     wgmma_commit();
 }
 
-/* The dK/dV kernel's epilogue without split columns (D <= 128): dK and dV of
- * the CTA's kN keys x kHeadDim, staged in shared memory (s_dk, s_dv: kN rows
- * of kHeadDim elements each, sK's and sV's space, free once every product is
- * done) so that the global stores are whole 16-byte chunks, a warp's 32 of
- * them two rows (D128) or four (D64) in a row; thread tid (0..255) of the
- * math warpgroups holds rows key_row + 8r as store_dkdv's. Storing each
- * accumulator pair with a 4-byte store, the math warps spent about 2.6 steps'
- * time a CTA in this epilogue, throttled by the LSU queue (Nsight Compute,
- * D128 L8k). Chunk c of row r lives at chunk c ^ (r % 8) of its row, so the
- * 8 rows of a stmatrix and the 8 chunks of a quarter warp's load hit
- * distinct banks. Barrier 3 (split_meet's, a D256 kernel's only) among the
- * 256 math threads: before, both warpgroups are done with sK and sV (the
- * other's dQ product reads this one's keys); after, the tile is stored. */
-template <typename T, int kHeadDim, int kN>
-__device__ __forceinline__ void store_dkdv_staged(const float (&dk)[kHeadDim / 8][4], const float (&dv)[kHeadDim / 8][4],
-                                                  T *s_dk, T *s_dv, const bwd_args &a, const fad_seq &seq, int hk,
-                                                  int n0, int tid)
+/* The backward's epilogues: a kernel's fp32 accumulators (dK and dV, or dQ)
+ * staged in shared memory as kRows rows of kCols elements (16-byte chunk c of
+ * row r at chunk c ^ (r % 8), so that the 8 rows of a stmatrix and the 8
+ * chunks of a quarter warp's load hit distinct banks) by stage_acc, then
+ * stored to global memory by store_staged as whole 16-byte chunks, a warp's 32
+ * consecutive ones. Storing each accumulator pair with a 4-byte store, the
+ * dK/dV kernel's math warps spent about 2.6 steps' time a CTA in its
+ * epilogue, throttled by the LSU queue (Nsight Compute, D128 L8k). The caller
+ * meets its math threads before stage_acc (the staging space, Q's or K's and
+ * V's, must be done with) and between the two. */
+template <typename T, int kCols> __device__ __forceinline__ uint32_t staged_at(uint32_t s, int row, int chunk)
 {
-    constexpr int kChunks = kHeadDim / 8; /* 16-byte chunks a row */
-    static_assert(kChunks >= 8 && kN == 128, "the swizzle spans 8 chunks; two math warpgroups of 64 keys, 256 threads");
-    const fad_fwd_params &p = a.p;
-    const int warp = tid / 32, lane = tid % 32;
-    auto at = [](T *s, int row, int chunk) {
-        return smem_addr(s) + (uint32_t)(row * kHeadDim + ((chunk ^ (row % 8)) * 8)) * (uint32_t)sizeof(T);
-    };
-    named_bar_sync(3, 256);
-    {
-        const int i = lane / 8, row = warp * 16 + lane % 8 + 8 * (i % 2);
+    return s + (uint32_t)(row * kCols + ((chunk ^ (row % 8)) * 8)) * (uint32_t)sizeof(T);
+}
+
+/* acc: this thread's kDB n8 blocks (the m64nN accumulator layout) of rows
+ * wrow0 + lane / 4 and + 8 (wrow0: its warp's first row), columns col0 + 8 nb
+ * + 2 (lane % 4) .., into the staged tile at s. */
+template <typename T, int kCols, int kDB>
+__device__ __forceinline__ void stage_acc(const float (&acc)[kDB][4], uint32_t s, int wrow0, int col0, int lane)
+{
+    static_assert(kCols / 8 >= 8 && kDB % 2 == 0, "the swizzle spans 8 chunks; stmatrix takes two n8 blocks");
+    const int i = lane / 8, row = wrow0 + lane % 8 + 8 * (i % 2);
 #pragma unroll
-        for (int nb = 0; nb < kChunks; nb += 2) { /* matrices (rows 0-7, 8-15) x (chunks nb, nb + 1) */
-            const uint32_t k4[4] = {dtype_ops<T>::pack(dk[nb][0], dk[nb][1]), dtype_ops<T>::pack(dk[nb][2], dk[nb][3]),
-                                    dtype_ops<T>::pack(dk[nb + 1][0], dk[nb + 1][1]),
-                                    dtype_ops<T>::pack(dk[nb + 1][2], dk[nb + 1][3])};
-            const uint32_t v4[4] = {dtype_ops<T>::pack(dv[nb][0], dv[nb][1]), dtype_ops<T>::pack(dv[nb][2], dv[nb][3]),
-                                    dtype_ops<T>::pack(dv[nb + 1][0], dv[nb + 1][1]),
-                                    dtype_ops<T>::pack(dv[nb + 1][2], dv[nb + 1][3])};
-            stmatrix_x4<false>(at(s_dk, row, nb + i / 2), k4);
-            stmatrix_x4<false>(at(s_dv, row, nb + i / 2), v4);
-        }
+    for (int nb = 0; nb < kDB; nb += 2) { /* matrices (rows 0-7, 8-15) x (blocks nb, nb + 1) */
+        const uint32_t r4[4] = {dtype_ops<T>::pack(acc[nb][0], acc[nb][1]), dtype_ops<T>::pack(acc[nb][2], acc[nb][3]),
+                                dtype_ops<T>::pack(acc[nb + 1][0], acc[nb + 1][1]),
+                                dtype_ops<T>::pack(acc[nb + 1][2], acc[nb + 1][3])};
+        stmatrix_x4<false>(staged_at<T, kCols>(s, row, col0 / 8 + nb + i / 2), r4);
     }
-    named_bar_sync(3, 256);
-    T *gk = (T *)a.dk + seq.k_off + hk * p.k_head_stride, *gv = (T *)a.dv + seq.v_off + hk * p.v_head_stride;
+}
+
+/* kN staged tiles s[t] to g[t] (row r at g[t] + r * stride[t]), their rows
+ * below rows and columns below cols, by kThreads threads (tid). */
+template <typename T, int kCols, int kRows, int kThreads, int kN>
+__device__ __forceinline__ void store_staged(const uint32_t (&s)[kN], T *const (&g)[kN], const int64_t (&stride)[kN],
+                                             int rows, int cols, int tid)
+{
+    constexpr int kChunks = kCols / 8;
+    static_assert(kRows * kChunks % kThreads == 0, "whole passes of the threads");
 #pragma unroll
-    for (int pass = 0; pass < kN * kChunks / 256; pass++) {
-        const int c = pass * 256 + tid, row = c / kChunks, chunk = c % kChunks;
-        const int j = n0 + row;
-        if (j >= seq.len_k || chunk * 8 >= p.head_dim)
+    for (int pass = 0; pass < kRows * kChunks / kThreads; pass++) {
+        const int c = pass * kThreads + tid, row = c / kChunks, chunk = c % kChunks;
+        if (row >= rows || chunk * 8 >= cols)
             continue;
-        uint4 kx, vx;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(kx.x), "=r"(kx.y), "=r"(kx.z), "=r"(kx.w) : "r"(at(s_dk, row, chunk)));
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(vx.x), "=r"(vx.y), "=r"(vx.z), "=r"(vx.w) : "r"(at(s_dv, row, chunk)));
-        *reinterpret_cast<uint4 *>(gk + (int64_t)j * p.k_row_stride + chunk * 8) = kx;
-        *reinterpret_cast<uint4 *>(gv + (int64_t)j * p.v_row_stride + chunk * 8) = vx;
+        uint4 x[kN];
+#pragma unroll
+        for (int t = 0; t < kN; t++)
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(x[t].x), "=r"(x[t].y), "=r"(x[t].z), "=r"(x[t].w)
+                         : "r"(staged_at<T, kCols>(s[t], row, chunk)));
+#pragma unroll
+        for (int t = 0; t < kN; t++)
+            *reinterpret_cast<uint4 *>(g[t] + (int64_t)row * stride[t] + chunk * 8) = x[t];
     }
 }
 
