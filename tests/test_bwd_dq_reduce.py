@@ -196,3 +196,44 @@ def test_dq_turns_follow_the_walk(tmp_path):
                     os.path.join(here, "dq_turn_check.cu")], check=True, timeout=300)
     r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("ok "), r.stdout + r.stderr
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
+    """Varlen: the dQ accumulator takes a tile set per sequence in the call's packed rows (the
+    call's rows rounded up to a tile, plus a tile a sequence), not batch x the longest sequence:
+    one sequence of 4096 rows and 63 of 64 ask for the workspace that bound gives (D128: tiles of
+    64 rows x 128 fp32 and a semaphore), a fraction of the old size; and the gradients still
+    meet the padded call's bit for bit (a sequence's tiles start where the layout says)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the five-product path is sm_90's")
+    code = (
+        "import torch, flash_attn_det as fad\n"
+        "from flash_attn_det import interface\n"
+        "H, D, lens = 4, 128, [4096] + [64] * 63\n"
+        "T, B = sum(lens), len(lens)\n"
+        "cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device='cuda')\n"
+        "g = torch.Generator(device='cuda').manual_seed(3)\n"
+        "q, k, v, do = (torch.randn(T, H, D, device='cuda', dtype=torch.bfloat16, generator=g) for _ in range(4))\n"
+        "q, k, v = (t.requires_grad_() for t in (q, k, v))\n"
+        "out = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)\n"
+        "grads = torch.autograd.grad(out, (q, k, v), do)\n"
+        "need = max(n for key, n in interface._WS_BYTES.items() if key[0] == 'bwd')\n"
+        "tile = 64 * 128 * 4 + 4\n"
+        "bound = -(-(H * T * 4) // 256) * 256 + H * (T // 64 + B) * tile\n"
+        "old = H * B * (4096 // 64) * tile\n"
+        "assert need <= bound, (need, bound)\n"
+        "assert need * 8 < old, (need, old)\n"
+        "for i in (0, 5, 63):  # a sequence alone, padded: the same bits\n"
+        "    s0, s1 = int(cu[i]), int(cu[i + 1])\n"
+        "    qi, ki, vi = (t.detach()[None, s0:s1].clone().requires_grad_() for t in (q, k, v))\n"
+        "    oi = fad.flash_attn_func(qi, ki, vi, causal=True)\n"
+        "    gi = torch.autograd.grad(oi, (qi, ki, vi), do[None, s0:s1])\n"
+        "    assert all(torch.equal(a[s0:s1], b[0]) for a, b in zip(grads, gi)), i\n"
+        "print('workspace', need, 'bound', bound, 'old', old)\n")
+    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ="reduce")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0 and "workspace" in r.stdout, r.stdout + r.stderr[-3000:]
+    print(r.stdout)

@@ -7,8 +7,14 @@
  * instructions of one ordered add.
  *
  * One tile per (sequence b, query head h, row tile m of kRows rows, aligned to
- * the sequence's row 0): tile (b * num_heads + h) * m_tiles + m, kRows x
- * kHeadDim floats, contiguous, so one bulk reduce adds a whole tile. Inside, the
+ * the sequence's row 0), kRows x kHeadDim floats, contiguous, so one bulk
+ * reduce adds a whole tile: tile h * T + first(b) + m (dq_tile). Dense: first(b)
+ * = b * m_tiles, T = batch * m_tiles. Varlen: first(b) = q0 / kRows + b, q0 =
+ * cu_seqlens_q[b], T = total_q / kRows + batch: sequence b's ceil(len / kRows)
+ * tiles end at (q0 + len - 1) / kRows + b, before b + 1's first, so the
+ * accumulator is sized by the call's rows plus a tile a sequence (as
+ * FlashAttention-2's dq_accum), not by batch x the longest sequence, and the
+ * host needs no index array's contents. Inside, the
  * dK/dV kernel's two math warpgroups each own a part of 64 rows x 64 columns
  * (part w: rows 64 (w / kColParts) .., columns 64 (w % kColParts) ..) and
  * store it in their accumulators' order: float4 slot (w * 8 + nb) * 128 + t
@@ -62,9 +68,23 @@ template <int kHeadDim> struct dq_accum_cfg {
     static __host__ __device__ __forceinline__ int row_of(int w, int t) { return 64 * (w / kColParts) + (t / 32) * 16 + t % 32 / 4; }
     static __host__ __device__ __forceinline__ int col_of(int w, int nb, int t) { return 64 * (w % kColParts) + nb * 8 + (t % 4) * 2; }
     static __host__ __device__ __forceinline__ int slot(int w, int nb, int t) { return (w * 8 + nb) * 128 + t; }
-    /* bytes of the accumulator and the semaphores of a call (m_tiles: tiles of its longest sequence) */
-    static size_t bytes(int batch, int heads, int m_tiles) { return (size_t)batch * heads * m_tiles * (kTileFloats * 4 + 4); }
+    /* row tiles of the call's longest sequence; a head's tiles (the layout above) */
+    static int m_tiles(const fad_fwd_params &p) { return (p.seqlen_q + kRows - 1) / kRows; }
+    static int64_t head_tiles(const fad_fwd_params &p)
+    {
+        return p.cu_seqlens_q ? (int64_t)p.total_q / kRows + p.batch : (int64_t)p.batch * m_tiles(p);
+    }
+    /* bytes of the accumulator and the semaphores of a call */
+    static size_t bytes(const fad_fwd_params &p) { return (size_t)p.num_heads * head_tiles(p) * (kTileFloats * 4 + 4); }
 };
+
+/* The tile of sequence b (seq: fad_get_seq's, row0 its first packed row when
+ * varlen), head h, row tile m: the layout above. */
+__device__ __forceinline__ int64_t dq_tile(const bwd_args &a, int b, const fad_seq &seq, int h, int m, int kRows)
+{
+    const int64_t first = a.p.cu_seqlens_q ? seq.row0 / kRows + b : (int64_t)b * a.dq_m_tiles;
+    return h * a.dq_head_tiles + first + m;
+}
 
 /* Key block n_block's turn at row tile m (the header's rule; checked against
  * dkdv_row_tiles's walks on the CPU by tests/dq_turn_check.cu). */

@@ -14,13 +14,14 @@ __global__ void __launch_bounds__(256) dq_post_kernel(const bwd_args a)
 {
     using Acc = dq_accum_cfg<kHeadDim>;
     const fad_fwd_params &p = a.p;
-    const int64_t tile = blockIdx.x;
-    const int m = (int)(tile % a.dq_m_tiles), bh = (int)(tile / a.dq_m_tiles);
+    /* (the grid: batch x heads x the longest sequence's row tiles) */
+    const int m = (int)(blockIdx.x % a.dq_m_tiles), bh = (int)(blockIdx.x / a.dq_m_tiles);
     const int b = bh / p.num_heads, h = bh % p.num_heads;
     const fad_seq seq = fad_get_seq(&p, b);
     const int m0 = m * Acc::kRows;
-    if (m0 >= seq.len_q)
+    if (m0 >= seq.len_q) /* (an invalid sequence has none) */
         return;
+    const int64_t tile = dq_tile(a, b, seq, h, m, Acc::kRows);
     const float4 *src = reinterpret_cast<const float4 *>(a.dq_accum + tile * Acc::kTileFloats);
     /* a tile no key block added to (its semaphore still 0: its rows see no
      * key) was never written: its dQ is zero */

@@ -200,7 +200,7 @@ __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, S
         const int buf = step & 1;
         named_bar_sync(kBarDqFull + buf, kDqBarThreads);
         const int m = step_m0(step) / Acc::kRows;
-        const int64_t tile = ((int64_t)w.b * p.num_heads + step_h(step)) * a.dq_m_tiles + m;
+        const int64_t tile = dq_tile(a, w.b, w.seq, step_h(step), m, Acc::kRows);
         if (threadIdx.x % 32 == 0) {
             const int turn = dq_turn(n_block, kN, m, Acc::kRows, w.seq.len_q, w.seq.len_k, p.window_left,
                                      p.window_right, kDown);

@@ -54,17 +54,10 @@ static fad_status dq_reduce_applies(const fad_fwd_params &p, int *use, char *msg
     return st;
 }
 
-/* The accumulator's tiles (kRows rows of the longest sequence) and bytes with its semaphores. */
-static int dq_m_tiles(const fad_fwd_params &p)
-{
-    const int rows = p.head_dim <= 64 ? dq_accum_cfg<64>::kRows : dq_accum_cfg<128>::kRows;
-    return (p.seqlen_q + rows - 1) / rows;
-}
+/* The accumulator's bytes with its semaphores (bwd_dq_accum.cuh has the layout). */
 static size_t dq_accum_bytes(const fad_fwd_params &p)
 {
-    const int t = dq_m_tiles(p);
-    return p.head_dim <= 64 ? dq_accum_cfg<64>::bytes(p.batch, p.num_heads, t)
-                            : dq_accum_cfg<128>::bytes(p.batch, p.num_heads, t);
+    return p.head_dim <= 64 ? dq_accum_cfg<64>::bytes(p) : dq_accum_cfg<128>::bytes(p);
 }
 
 /* The workspace past the row sums (fad_bwd_workspace_need, fad_core.c): the
@@ -174,7 +167,7 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     if (st != FAD_OK)
         return st;
     if (a.dq_accum) /* the semaphores start at zero (the accumulator's first add is a copy) */
-        CUDA_TRY(cudaMemsetAsync(a.dq_sems, 0, (size_t)p.batch * p.num_heads * a.dq_m_tiles * sizeof(int), stream));
+        CUDA_TRY(cudaMemsetAsync(a.dq_sems, 0, (size_t)p.num_heads * a.dq_head_tiles * sizeof(int), stream));
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -213,7 +206,7 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
     a.part = bp->part; /* the dQ and dK/dV passes only share dsum: either may be left out */
     a.dsum = (float *)workspace;
     a.n_blocks = a.m_blocks = 0;
-    a.dq_accum = nullptr, a.dq_sems = nullptr, a.dq_m_tiles = 0;
+    a.dq_accum = nullptr, a.dq_sems = nullptr, a.dq_m_tiles = 0, a.dq_head_tiles = 0;
     size_t extra = 0;
     const size_t dsum_bytes = (size_t)fad_flat_rows(&a.p) * sizeof(float);
     fad_status st = fad_bwd_cuda_extra_bytes(bp, dsum_bytes, &extra, msg, msg_len);
@@ -221,8 +214,10 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
         return st;
     if (extra) { /* (zeroed in launch_bwd, once the checks passed) */
         const size_t off = (dsum_bytes + 255) / 256 * 256;
-        a.dq_m_tiles = dq_m_tiles(a.p);
-        const int64_t tiles = (int64_t)a.p.batch * a.p.num_heads * a.dq_m_tiles;
+        const bool d64 = a.p.head_dim <= 64;
+        a.dq_m_tiles = d64 ? dq_accum_cfg<64>::m_tiles(a.p) : dq_accum_cfg<128>::m_tiles(a.p);
+        a.dq_head_tiles = d64 ? dq_accum_cfg<64>::head_tiles(a.p) : dq_accum_cfg<128>::head_tiles(a.p);
+        const int64_t tiles = (int64_t)a.p.num_heads * a.dq_head_tiles;
         a.dq_accum = reinterpret_cast<float *>((char *)workspace + off);
         a.dq_sems = reinterpret_cast<int *>(a.dq_accum + tiles * dq_accum_cfg<64>::kTileFloats);
         static_assert(dq_accum_cfg<64>::kTileFloats == dq_accum_cfg<128>::kTileFloats, "one tile size");

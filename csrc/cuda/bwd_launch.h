@@ -20,10 +20,12 @@ struct bwd_args {
     float *dsum;       /* one fp32 per flat row: D_i */
     /* FLASH_ATTN_DET_BWD_DQ=reduce (else NULL): dQ summed in fp32 by the dK/dV kernel, tile by
      * tile in key-block order (bwd_dq_accum.cuh), then converted (bwd_dq_post.cu); dq_sems: one
-     * semaphore a tile; dq_m_tiles: row tiles of the longest sequence */
+     * semaphore a tile; dq_m_tiles: row tiles of the longest sequence; dq_head_tiles: a head's
+     * tiles (bwd_dq_accum.cuh, dq_tile) */
     float *dq_accum;
     int *dq_sems;
     int dq_m_tiles;
+    int64_t dq_head_tiles;
     int n_blocks;      /* key tiles per (sequence, kv head) in dkdv_kernel's grid */
     int m_blocks;      /* row tiles per (sequence, head) in dq_kernel's grid */
     fad_bwd_part part; /* which passes run (host side only; last, so the kernels' view of the
