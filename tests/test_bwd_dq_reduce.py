@@ -138,6 +138,13 @@ def _run_child(mode, path):
     return torch.load(path)
 
 
+def _run_code(code, setting):
+    """code in a child process with FLASH_ATTN_DET_BWD_DQ=setting, from this directory."""
+    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ=setting)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
@@ -175,9 +182,7 @@ def test_gpu_dq_reduce_rejects_unknown_setting(tmp_path):
             "except ValueError as e:\n"
             "    assert 'FLASH_ATTN_DET_BWD_DQ' in str(e), e\n"
             "    print('refused')\n")
-    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ="sometimes")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    r = _run_code(code, "sometimes")
     assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
 
 
@@ -232,8 +237,6 @@ def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
         "    gi = torch.autograd.grad(oi, (qi, ki, vi), do[None, s0:s1])\n"
         "    assert all(torch.equal(a[s0:s1], b[0]) for a, b in zip(grads, gi)), i\n"
         "print('workspace', need, 'bound', bound, 'old', old)\n")
-    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ="reduce")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    r = _run_code(code, "reduce")
     assert r.returncode == 0 and "workspace" in r.stdout, r.stdout + r.stderr[-3000:]
     print(r.stdout)
