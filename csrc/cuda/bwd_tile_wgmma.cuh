@@ -105,10 +105,10 @@ __device__ __forceinline__ void stage_acc(const float (&acc)[kDB][4], uint32_t s
     }
 }
 
-/* kN staged tiles s[t] to g[t] (row r at g[t] + r * stride[t]), their rows
+/* kTiles staged tiles s[t] to g[t] (row r at g[t] + r * stride[t]), their rows
  * below rows and columns below cols, by kThreads threads (tid). */
-template <typename T, int kCols, int kRows, int kThreads, int kN>
-__device__ __forceinline__ void store_staged(const uint32_t (&s)[kN], T *const (&g)[kN], const int64_t (&stride)[kN],
+template <typename T, int kCols, int kRows, int kThreads, int kTiles>
+__device__ __forceinline__ void store_staged(const uint32_t (&s)[kTiles], T *const (&g)[kTiles], const int64_t (&stride)[kTiles],
                                              int rows, int cols, int tid)
 {
     constexpr int kChunks = kCols / 8;
@@ -118,14 +118,14 @@ __device__ __forceinline__ void store_staged(const uint32_t (&s)[kN], T *const (
         const int c = pass * kThreads + tid, row = c / kChunks, chunk = c % kChunks;
         if (row >= rows || chunk * 8 >= cols)
             continue;
-        uint4 x[kN];
+        uint4 x[kTiles];
 #pragma unroll
-        for (int t = 0; t < kN; t++)
+        for (int t = 0; t < kTiles; t++)
             asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                          : "=r"(x[t].x), "=r"(x[t].y), "=r"(x[t].z), "=r"(x[t].w)
                          : "r"(staged_at<T, kCols>(s[t], row, chunk)));
 #pragma unroll
-        for (int t = 0; t < kN; t++)
+        for (int t = 0; t < kTiles; t++)
             *reinterpret_cast<uint4 *>(g[t] + (int64_t)row * stride[t] + chunk * 8) = x[t];
     }
 }
