@@ -49,7 +49,7 @@ def _child_main():
     from flash_attn_det.testing import attention_ref
     from conftest import make_gen, randn
 
-    mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ", "recompute")
+    mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ") or "reduce"
     empty_like, empty = torch.empty_like, torch.empty
 
     def poisoned_like(t, *a, **kw):  # the gradients start as NaN: every element must be written
@@ -131,6 +131,8 @@ def _run_child(mode, path):
     code = ("import sys, torch; sys.path.insert(0, %r); import test_bwd_dq_reduce as t; "
             "torch.save(t._child_main(), %r)" % (os.path.dirname(os.path.abspath(__file__)), str(path)))
     env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ=mode)
+    if mode is None:  # the default
+        env.pop("FLASH_ATTN_DET_BWD_DQ")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                        cwd=os.path.dirname(os.path.abspath(__file__)))
     print(r.stdout)
@@ -150,11 +152,15 @@ def _run_code(code, setting):
 def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
     """Both settings meet the float64 reference and the contract; without GQA dk, dv are
     bit-equal across them; dq differs somewhere, and with GQA dk too (so the five-product path
-    ran: the sums are regrouped)."""
+    ran: the sums are regrouped). The variable unset gives reduce's bits: it is the default."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the five-product path is sm_90's")
     reduce = _run_child("reduce", tmp_path / "reduce.pt")
     recompute = _run_child("recompute", tmp_path / "recompute.pt")
+    default = _run_child(None, tmp_path / "default.pt")
+    assert default.keys() == reduce.keys()
+    for key, grads in default.items():
+        assert all(torch.equal(a, b) for a, b in zip(grads, reduce[key])), f"{key}: the default is not reduce"
     dq_differs = dk_differs = False
     for key, (dq, dk, dv) in reduce.items():
         rdq, rdk, rdv = recompute[key]
