@@ -5,7 +5,8 @@ process with it set (the parent asserts the child's exit and prints its report):
 
 - dq, dk, dv against float64 autograd on fresh random inputs, the gradients' memory
   poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not;
-  GQA 4:1; a window; softcap; ALiBi; more query rows than keys);
+  GQA 4:1; a window; softcap; ALiBi; more query rows than keys; dropout, the reference
+  given the call's keep mask);
 - dk and dv bit-equal to the dQ-recomputing path's with one query head a kv head (the same
   products in the same order), dq differing somewhere (its sum regrouped: the path really ran);
   with GQA dk differing too (the five-product kernel walks its row tiles from the last down,
@@ -38,6 +39,10 @@ REF_CASES = [
     (2, 520, 520, 4, 4, 64, dict(alibi=True)),
     (2, 400, 150, 4, 2, 64, dict(causal=True)),  # rows that see no key
     (4, 1100, 1100, 16, 4, 128, dict(causal=True)),  # more than one wave of CTAs
+    # dropout (one dQ buffer: bwd_dkdv_wgmma.cu), its mask from flash_attn_det.testing
+    (2, 700, 700, 4, 4, 128, dict(causal=True, dropout_p=0.15)),
+    (2, 600, 650, 8, 2, 64, dict(dropout_p=0.3)),
+    (2, 520, 520, 4, 2, 128, dict(window_size=(100, 20), dropout_p=0.1)),
 ]
 REL_TOL = {torch.float16: 1e-3, torch.bfloat16: 6e-3}
 
@@ -46,7 +51,8 @@ def _child_main():
     """Runs in the child (FLASH_ATTN_DET_BWD_DQ set by the parent): asserts, prints a report."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import flash_attn_det as fad
-    from flash_attn_det.testing import attention_ref
+    from flash_attn_det import dropout as drop_rule
+    from flash_attn_det.testing import attention_ref, dropout_mask_of
     from conftest import make_gen, randn
 
     mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ") or "reduce"
@@ -82,9 +88,13 @@ def _child_main():
             q, k, v, dout = inputs(700 + i, B, Sq, Sk, H, Hk, D, dtype)
             if kw.pop("alibi", False):
                 kw["alibi_slopes"] = torch.rand(B, H, generator=make_gen(800 + i)).cuda() * 0.3
+            ref_kw = dict(kw)
+            if kw.get("dropout_p"):  # the call's seed and offset, read before it draws them
+                seed, offset, _ = drop_rule.draw(q, kw["dropout_p"])
+                ref_kw["dropout_mask"] = dropout_mask_of((kw["dropout_p"], seed, offset), H, Sq, Sk, "cuda")
             got = grads(fad.flash_attn_func, q, k, v, dout, **kw)
             qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-            out_ref, _ = attention_ref(qd, kd, vd, **kw)
+            out_ref, _ = attention_ref(qd, kd, vd, **ref_kw)
             out_ref.backward(dout.double())
             errs = []
             for name, g, r in zip(("dq", "dk", "dv"), got, (qd.grad, kd.grad, vd.grad)):

@@ -34,8 +34,9 @@ static fad_status dq_reduce_env(int *reduce, char *msg, size_t msg_len)
 
 /* The one rule for whether a call's dQ is summed by the dK/dV kernel (the
  * workspace size and the dispatch both ask here): the switch not "recompute", the sm_90a
- * kernels in use (fad_use_wgmma), head dim <= 128, no dropout (D256 and
- * dropout keep the dQ kernel). Every other input, the grid size included,
+ * kernels in use (fad_use_wgmma), head dim <= 128, not dropout with a score
+ * mod (D256 and that pair keep the dQ kernel: launch_bwd's wgmma rule). Every
+ * other input, the grid size included,
  * leaves it unchanged: the bits of one (dtype, head dim, mods) must not
  * depend on the batch (launch_bwd, the small-grid rule). A dK/dV-only call
  * runs it too, its dQ adds left unconverted in the workspace: with GQA that
@@ -46,7 +47,8 @@ static fad_status dq_reduce_applies(const fad_fwd_params &p, int *use, char *msg
     int env = 0;
     *use = 0;
     fad_status st = dq_reduce_env(&env, msg, msg_len);
-    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || p.dropout_p > 0.f)
+    const bool mod = p.softcap > 0.f || p.alibi_slopes;
+    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || (p.dropout_p > 0.f && mod))
         return st;
     int wgmma = 0;
     st = fad_use_wgmma(&wgmma, msg, msg_len);
