@@ -212,9 +212,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (kWs) {
         /* full: each producer thread arrives twice, when its copies land
          * (cp.async) and once its row values are stored (a plain arrive);
-         * empty: one arrival per math warp (kRed: per math thread) */
-        ring_init(full, empty, kStages, 2 * kLoaders, kRed ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS, kv_full,
-                  kKvLoaders);
+         * empty: one arrival per math thread (below) */
+        ring_init(full, empty, kStages, 2 * kLoaders, C::kDkdvThreads, kv_full, kKvLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
@@ -463,17 +462,14 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_fence_operand(pf);
             wgmma_fence_operand(sf);
         }
-        if constexpr (kWs) { /* this warp (kRed: thread) is done with the stage */
+        if constexpr (kWs) { /* this thread is done with the stage */
             static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
-            /* kRed: every math thread arrives, releasing its own plain loads of
-             * the stage's row values (lse2, dsum). After a lane-0 arrival
-             * behind __syncwarp (the other kernels' release, CUTLASS's
-             * pattern), compute-sanitizer's racecheck reports the producer's
-             * next stores there as racing with the other lanes' loads. */
-            if constexpr (kRed)
-                mbar_arrive(&empty[st]);
-            else
-                warp_arrive(&empty[st], lane);
+            /* Every math thread arrives, releasing its own plain loads of the
+             * stage's row values (lse2, dsum). After a lane-0 arrival behind
+             * __syncwarp (CUTLASS's pattern, the dQ kernel's release),
+             * compute-sanitizer's racecheck reports the producer's next stores
+             * there as racing with the other lanes' loads. */
+            mbar_arrive(&empty[st]);
         }
         /* kRed: the part to the dQ warps. After the stage's release: its wait
          * may follow another CTA's turn. */
