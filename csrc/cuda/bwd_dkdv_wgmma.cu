@@ -131,6 +131,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kStages = Shape::kStages;
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     constexpr bool kSplit = Smem::kSplit;
+    constexpr bool kThreadRelease = kRed || C::kSplitCols; /* (the ring's release, below) */
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
     dkdv_work w;
@@ -216,9 +217,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (kWs) {
         /* full: each producer thread arrives twice, when its copies land
          * (cp.async) and once its row values are stored (a plain arrive);
-         * empty: one arrival per math warp (kRed: per math thread) */
-        ring_init(full, empty, kStages, 2 * kLoaders, kRed ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS, kv_full,
-                  kKvLoaders);
+         * empty: one arrival per math thread, or at D <= 128 in the dQ
+         * pass's kernels one per math warp (below) */
+        ring_init(full, empty, kStages, 2 * kLoaders, kThreadRelease ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS,
+                  kv_full, kKvLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
@@ -471,14 +473,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_fence_operand(pf);
             wgmma_fence_operand(sf);
         }
-        if constexpr (kWs) { /* this warp (kRed: thread) is done with the stage */
+        if constexpr (kWs) { /* this thread is done with the stage */
             static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
-            /* kRed: every math thread arrives, releasing its own plain loads of
-             * the stage's row values (lse2, dsum). After a lane-0 arrival
-             * behind __syncwarp (the other kernels' release, CUTLASS's
-             * pattern), compute-sanitizer's racecheck reports the producer's
-             * next stores there as racing with the other lanes' loads. */
-            if constexpr (kRed)
+            /* Every math thread arrives, releasing its own plain loads of the
+             * stage's row values (lse2, dsum). After a lane-0 arrival behind
+             * __syncwarp (CUTLASS's pattern, the dQ kernel's release),
+             * compute-sanitizer's racecheck reports the producer's next stores
+             * there as racing with the other lanes' loads. (Not in the dQ
+             * pass's D <= 128 kernels: at D128 ptxas then serialized their
+             * wgmmas, C7512.) */
+            if constexpr (kThreadRelease)
                 mbar_arrive(&empty[st]);
             else
                 warp_arrive(&empty[st], lane);
