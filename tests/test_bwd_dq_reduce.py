@@ -15,7 +15,8 @@ process with it set (the parent asserts the child's exit and prints its report):
   bit for bit; the dq-only and dk/dv-only parts equal to the whole.
 
 And on the CPU (nvcc only, host code): the add order's turns against the dK/dV kernel's own
-walk for random lengths and masks (tests/dq_turn_check.cu).
+walk for random lengths and masks, and the accumulator's layout for random dense and varlen
+batches (tests/dq_turn_check.cu).
 """
 import os
 import subprocess
@@ -204,8 +205,9 @@ def test_gpu_dq_reduce_rejects_unknown_setting(tmp_path):
 
 def test_dq_turns_follow_the_walk(tmp_path):
     """Every row tile's walkers (dkdv_row_tiles) take the turns 0, 1, 2, ... from the last key
-    block down (dq_turn): no gap (a CTA would wait forever) and no repeat. Host code, built
-    with nvcc from the kernels' own headers."""
+    block down (dq_turn): no gap (a CTA would wait forever) and no repeat; and no two
+    (sequence, head, row tile) share an accumulator tile, all within the workspace's count
+    (dq_tile). Host code, built with nvcc from the kernels' own headers."""
     import shutil
     nvcc = shutil.which("nvcc")
     if nvcc is None:

@@ -79,8 +79,11 @@ template <int kHeadDim> struct dq_accum_cfg {
 };
 
 /* The tile of sequence b (seq: fad_get_seq's, row0 its first packed row when
- * varlen), head h, row tile m: the layout above. */
-__device__ __forceinline__ int64_t dq_tile(const bwd_args &a, int b, const fad_seq &seq, int h, int m, int kRows)
+ * varlen), head h, row tile m: the layout above. (Host code too:
+ * tests/dq_turn_check.cu checks on the CPU that no two tiles meet and all lie
+ * below heads x dq_head_tiles.) */
+__host__ __device__ __forceinline__ int64_t dq_tile(const bwd_args &a, int b, const fad_seq &seq, int h, int m,
+                                                    int kRows)
 {
     const int64_t first = a.p.cu_seqlens_q ? seq.row0 / kRows + b : (int64_t)b * a.dq_m_tiles;
     return h * a.dq_head_tiles + first + m;
