@@ -91,6 +91,9 @@ def _child_main():
                 kw["alibi_slopes"] = torch.rand(B, H, generator=make_gen(800 + i)).cuda() * 0.3
             ref_kw = dict(kw)
             if kw.get("dropout_p"):  # the call's seed and offset, read before it draws them
+                # (torch seeds its CUDA generator from /dev/urandom: the children compared
+                # below must draw the same masks)
+                torch.manual_seed(1000 + i)
                 seed, offset, _ = drop_rule.draw(q, kw["dropout_p"])
                 ref_kw["dropout_mask"] = dropout_mask_of((kw["dropout_p"], seed, offset), H, Sq, Sk, "cuda")
             got = grads(fad.flash_attn_func, q, k, v, dout, **kw)
