@@ -216,11 +216,11 @@ typedef struct fad_bwd_params {
 fad_status fad_bwd_cpu(const fad_bwd_params *p, char *msg, size_t msg_len);
 
 /* Bytes of device workspace fad_bwd_cuda needs: one fp32 per softmax_lse
- * element (the row sums dout . out), and with FLASH_ATTN_DET_BWD_DQ=reduce in
- * the environment, where it applies (sm_90, head dim <= 128, no dropout), the
- * fp32 dQ accumulator after them: 4 x head-dim-class bytes (256 or 512) per
- * query row and head, rows rounded up to a tile (varlen: a tile more a
- * sequence), plus 4 bytes a tile. */
+ * element (the row sums dout . out), and where the five-product backward
+ * applies (FLASH_ATTN_DET_BWD_DQ not "recompute"; sm_90, head dim <= 128, not
+ * dropout with softcap or ALiBi), the fp32 dQ accumulator after them: 4 x
+ * head-dim-class bytes (256 or 512) per query row and head, rows rounded up to
+ * a tile (varlen: a tile more a sequence), plus 4 bytes a tile. */
 fad_status fad_bwd_workspace_size(const fad_bwd_params *p, size_t *bytes, char *msg,
                                   size_t msg_len);
 

@@ -248,10 +248,10 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softc
     tensors = [_opt(t) for t in (dout, dq, dk, dv, q, k, v, out, lse)]
     ws_bytes, stream, ws_key = 0, 0, None
     if q.is_cuda:  # scratch for the row sums dout . out (one fp32 per softmax_lse element) and,
-        # with FLASH_ATTN_DET_BWD_DQ=reduce, the fp32 dQ accumulator: the C side answers with the
-        # bytes it needs when they are short (having written nothing), remembered per shape
-        # (varlen: the accumulator has a tile more a sequence, so the number of sequences
-        # enters the size beside the rows)
+        # where the five-product backward applies (FLASH_ATTN_DET_BWD_DQ), the fp32 dQ
+        # accumulator: the C side answers with the bytes it needs when they are short (having
+        # written nothing), remembered per shape (varlen: the accumulator has a tile more a
+        # sequence, so the number of sequences enters the size beside the rows)
         ws_key = ("bwd", q.shape, k.shape, q.dtype, q.device, part, opts[1:],
                   dropout is not None,
                   None if varlen is None else (varlen[0].shape[0], *varlen[3:]))

@@ -328,7 +328,9 @@ def test_gpu_wgmma_and_mma_sync_backward_bit_equal(tmp_path):
         code = ("import sys, torch; sys.path.insert(0, %r); import test_backward; "
                 "torch.save(test_backward._bwd_variant_grads(), %r)" % (os.path.dirname(__file__),
                                                                          str(path)))
-        env = dict(os.environ)
+        # (the dQ pass: the five-product path, the default where it applies, has no mma.sync
+        # form, so FLASH_ATTN_DET_WGMMA=0 gives other bits there; tests/test_bwd_dq_reduce.py)
+        env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ="recompute")
         env.pop("FLASH_ATTN_DET_WGMMA", None)
         env.pop("FLASH_ATTN_DET_WS_TMA", None)
         env.update(extra)

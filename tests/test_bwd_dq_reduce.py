@@ -5,7 +5,8 @@ process with it set (the parent asserts the child's exit and prints its report):
 
 - dq, dk, dv against float64 autograd on fresh random inputs, the gradients' memory
   poisoned with NaN and the workspace with 0xff bytes (D64, D96, D128; causal or not;
-  GQA 4:1; a window; softcap; ALiBi; more query rows than keys);
+  GQA 4:1; a window; softcap; ALiBi; more query rows than keys; dropout, the reference
+  given the call's keep mask);
 - dk and dv bit-equal to the dQ-recomputing path's with one query head a kv head (the same
   products in the same order), dq differing somewhere (its sum regrouped: the path really ran);
   with GQA dk differing too (the five-product kernel walks its row tiles from the last down,
@@ -39,6 +40,10 @@ REF_CASES = [
     (2, 520, 520, 4, 4, 64, dict(alibi=True)),
     (2, 400, 150, 4, 2, 64, dict(causal=True)),  # rows that see no key
     (4, 1100, 1100, 16, 4, 128, dict(causal=True)),  # more than one wave of CTAs
+    # dropout (one dQ buffer: bwd_dkdv_wgmma.cu), its mask from flash_attn_det.testing
+    (2, 700, 700, 4, 4, 128, dict(causal=True, dropout_p=0.15)),
+    (2, 600, 650, 8, 2, 64, dict(dropout_p=0.3)),
+    (2, 520, 520, 4, 2, 128, dict(window_size=(100, 20), dropout_p=0.1)),
 ]
 REL_TOL = {torch.float16: 1e-3, torch.bfloat16: 6e-3}
 
@@ -47,10 +52,11 @@ def _child_main():
     """Runs in the child (FLASH_ATTN_DET_BWD_DQ set by the parent): asserts, prints a report."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import flash_attn_det as fad
-    from flash_attn_det.testing import attention_ref
+    from flash_attn_det import dropout as drop_rule
+    from flash_attn_det.testing import attention_ref, dropout_mask_of
     from conftest import make_gen, randn
 
-    mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ", "recompute")
+    mode = os.environ.get("FLASH_ATTN_DET_BWD_DQ") or "reduce"
     empty_like, empty = torch.empty_like, torch.empty
 
     def poisoned_like(t, *a, **kw):  # the gradients start as NaN: every element must be written
@@ -83,9 +89,16 @@ def _child_main():
             q, k, v, dout = inputs(700 + i, B, Sq, Sk, H, Hk, D, dtype)
             if kw.pop("alibi", False):
                 kw["alibi_slopes"] = torch.rand(B, H, generator=make_gen(800 + i)).cuda() * 0.3
+            ref_kw = dict(kw)
+            if kw.get("dropout_p"):  # the call's seed and offset, read before it draws them
+                # (torch seeds its CUDA generator from /dev/urandom: the children compared
+                # below must draw the same masks)
+                torch.manual_seed(1000 + i)
+                seed, offset, _ = drop_rule.draw(q, kw["dropout_p"])
+                ref_kw["dropout_mask"] = dropout_mask_of((kw["dropout_p"], seed, offset), H, Sq, Sk, "cuda")
             got = grads(fad.flash_attn_func, q, k, v, dout, **kw)
             qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-            out_ref, _ = attention_ref(qd, kd, vd, **kw)
+            out_ref, _ = attention_ref(qd, kd, vd, **ref_kw)
             out_ref.backward(dout.double())
             errs = []
             for name, g, r in zip(("dq", "dk", "dv"), got, (qd.grad, kd.grad, vd.grad)):
@@ -132,6 +145,8 @@ def _run_child(mode, path):
     code = ("import sys, torch; sys.path.insert(0, %r); import test_bwd_dq_reduce as t; "
             "torch.save(t._child_main(), %r)" % (os.path.dirname(os.path.abspath(__file__)), str(path)))
     env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ=mode)
+    if mode is None:  # the default
+        env.pop("FLASH_ATTN_DET_BWD_DQ")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                        cwd=os.path.dirname(os.path.abspath(__file__)))
     print(r.stdout)
@@ -151,11 +166,15 @@ def _run_code(code, setting):
 def test_gpu_dq_reduce_against_float64_and_recompute(tmp_path):
     """Both settings meet the float64 reference and the contract; without GQA dk, dv are
     bit-equal across them; dq differs somewhere, and with GQA dk too (so the five-product path
-    ran: the sums are regrouped)."""
+    ran: the sums are regrouped). The variable unset gives reduce's bits: it is the default."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the five-product path is sm_90's")
     reduce = _run_child("reduce", tmp_path / "reduce.pt")
     recompute = _run_child("recompute", tmp_path / "recompute.pt")
+    default = _run_child(None, tmp_path / "default.pt")
+    assert default.keys() == reduce.keys()
+    for key, grads in default.items():
+        assert all(torch.equal(a, b) for a, b in zip(grads, reduce[key])), f"{key}: the default is not reduce"
     dq_differs = dk_differs = False
     for key, (dq, dk, dv) in reduce.items():
         rdq, rdk, rdv = recompute[key]

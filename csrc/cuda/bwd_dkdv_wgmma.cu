@@ -57,7 +57,7 @@
  * copy engine where a tensor map can be made (tma.cuh; bwd_ws_args carries
  * the maps), the rest by cp.async: 0.99-1.04x more.
  *
- * kRed (FLASH_ATTN_DET_BWD_DQ=reduce, D 64 and 128, no dropout): the fifth
+ * kRed (FLASH_ATTN_DET_BWD_DQ=reduce, D 64 and 128, no score mod with dropout): the fifth
  * product, dQ = dS K, with no dQ kernel after it: each math warpgroup stores
  * its dS^T transposed and computes a 64 x 64 part of the step's dQ tile, and
  * the producer's last warps (the dQ warps, FAD_BWD_DQ_WARPS; the others load)
@@ -102,11 +102,13 @@ template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgm
     static constexpr size_t kXChunks = C::kStepM / 16; /* of one operand */
     /* kRed (dQ summed here, bwd_dq_accum.cuh): two buffers (step parity) of
      * dS, kStepM rows x the CTA's kKeys keys (the A operand of dQ = dS K,
-     * K-major swz128), then two of the step's fp32 dQ tile, which the dQ warps
-     * add to the accumulator. */
+     * K-major swz128), then kDqBufs of the step's fp32 dQ tile, which the dQ
+     * warps add to the accumulator: two, or with dropout one (two and the
+     * draws need 235 KB at D128, 243 KB at D64). */
+    static constexpr int kDqBufs = kDrop ? 1 : 2;
     static constexpr size_t kDsOffset = (kXOffset + (kSplit ? 2 * 2 * kXChunks * 128 * 16 : 0) + 1023) / 1024 * 1024;
     static constexpr size_t kDqOffset = kDsOffset + (kRed ? (size_t)2 * C::kStepM * C::kKeys * 2 : 0);
-    static constexpr size_t kBytes = kDqOffset + (kRed ? (size_t)2 * C::kStepM * kHeadDim * 4 : 0);
+    static constexpr size_t kBytes = kDqOffset + (kRed ? (size_t)kDqBufs * C::kStepM * kHeadDim * 4 : 0);
     static_assert(kWs || kDropOffset == C::kDkdvSmem, "bwd_wg_cfg's layout");
     static_assert(kBytes <= 227 * 1024, "shared memory");
 };
@@ -123,12 +125,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     /* kRed: the fifth product, dQ = dS K per step, added to a.dq_accum in
      * key-block order by the producer warpgroup's last warps (the dQ warps), so
      * that no dQ kernel runs (bwd_dq_accum.cuh) */
-    static_assert(!kRed || (kWs && !C::kSplitCols && !kDrop && !C::kDkdvDefer),
-                  "kRed: the producer-fed kernel at D 64 and 128, no dropout, waits not deferred");
+    static_assert(!kRed || (kWs && !C::kSplitCols && !C::kDkdvDefer && !(kDrop && kMod)),
+                  "kRed: the producer-fed kernel at D 64 and 128, waits not deferred, no score mod with dropout");
     static_assert(!kDown || kRed, "kDown: the five-product kernel's GQA walk");
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kStages = Shape::kStages;
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     constexpr bool kSplit = Smem::kSplit;
+    constexpr bool kThreadRelease = kRed || C::kSplitCols; /* (the ring's release, below) */
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
     dkdv_work w;
@@ -151,9 +154,11 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
     const int64_t lse_hs = fad_lse_head_stride(&p);
     /* The loaders' threads: every thread, or (kWs) the producer warpgroup's
-     * (kRed: its first warps; the last FAD_BWD_DQ_WARPS are the dQ warps). */
+     * (kRed: its first warps; the last kDqWarps are the dQ warps: with one dQ
+     * buffer, one, bwd_dq_reduce.cuh's dq_warp says why). */
     static_assert(FAD_BWD_DQ_WARPS == 1 || FAD_BWD_DQ_WARPS == 2, "a dQ warp for both buffers, or one each");
-    constexpr int kLoaders = kRed ? 128 - 32 * FAD_BWD_DQ_WARPS : kWs ? 128 : C::kDkdvThreads;
+    constexpr int kDqWarps = Smem::kDqBufs == 1 ? 1 : FAD_BWD_DQ_WARPS;
+    constexpr int kLoaders = kRed ? 128 - 32 * kDqWarps : kWs ? 128 : C::kDkdvThreads;
     const int ltid = threadIdx.x % kLoaders;
 
     /* step's head and first row: the group's heads outer, row tiles from
@@ -212,9 +217,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (kWs) {
         /* full: each producer thread arrives twice, when its copies land
          * (cp.async) and once its row values are stored (a plain arrive);
-         * empty: one arrival per math warp (kRed: per math thread) */
-        ring_init(full, empty, kStages, 2 * kLoaders, kRed ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS, kv_full,
-                  kKvLoaders);
+         * empty: one arrival per math thread, or at D <= 128 in the dQ
+         * pass's kernels one per math warp (below) */
+        ring_init(full, empty, kStages, 2 * kLoaders, kThreadRelease ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS,
+                  kv_full, kKvLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
@@ -222,8 +228,9 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             mbar_arrive_cp_async(kv_full);
             if constexpr (kRed) {
                 if (threadIdx.x >= kLoaders) { /* ---- the dQ warps ---- */
-                    dq_warp<kHeadDim, kDown>(a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, steps, kN,
-                                             reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
+                    dq_warp<kHeadDim, kDown, Smem::kDqBufs, kDqWarps>(
+                        a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, steps, kN,
+                        reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
                     cp_async_wait_all();
                     return;
                 }
@@ -294,13 +301,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
-    /* kRed: the fifth product and its hand-off to the dQ warps (bwd_dq_reduce.cuh) */
-    constexpr bool kLag = kRed && !kMod && kHeadDim <= FAD_BWD_DQ_LAG_MAX_D;
+    /* kRed: the fifth product and its hand-off to the dQ warps (bwd_dq_reduce.cuh).
+     * (Not the lag with dropout: its turns take named barriers 1 and 2, which
+     * the draws' warpgroup_sync takes.) */
+    constexpr bool kLag = kRed && !kMod && !kDrop && kHeadDim <= FAD_BWD_DQ_LAG_MAX_D;
     /* kEarlyStore (kRed without the lag): the step's products in the order
      * dV, dQ, dK, and dQ's part stored while dK runs (FlashAttention's sm90
      * backward's order; before, the store waited for all three). */
     constexpr bool kEarlyStore = kRed && !kLag;
-    using Red = std::conditional_t<kRed, dq_reducer<T, kRed ? kHeadDim : 64, kM, kN, kLag>, dq_no_reducer>;
+    using Red = std::conditional_t<kRed, dq_reducer<T, kRed ? kHeadDim : 64, kM, kN, kLag, Smem::kDqBufs>,
+                                   dq_no_reducer>;
     const Red red(wg_smem + Smem::kDsOffset, wg_smem + Smem::kDqOffset, smem_addr(sK), wg, tid);
     red.start(steps);
     if constexpr (kWs)
@@ -463,14 +473,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_fence_operand(pf);
             wgmma_fence_operand(sf);
         }
-        if constexpr (kWs) { /* this warp (kRed: thread) is done with the stage */
+        if constexpr (kWs) { /* this thread is done with the stage */
             static_assert(!C::kDkdvDefer, "kWs: the stage is released after its last product");
-            /* kRed: every math thread arrives, releasing its own plain loads of
-             * the stage's row values (lse2, dsum). After a lane-0 arrival
-             * behind __syncwarp (the other kernels' release, CUTLASS's
-             * pattern), compute-sanitizer's racecheck reports the producer's
-             * next stores there as racing with the other lanes' loads. */
-            if constexpr (kRed)
+            /* Every math thread arrives, releasing its own plain loads of the
+             * stage's row values (lse2, dsum). After a lane-0 arrival behind
+             * __syncwarp (CUTLASS's pattern, the dQ kernel's release),
+             * compute-sanitizer's racecheck reports the producer's next stores
+             * there as racing with the other lanes' loads. (Not in the dQ
+             * pass's D <= 128 kernels: at D128 ptxas then serialized their
+             * wgmmas, C7512.) */
+            if constexpr (kThreadRelease)
                 mbar_arrive(&empty[st]);
             else
                 warp_arrive(&empty[st], lane);
@@ -513,7 +525,7 @@ template <typename T, int kHeadDim, bool kMod>
 fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t stream, char *msg, size_t msg_len)
 {
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES], smem_set_red[FAD_MAX_DEVICES],
-        smem_set_down[FAD_MAX_DEVICES];
+        smem_set_down[FAD_MAX_DEVICES], smem_set_red_drop[FAD_MAX_DEVICES], smem_set_down_drop[FAD_MAX_DEVICES];
     constexpr bool kWs = FAD_BWD_WG_DKDV_WS;
     const bool drop = a.p.dropout_p > 0.f;
     if (kMod && drop) /* (a score mod with dropout stays on mma.sync: bwd_launch.cu) */
@@ -526,18 +538,25 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
                                                 : dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false>;
     size_t smem = drop ? dkdv_wgmma_smem<kHeadDim, kDropBuilt, kWs>::kBytes : dkdv_wgmma_smem<kHeadDim, false, kWs>::kBytes;
     int *set = drop ? smem_set_drop : smem_set;
-    /* a.dq_accum: the variant that adds dQ (bwd_launch.cu picks it: D 64 and 128, no dropout) */
+    /* a.dq_accum: the variant that adds dQ (bwd_launch.cu picks it: D 64 and 128, no score mod
+     * with dropout, refused above) */
     constexpr bool kRedBuilt = kWs && !bwd_wg_cfg<kHeadDim>::kSplitCols && !bwd_wg_cfg<kHeadDim>::kDkdvDefer;
     if (a.dq_accum) {
-        if (!kRedBuilt || drop)
-            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no dK/dV kernel that adds dQ for D %d%s",
-                            kHeadDim, drop ? " with dropout" : "");
+        if (!kRedBuilt)
+            return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no dK/dV kernel that adds dQ for D %d", kHeadDim);
         /* (GQA: the walk down, the turns from the first key block up, bwd_block.cuh) */
         const bool down = dq_turns_from_first(a.p.num_heads, a.p.num_heads_k);
-        kernel = down ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod, kRedBuilt, kRedBuilt>
-                      : dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod, kRedBuilt>;
-        smem = dkdv_wgmma_smem<kHeadDim, false, kWs, kRedBuilt>::kBytes;
-        set = down ? smem_set_down : smem_set_red;
+        if (drop) {
+            kernel = down ? dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false, kRedBuilt, kRedBuilt>
+                          : dkdv_wgmma_kernel<T, kHeadDim, kDropBuilt, kWs, false, kRedBuilt>;
+            smem = dkdv_wgmma_smem<kHeadDim, kDropBuilt, kWs, kRedBuilt>::kBytes;
+            set = down ? smem_set_down_drop : smem_set_red_drop;
+        } else {
+            kernel = down ? dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod, kRedBuilt, kRedBuilt>
+                          : dkdv_wgmma_kernel<T, kHeadDim, false, kWs, kMod, kRedBuilt>;
+            smem = dkdv_wgmma_smem<kHeadDim, false, kWs, kRedBuilt>::kBytes;
+            set = down ? smem_set_down : smem_set_red;
+        }
     }
     fad_status st = allow_smem(kernel, set, smem, msg, msg_len);
     if (st != FAD_OK)

@@ -102,14 +102,15 @@ __host__ __device__ __forceinline__ int dq_turn(int n_block, int kN, int m, int 
 
 /* Named barriers. Between the math warpgroups (256 threads) and the dQ warp
  * adding from buffer buf (FAD_BWD_DQ_WARPS: one for both buffers, or one
- * each): dq_full[buf] (the math warps stored a tile into buffer buf),
+ * each; with dropout one buffer, one warp): dq_full[buf] (the math warps stored a tile into buffer buf),
  * dq_empty[buf] (the copy engine has read it). Between the math warpgroups
  * (128 threads each): ds_stored (both stored their halves of the step's dS);
  * with bwd_dkdv_wgmma.cu's kLag instead ds_full[buf][w] (warpgroup w stored
  * its half into dS buffer buf), ds_empty[buf][w] (warpgroup w is done reading
  * buffer buf) and turn[w] (warpgroup w may issue its products). 1, 2 are also
- * warpgroup_sync's, 3 split_meet's: neither runs in a kernel that adds dQ;
- * 3 is also the epilogues' (after the loop: stage_acc, bwd_tile_wgmma.cuh). */
+ * warpgroup_sync's (dropout's draws: so no kernel with dropout has the lag),
+ * 3 split_meet's (none adds dQ) and the epilogues' (after the loop:
+ * stage_acc, bwd_tile_wgmma.cuh). */
 enum {
     kBarTurn = 1, kBarDqFull = 4, kBarDqEmpty = 6, kBarDsFull = 8, kBarDsEmpty = 12,
     kBarDsStored = kBarDsFull, /* (in the kernels without ds_full) */

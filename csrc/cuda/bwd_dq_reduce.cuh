@@ -14,8 +14,10 @@
  *
  * Shapes: kM rows a step (the tile's rows), kN keys a CTA (two warpgroups of
  * 64), kHeadDim 64 or 128 (dq_accum_cfg: one 64 x 64 part a warpgroup).
- * Buffers: two of dS (step parity, kM x kN bf16, swz128) and two of dQ (step
- * parity, kM x kHeadDim fp32, in dq_accum_cfg's slot order).
+ * Buffers: two of dS (step parity, kM x kN bf16, swz128) and kBufs of dQ
+ * (step t's in buffer t % kBufs, kM x kHeadDim fp32, in dq_accum_cfg's slot
+ * order): two, or with dropout one (its draws take the shared memory a
+ * second would: bwd_dkdv_wgmma.cu, dkdv_wgmma_smem).
  *
  * kLag (FAD_BWD_DQ_LAG_MAX_D, no score mod): each step's dQ product is issued
  * a step late and the warpgroups take turns at issuing their products
@@ -42,7 +44,7 @@
  *   issue (this step's dQ; kLag: the last step's), turn_pass, the wait for
  *   the products, hand_off; after the loop, finish. (Without the lag: dV,
  *   issue, dK, the wait for dQ, hand_off, the wait for dV and dK.) */
-template <typename T, int kHeadDim, int kM, int kN, bool kLag> struct dq_reducer {
+template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct dq_reducer {
     using Acc = dq_accum_cfg<kHeadDim>;
     static constexpr int kDqLag = kLag ? 1 : 0;
     /* (kLag, step -1's product: of K and V's tiles, which nobody writes,
@@ -124,20 +126,21 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag> struct dq_reducer
         issue_part(dqa, step - kDqLag);
     }
 
-    /* Step t's part (its product waited for) into dQ buffer t & 1, once the
-     * copy engine read it for step t - 2 (kBarDqEmpty), then to the dQ warps
-     * (kBarDqFull). */
+    /* Step t's part (its product waited for) into dQ buffer t % kBufs, once
+     * the copy engine read it for step t - kBufs (kBarDqEmpty), then to the
+     * dQ warps (kBarDqFull). */
     __device__ __forceinline__ void store_part(float (&dqa)[8][4], int t) const
     {
         wgmma_fence_operand(dqa);
-        if (t >= 2)
-            named_bar_sync(kBarDqEmpty + (t & 1), kDqBarThreads);
-        float4 *dq_s = dq0 + (t & 1) * (Acc::kTileFloats / 4);
+        const int buf = t % kBufs;
+        if (t >= kBufs)
+            named_bar_sync(kBarDqEmpty + buf, kDqBarThreads);
+        float4 *dq_s = dq0 + buf * (Acc::kTileFloats / 4);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
             dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
         fence_async_smem(); /* (the copy engine reads it through the async proxy) */
-        named_bar_arrive(kBarDqFull + (t & 1), kDqBarThreads);
+        named_bar_arrive(kBarDqFull + buf, kDqBarThreads);
     }
     /* Once the step's products are done: the part issued with them goes to
      * the dQ warps (kLag: the last step's, and this warpgroup is done reading
@@ -180,24 +183,27 @@ struct dq_no_reducer {
     template <typename... A> __device__ __forceinline__ void finish(A &&...) const {}
 };
 
-/* A dQ warp of the producer warpgroup: its steps (every step, or with two
- * dQ warps those of its parity, FAD_BWD_DQ_WARPS) in the math warps' order:
- * once they stored the step's dQ tile into buffer step & 1 (barrier
- * kBarDqFull), lane 0 adds it to the accumulator in its turn; once the copy
- * engine has read the buffer it is free (kBarDqEmpty, which the math warps
- * wait on two steps later; none for the last two, which nothing waits on),
- * and once the add has landed the turn passes on (dq_add_start, _finish).
- * Two warps keep two adds in flight: a step's add then need not wait for the
- * previous step's to land, nor for its turn. */
-template <int kHeadDim, bool kDown, typename StepH, typename StepM>
+/* A dQ warp of the producer warpgroup, the first of kWarps: its steps (every
+ * step, or with two dQ warps those of its parity, FAD_BWD_DQ_WARPS) in the
+ * math warps' order: once they stored the step's dQ tile into buffer step %
+ * kBufs (barrier kBarDqFull), lane 0 adds it to the accumulator in its turn;
+ * once the copy engine has read the buffer it is free (kBarDqEmpty, which the
+ * math warps wait on kBufs steps later; none for the last kBufs, which
+ * nothing waits on), and once the add has landed the turn passes on
+ * (dq_add_start, _finish). Two warps keep two adds in flight: a step's add
+ * then need not wait for the previous step's to land, nor for its turn. Two
+ * warps need two buffers: on one, both would meet the math warps at the same
+ * named barrier and either could take the other's step. */
+template <int kHeadDim, bool kDown, int kBufs, int kWarps, typename StepH, typename StepM>
 __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, StepH step_h, StepM step_m0,
                                         int first, int steps, int kN, const float *s_dq)
 {
+    static_assert(kWarps <= kBufs && kBufs <= 2, "a dQ warp a buffer at most");
     using Acc = dq_accum_cfg<kHeadDim>;
     const fad_fwd_params &p = a.p;
     const int n_block = w.n0 / kN;
-    for (int step = first; step < steps; step += FAD_BWD_DQ_WARPS) {
-        const int buf = step & 1;
+    for (int step = first; step < steps; step += kWarps) {
+        const int buf = step % kBufs;
         named_bar_sync(kBarDqFull + buf, kDqBarThreads);
         const int m = step_m0(step) / Acc::kRows;
         const int64_t tile = dq_tile(a, w.b, w.seq, step_h(step), m, Acc::kRows);
@@ -208,7 +214,7 @@ __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, S
                          Acc::kTileFloats * 4, a.dq_sems + tile, turn);
         }
         __syncwarp();
-        if (step + 2 < steps)
+        if (step + kBufs < steps)
             named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads);
         if (threadIdx.x % 32 == 0)
             dq_add_finish(a.dq_sems + tile);

@@ -10,8 +10,8 @@
 #include "bwd_launch.h"
 #include "mma.cuh"
 
-/* FLASH_ATTN_DET_BWD_DQ (read once): "recompute" (the default; also unset or
- * empty) or "reduce". reduce: where dq_reduce_applies holds, the dK/dV kernel
+/* FLASH_ATTN_DET_BWD_DQ (read once): "reduce" (the default; also unset or
+ * empty) or "recompute". reduce: where dq_reduce_applies holds, the dK/dV kernel
  * issues the fifth product dQ = dS K itself and adds it to an fp32
  * accumulator in key-block order (bwd_dq_accum.cuh), and a conversion kernel
  * (bwd_dq_post.cu) replaces the dQ kernel, which recomputes S and dP. The two
@@ -24,18 +24,19 @@ static fad_status dq_reduce_env(int *reduce, char *msg, size_t msg_len)
     static int env = -1; /* 0 recompute, 1 reduce, 2 neither */
     const char *e = getenv("FLASH_ATTN_DET_BWD_DQ");
     if (env < 0)
-        env = !e || !e[0] || strcmp(e, "recompute") == 0 ? 0 : strcmp(e, "reduce") == 0 ? 1 : 2;
+        env = !e || !e[0] || strcmp(e, "reduce") == 0 ? 1 : strcmp(e, "recompute") == 0 ? 0 : 2;
     *reduce = env == 1;
     if (env == 2)
         return fad_fail(FAD_ERR_VALUE, msg, msg_len,
-                        "FLASH_ATTN_DET_BWD_DQ: expected 'recompute' or 'reduce', got '%s'", e ? e : "");
+                        "FLASH_ATTN_DET_BWD_DQ: expected 'reduce' or 'recompute', got '%s'", e ? e : "");
     return FAD_OK;
 }
 
 /* The one rule for whether a call's dQ is summed by the dK/dV kernel (the
- * workspace size and the dispatch both ask here): the switch set, the sm_90a
- * kernels in use (fad_use_wgmma), head dim <= 128, no dropout (D256 and
- * dropout keep the dQ kernel). Every other input, the grid size included,
+ * workspace size and the dispatch both ask here): the switch not "recompute", the sm_90a
+ * kernels in use (fad_use_wgmma), head dim <= 128, not dropout with a score
+ * mod (D256 and that pair keep the dQ kernel: launch_bwd's wgmma rule). Every
+ * other input, the grid size included,
  * leaves it unchanged: the bits of one (dtype, head dim, mods) must not
  * depend on the batch (launch_bwd, the small-grid rule). A dK/dV-only call
  * runs it too, its dQ adds left unconverted in the workspace: with GQA that
@@ -46,7 +47,8 @@ static fad_status dq_reduce_applies(const fad_fwd_params &p, int *use, char *msg
     int env = 0;
     *use = 0;
     fad_status st = dq_reduce_env(&env, msg, msg_len);
-    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || p.dropout_p > 0.f)
+    const bool mod = p.softcap > 0.f || p.alibi_slopes;
+    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || (p.dropout_p > 0.f && mod))
         return st;
     int wgmma = 0;
     st = fad_use_wgmma(&wgmma, msg, msg_len);

@@ -179,7 +179,7 @@ static PyObject *run_fwd(fad_fwd_params *p, const DLTensor *q, const fwd_opts *o
 
 /* Backward: grads = (dout, dq, dk, dv) tensors, each the shape and strides of
  * (out, q, k, v); on the GPU the workspace holds one fp32 per softmax_lse element
- * and, where FLASH_ATTN_DET_BWD_DQ=reduce applies, the dQ accumulator: when it is
+ * and, where the five-product backward applies (FLASH_ATTN_DET_BWD_DQ), the dQ accumulator: when it is
  * short, nothing is written and the bytes it needs are returned (as run_fwd does).
  * dq None asks for dk/dv only, dk and dv None for dq only (fad_bwd_part). */
 static PyObject *run_bwd(tensor_args *ta, fad_fwd_params *p, const DLTensor *const fwd_t[4],
@@ -438,9 +438,9 @@ PyDoc_STRVAR(bwd_doc,
 "dout, dq, dk, dv: capsules shaped and strided like out, q, k, v; dq is written in\n"
 "full, dk/dv on the rows some query sees (pass zeros). dq None computes dk/dv only,\n"
 "dk and dv None dq only (the same bits, half the work). CUDA tensors need a uint8\n"
-"workspace of 4 bytes per softmax_lse element, and with FLASH_ATTN_DET_BWD_DQ=reduce the\n"
-"dQ accumulator after it: given one too small, nothing is written and the bytes it\n"
-"needs are returned.");
+"workspace of 4 bytes per softmax_lse element, and where the five-product backward\n"
+"applies (FLASH_ATTN_DET_BWD_DQ) the dQ accumulator after it: given one too small,\n"
+"nothing is written and the bytes it needs are returned.");
 
 static PyObject *fad_py_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
