@@ -7,7 +7,7 @@ boundaries. Every output is checked finite, so a variant that silently did nothi
 Variants: the prefill kernel's wgmma variants (D64 one warpgroup, D128 warp-specialized) and its
 mma.sync one (softcap / ALiBi, and FLASH_ATTN_DET_WGMMA=0 runs everything on mma.sync), the packed
 decode kernel on a contiguous and a paged cache, the combine (CTA-per-split schedule), the
-append + rotary step, varlen, and the backward (dK/dV, dQ, dsum; wgmma and mma.sync).
+append + rotary step, varlen, and the backward (dK/dV, dQ, dsum; wgmma and mma.sync; dropout).
     python3 dev/sanitize_gpu.py [bwd]
 bwd: the backward's calls alone (with FLASH_ATTN_DET_BWD_DQ=reduce: the five-product kernels, the
 dQ adds' turns crossing several key blocks in the GQA calls).
@@ -52,6 +52,12 @@ def prefill_and_backward():
         out = fad.flash_attn_func(q, k, v, causal=causal)
         out.float().square().sum().backward()
         finite(f"fwd+bwd gqa 600, causal={causal}", out, q.grad, k.grad, v.grad)
+    for D, Hk in ((64, 4), (128, 2)):  # dropout (the five-product kernel keeps one dQ buffer)
+        q, k, v = rnd(2, 300, 4, D), rnd(2, 300, Hk, D), rnd(2, 300, Hk, D)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = fad.flash_attn_func(q, k, v, causal=True, dropout_p=0.2)
+        out.float().square().sum().backward()
+        finite(f"fwd+bwd dropout D{D} heads 4/{Hk}", out, q.grad, k.grad, v.grad)
     if sys.argv[1:2] == ["bwd"]:
         return
     # GQA and a long enough row for several splits on the CTA-per-split schedule
