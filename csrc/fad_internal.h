@@ -116,6 +116,9 @@ fad_status fad_cpu_fold_splits(const float *m, const float *l, const float *o, i
 /* printf-style message into msg, returns st. */
 fad_status fad_fail(fad_status st, char *msg, size_t msg_len, const char *fmt, ...);
 
+/* Whether a call's scores carry a mod (softcap or ALiBi): the launchers' variant choice. */
+static inline int fad_scores_modded(const fad_fwd_params *p) { return p->softcap > 0.f || p->alibi_slopes != NULL; }
+
 /* seqlen_k within FAD_MAX_SEQLEN_K: the GPU launchers' refusal (the Python glue refuses it
  * first, naming the tensor). */
 static inline fad_status fad_check_seqlen_k(int seqlen_k, char *msg, size_t msg_len)

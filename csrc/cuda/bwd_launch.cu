@@ -47,8 +47,7 @@ static fad_status dq_reduce_applies(const fad_fwd_params &p, int *use, char *msg
     int env = 0;
     *use = 0;
     fad_status st = dq_reduce_env(&env, msg, msg_len);
-    const bool mod = p.softcap > 0.f || p.alibi_slopes;
-    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || (p.dropout_p > 0.f && mod))
+    if (st != FAD_OK || !env || !FAD_SM90A || p.head_dim > 128 || (p.dropout_p > 0.f && fad_scores_modded(&p)))
         return st;
     int wgmma = 0;
     st = fad_use_wgmma(&wgmma, msg, msg_len);
@@ -226,7 +225,7 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
     }
     /* (dropout: a kDrop variant of either, on mma.sync or wgmma: bwd_dq.cu, bwd_dkdv.cu and
      * their sm_90a variants) */
-    const bool mod = a.p.softcap > 0.f || a.p.alibi_slopes;
+    const bool mod = fad_scores_modded(&a.p);
     if (a.p.dtype == FAD_BFLOAT16)
         return mod ? bwd_dispatch_head_dim<__nv_bfloat16, true>(a, stream, msg, msg_len)
                    : bwd_dispatch_head_dim<__nv_bfloat16, false>(a, stream, msg, msg_len);

@@ -18,8 +18,9 @@ struct bwd_args {
     const void *dout;  /* like out */
     void *dq, *dk, *dv; /* like q, k, v */
     float *dsum;       /* one fp32 per flat row: D_i */
-    /* FLASH_ATTN_DET_BWD_DQ=reduce (else NULL): dQ summed in fp32 by the dK/dV kernel, tile by
-     * tile in key-block order (bwd_dq_accum.cuh), then converted (bwd_dq_post.cu); dq_sems: one
+    /* Where the five-product backward applies (FLASH_ATTN_DET_BWD_DQ, bwd_launch.cu; else NULL):
+     * dQ summed in fp32 by the dK/dV kernel, tile by tile in key-block order
+     * (bwd_dq_accum.cuh), then converted (bwd_dq_post.cu); dq_sems: one
      * semaphore a tile; dq_m_tiles: row tiles of the longest sequence; dq_head_tiles: a head's
      * tiles (bwd_dq_accum.cuh, dq_tile) */
     float *dq_accum;

@@ -147,7 +147,7 @@ __device__ __forceinline__ void split_store(uint4 *x, const uint32_t (&own)[kHal
         x[(wg * kHalf + kk) * 128 + tid] = make_uint4(own[kk][0], own[kk][1], own[kk][2], own[kk][3]);
 }
 /* Both math warpgroups' stores are done (named barrier 3; 1 and 2 are warpgroup_sync's). */
-__device__ __forceinline__ void split_meet() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void split_meet() { named_bar_sync(3, 256); }
 template <int kChunks>
 __device__ __forceinline__ void split_load(const uint4 *x, uint32_t (&all)[kChunks][4], int tid)
 {

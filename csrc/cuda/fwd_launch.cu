@@ -106,7 +106,7 @@ static fad_status dispatch_paged(const fwd_args &a, cudaStream_t s, char *msg, s
 template <typename T>
 static fad_status dispatch_mod(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
 {
-    if (a.p.softcap > 0.f || a.p.alibi_slopes) /* (dropout: a kDrop variant of either, fwd_prefill.cu) */
+    if (fad_scores_modded(&a.p)) /* (dropout: a kDrop variant of either, fwd_prefill.cu) */
         return dispatch_paged<T, true>(a, s, msg, msg_len);
     return dispatch_paged<T, false>(a, s, msg, msg_len);
 }

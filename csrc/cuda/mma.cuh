@@ -95,12 +95,13 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
                  "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-/* A barrier of one warpgroup (128 threads) on named barrier `id` (1..15: 0 is
- * __syncthreads'), so one warpgroup syncs without stalling the others. */
-__device__ __forceinline__ void warpgroup_sync(int id)
-{
-    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
+/* Named barrier id (1..15: 0 is __syncthreads') among n threads (whole warps):
+ * bar.sync waits, bar.arrive does not. */
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* A barrier of one warpgroup (128 threads), so one warpgroup syncs without
+ * stalling the others. */
+__device__ __forceinline__ void warpgroup_sync(int id) { named_bar_sync(id, 128); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
 /* Programmatic dependent launch (sm_90; no-ops before): a kernel lets the
  * next one in the stream start launching (its CTAs are then scheduled as SMs

@@ -242,10 +242,6 @@ template <int NB, typename CT>
 __device__ __forceinline__ void wgmma_rs_mnmajor(float (&)[NB][4], const uint32_t (&)[4], uint64_t, const CT *, int = 1) { __trap(); }
 #endif
 
-/* Named barrier id among n threads (whole warps): bar.sync waits, bar.arrive does not. */
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-
 /* Four 8x8 b16 matrices of the m16n8k16 fragment layout (register i: this
  * thread's two elements of matrix i, row lane / 4, columns 2 (lane % 4) ..):
  * lane 8i + c gives the address of row c of matrix i as stored (16 bytes);
