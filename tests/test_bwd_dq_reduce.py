@@ -141,24 +141,24 @@ def _child_main():
     return results
 
 
+def _run_code(code, setting, timeout=300):
+    """code in a child process with FLASH_ATTN_DET_BWD_DQ=setting (None: unset, the default),
+    from this directory."""
+    env = dict(os.environ)
+    env.pop("FLASH_ATTN_DET_BWD_DQ", None)
+    if setting is not None:
+        env["FLASH_ATTN_DET_BWD_DQ"] = setting
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+
+
 def _run_child(mode, path):
     code = ("import sys, torch; sys.path.insert(0, %r); import test_bwd_dq_reduce as t; "
             "torch.save(t._child_main(), %r)" % (os.path.dirname(os.path.abspath(__file__)), str(path)))
-    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ=mode)
-    if mode is None:  # the default
-        env.pop("FLASH_ATTN_DET_BWD_DQ")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    r = _run_code(code, mode, timeout=600)
     print(r.stdout)
     assert r.returncode == 0, f"{mode}: child failed\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return torch.load(path)
-
-
-def _run_code(code, setting):
-    """code in a child process with FLASH_ATTN_DET_BWD_DQ=setting, from this directory."""
-    env = dict(os.environ, FLASH_ATTN_DET_BWD_DQ=setting)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.gpu
