@@ -1,4 +1,4 @@
-// wgmma_rate.cu: How many FLOP a cycle one SM's warpgroup MMAs reach per instruction shape and operand source, alone and beside shared-memory stores. Verdict: every shape reaches the peak alone; beside 4-8 KB of shared stores a group the m64n64 SS shapes lose a fifth, m64n128 SS 1%, RS none (benchmarks/results/2026-11-29_h200_bwd_early_store_epilogue_b5f25c9.md).
+// wgmma_rate.cu: How many FLOP a cycle one SM's warpgroup MMAs reach per instruction shape and operand source, alone and beside shared-memory stores. Verdict: every n64/n128 shape reaches the peak alone; beside 4-8 KB of shared stores a group the m64n64 SS shapes lose a fifth, m64n128 SS 1%, RS none; m64n32 SS (either A layout) reaches 67% alone and 48-49% beside stores (benchmarks/results/2026-11-29_h200_bwd_early_store_epilogue_b5f25c9.md, benchmarks/results/2026-11-29_h200_wgmma_n32_d256_2139cc1.md).
 // wgmma_rate.cu — the tensor pipe's rate per wgmma shape, in FLOP per SM cycle (clock64), so that
 // a kernel's products can be judged against what their shape can reach (the five-product
 // backward's D128 step: tensor pipe 56% busy; docs/performance.md).
@@ -11,6 +11,8 @@
 //   ss128:  m64n128k16, A and B from shared memory
 //   rs64:   m64n64k16,  A from registers, B K-major
 //   rs128:  m64n128k16, A from registers, B MN-major             the backward's dV, dK
+//   ss32:   m64n32k16,  A and B from shared memory (K-major)     a D256 step of 32 query rows: S^T, dP^T
+//   ssta32: m64n32k16,  A MN-major (transposed), B K-major       its dQ^T = K^T dS^T (A: sK read [key][col])
 // Shared memory per k16 instruction: SS reads 64x16 + Nx16 bf16, RS Nx16; at 4096 FLOP a cycle
 // an m64n64k16 SS instruction (131072 FLOP, 32 cycles) reads 4 KB: 128 B a cycle, all of the
 // SM's shared-memory bandwidth. In the `sts` runs each math warpgroup also stores `sts` KB of
@@ -29,7 +31,16 @@
 #include "cuda_check.h"
 
 using T = __nv_bfloat16;
-enum Kind { kSS64, kSSMN64, kSS128, kRS64, kRS128 };
+enum Kind { kSS64, kSSMN64, kSS128, kRS64, kRS128, kSS32, kSSTA32 };
+
+// m64n32k16 with A stored [k][m] (MN-major: trans-a), B K-major; no kernel uses it yet.
+__device__ __forceinline__ void wgmma_ss_ta32(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " FAD_R16 ", %16, %17, p, 1, 1, 1, 0;\n}\n"
+                 : FAD_ACC16
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 constexpr int kK = 128;                      // reduction dim of a group: 8 k16 instructions
 constexpr int kOperandBytes = 128 * kK * 2;  // one 128-row swz128 operand tile
 constexpr int kStsBytes = 32 * 1024;         // the store warp's buffer
@@ -55,13 +66,16 @@ __device__ __forceinline__ void group(float (&d)[NB][4], uint32_t (&a)[kK / 16][
 {
     const uint64_t a_desc = gmma_desc(a_addr, 16, 1024);
     const uint64_t b_k = gmma_desc(b_addr, 16, 1024), b_mn = gmma_desc(b_addr, kK * 128, 1024);
+    const uint64_t a_mn = gmma_desc(a_addr, kK * 128, 1024);
     if constexpr (kKind == kRS64 || kKind == kRS128) /* (as the kernels' fragments: fresh values to ptxas) */
         wgmma_fence_operand(a);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kK / 16; kk++) {
         const uint32_t k_off = ((kk / 4) * 128 * 64 + (kk % 4) * 16) * 2; // K-major chunk (bwd_tile_wgmma.cuh)
-        if constexpr (kKind == kSS64 || kKind == kSS128)
+        if constexpr (kKind == kSSTA32) // (A [k][m]: 16 k rows of 128 bytes per chunk, as V in P V)
+            wgmma_ss_ta32(d, gmma_desc_at(a_mn, kk * 16 * 128), gmma_desc_at(b_k, k_off), kk > 0);
+        else if constexpr (kKind == kSS64 || kKind == kSS128 || kKind == kSS32)
             wgmma_ss(d, gmma_desc_at(a_desc, k_off), gmma_desc_at(b_k, k_off), (const T *)nullptr, kk > 0);
         else if constexpr (kKind == kSSMN64)
             wgmma_ss_mnb(d, gmma_desc_at(a_desc, k_off), gmma_desc_at(b_mn, kk * 16 * 128), (const T *)nullptr, kk > 0);
@@ -161,6 +175,8 @@ int main()
             run<kSS128, 16>("ss128", wgs, sts, sms, d_out);
             run<kRS64, 8>("rs64", wgs, sts, sms, d_out);
             run<kRS128, 16>("rs128", wgs, sts, sms, d_out);
+            run<kSS32, 4>("ss32", wgs, sts, sms, d_out);
+            run<kSSTA32, 4>("ssta32", wgs, sts, sms, d_out);
         }
     CHECK(cudaFree(d_out));
     return 0;
