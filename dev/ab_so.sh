@@ -9,7 +9,8 @@
 # N turns (default 2), ${FILTER} as bench_fwd's --filter, ${PRESET} its preset (default quick).
 # BUILDS="base new new2 ..." times dev/abi/_C_<name>.abi3.so for each name, in that order in odd
 # turns and in reverse in even ones (default "base new"; one pair of backward builds once read
-# 0.95-1.00x at D128 8k-16k taken in one order, 0.97-1.06x in the other).
+# 0.95-1.00x at D128 8k-16k taken in one order, 0.97-1.06x in the other). Each benchmark run has
+# RUN_TIMEOUT s (default 240): a build that hangs loses its turn, not the device call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}/run
@@ -23,18 +24,18 @@ for turn in $(seq 1 "${1:-2}"); do
     for b in "${order[@]}"; do
         cp "dev/abi/_C_$b.abi3.so" flash_attn_det/_C.abi3.so
         if [ "${BENCH:-fwd}" = decode ]; then
-            python3 benchmarks/bench_decode.py --lens "${LENS:-8192,32768,131072}" \
+            timeout ${RUN_TIMEOUT:-240} python3 benchmarks/bench_decode.py --lens "${LENS:-8192,32768,131072}" \
                 --batches "${BATCHES:-1,8,16}" --impls fad_det,sdpa_cudnn --out "$out" \
                 --tag "ab_${b}_$turn" 2>>"$out/stderr.log" > /dev/null
             mv "$out"/decode_ab_${b}_${turn}_*.md "$out/ab_${b}_$turn.md"
         elif [ "${BENCH:-fwd}" = dropout ]; then
-            python3 dev/bench_dropout.py ${DROPOUT_ARGS:-} --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
+            timeout ${RUN_TIMEOUT:-240} python3 dev/bench_dropout.py ${DROPOUT_ARGS:-} --out "$out/ab_${b}_$turn.md" 2>>"$out/stderr.log" > /dev/null
         elif [ "${BENCH:-fwd}" = fwd ]; then
-            python3 benchmarks/bench_fwd.py --preset ${PRESET:-quick} --rounds 2 --no-plot \
+            timeout ${RUN_TIMEOUT:-240} python3 benchmarks/bench_fwd.py --preset ${PRESET:-quick} --rounds 2 --no-plot \
                 ${FILTER:+--filter "$FILTER"} --impls fad_det,sdpa_cudnn,sdpa_cudnn_bhld \
                 --out "$out" --tag "ab_${b}_$turn" 2>>"$out/stderr.log" > /dev/null
         else
-            python3 benchmarks/bench_bwd.py --preset ${PRESET:-quick} --rounds 2 \
+            timeout ${RUN_TIMEOUT:-240} python3 benchmarks/bench_bwd.py --preset ${PRESET:-quick} --rounds 2 \
                 --impls fad_det,sdpa_cudnn,sdpa_cudnn_bhld --out "$out" --tag "ab_${b}_$turn" \
                 2>>"$out/stderr.log" > /dev/null
         fi

@@ -5,7 +5,10 @@
 # the builds it is compared to. Stages (STAGES, default all): ab (dev/ab_so.sh, AB_BUILDS against
 # the candidate, the dq preset, FLASH_ATTN_DET_BWD_DQ=reduce), bench (bench_bwd.py quick and gqa with
 # reduce, cuDNN in both layouts), test_red (the backward's GPU tests with reduce), test_def (with the
-# default setting), san (compute-sanitizer racecheck + synccheck on dev/sanitize_gpu.py bwd), train
+# default setting), bits (dev/grads_bits.py: _C_base's gradients against BITS_BUILDS', default
+# cand, bit for bit; each module under a timeout of BITS_TIMEOUT s, default 120, so that a kernel
+# that hangs costs that, not the call), san (compute-sanitizer racecheck + synccheck on
+# dev/sanitize_gpu.py bwd), train
 # (examples/train_check.py with reduce, its JSON). Summary in $OUT/summary.log; the logs end in
 # $OUT/logs.tar.gz (the device returns at most 8 files). Modules come from dev/variant_so.sh or a
 # full build.
@@ -22,7 +25,18 @@ python3 -c "import flash_attn_det._C as c; print(c.BUILD)" >> $log 2>&1
 t0=$(date +%s)
 left() { echo $(( ${DEADLINE:-575} - ($(date +%s) - t0) )); }
 stage() { echo "=== $1 ($(( $(date +%s) - t0 )) s)" >> $log; }
-has() { [[ " ${STAGES:-ab bench test_red test_def san train} " == *" $1 "* ]]; }
+has() { [[ " ${STAGES:-bits ab bench test_red test_def san train} " == *" $1 "* ]]; }
+if has bits; then stage bits  # every gradient of dev/grads_bits.py's cases against _C_base's, bit for bit
+  cp dev/abi/_C_base.abi3.so flash_attn_det/_C.abi3.so
+  timeout ${BITS_TIMEOUT:-120} python3 dev/grads_bits.py $out/ref.pt >> $log 2>&1 || echo "base: rc $?" >> $log
+  for b in ${BITS_BUILDS:-cand}; do cp dev/abi/_C_$b.abi3.so flash_attn_det/_C.abi3.so
+    echo -n "$b: " >> $log
+    timeout ${BITS_TIMEOUT:-120} python3 dev/grads_bits.py $out/ref.pt cmp >> $log 2>&1
+    rc=$?; [ $rc -eq 124 ] && echo "hung: no result in ${BITS_TIMEOUT:-120} s" >> $log
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "rc $rc" >> $log
+  done
+  cp dev/abi/_C_cand.abi3.so flash_attn_det/_C.abi3.so; rm -f $out/ref.pt
+fi
 if has ab; then stage ab
   FLASH_ATTN_DET_BWD_DQ=reduce BENCH=bwd PRESET=dq BUILDS="${AB_BUILDS:-base cand}" bash dev/ab_so.sh 2 >> $log 2>&1
   rm -rf $out/run; cp dev/abi/_C_cand.abi3.so flash_attn_det/_C.abi3.so
