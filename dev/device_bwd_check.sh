@@ -32,8 +32,7 @@ if has bits; then stage bits  # every gradient of dev/grads_bits.py's cases agai
   for b in ${BITS_BUILDS:-cand}; do cp dev/abi/_C_$b.abi3.so flash_attn_det/_C.abi3.so
     echo -n "$b: " >> $log
     timeout ${BITS_TIMEOUT:-120} python3 dev/grads_bits.py $out/ref.pt cmp >> $log 2>&1
-    rc=$?; [ $rc -eq 124 ] && echo "hung: no result in ${BITS_TIMEOUT:-120} s" >> $log
-    [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "rc $rc" >> $log
+    case $? in 0) ;; 124) echo "hung: no result in ${BITS_TIMEOUT:-120} s" >> $log ;; *) echo "rc $?" >> $log ;; esac
   done
   cp dev/abi/_C_cand.abi3.so flash_attn_det/_C.abi3.so; rm -f $out/ref.pt
 fi
