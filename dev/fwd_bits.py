@@ -1,0 +1,52 @@
+# fwd_bits.py: Saves the forward's out and lse on fixed inputs, or compares them bit for bit. Verdict: tool for changes that must keep every bit of the forward.
+"""Forward out and lse of fixed random inputs (deterministic mode), saved, or compared bit for bit
+with a saved file:
+
+    python3 dev/fwd_bits.py /tmp/fwd_ref.pt        # with the old build
+    python3 dev/fwd_bits.py /tmp/fwd_ref.pt cmp    # with the new one: the cases that differ in any bit
+
+Cases: D 64 / 128 / 256, MHA and GQA, causal or not, a window, a softcap, padded and varlen
+(many sequences of mixed lengths), grids of more row blocks than the GPU has SMs."""
+import sys
+
+import torch
+
+import flash_attn_det as fad
+
+fad.set_deterministic_mode(True)
+gen = torch.Generator(device="cuda").manual_seed(0)
+
+
+def randn(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+
+out = {}
+cases = [(4, 4096, 16, 16, 128, {}), (4, 4096, 16, 4, 128, {"causal": True}),
+         (2, 2000, 8, 8, 128, {"causal": True, "window_size": (300, 0)}),
+         (1, 17000, 8, 2, 128, {"causal": True}), (8, 1500, 16, 16, 128, {}),
+         (4, 2048, 8, 8, 128, {"softcap": 20.0}), (32, 1024, 16, 16, 128, {"causal": True}),
+         (2, 3000, 8, 8, 64, {"causal": True}), (2, 3000, 4, 4, 256, {})]
+for (B, L, H, Hk, D, kw) in cases:
+    q, k, v = randn(B, L, H, D), randn(B, L, Hk, D), randn(B, L, Hk, D)
+    o, lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]
+    out[(B, L, H, Hk, D, str(kw))] = (o.cpu(), lse.cpu())
+for D in (64, 128):
+    lens = [int(x) for x in torch.randint(1, 5000, (40,), generator=torch.Generator().manual_seed(D))]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    T = sum(lens)
+    q, k, v = randn(T, 16, D), randn(T, 4, D), randn(T, 4, D)
+    for causal in (False, True):
+        o, lse = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
+                                            return_attn_probs=True)[:2]
+        out[("varlen", D, causal)] = (o.cpu(), lse.cpu())
+if sys.argv[2:] == ["cmp"]:
+    ref = torch.load(sys.argv[1])
+    bad = [key for key in ref if not all(torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
+                                                     b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+                                         for a, b in zip(ref[key], out[key]))]
+    print(f"{len(bad)} of {len(ref)} cases differ in some bit: {bad}")
+    sys.exit(1 if bad else 0)
+else:
+    torch.save(out, sys.argv[1])
+    print(f"saved {len(out)} cases")
