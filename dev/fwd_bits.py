@@ -40,11 +40,17 @@ for D in (64, 128):
         o, lse = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
                                             return_attn_probs=True)[:2]
         out[("varlen", D, causal)] = (o.cpu(), lse.cpu())
+
+
+def bits(t):
+    """t's bit patterns (so that -0 and +0, or two NaNs, compare as what they are)."""
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
 if sys.argv[2:] == ["cmp"]:
     ref = torch.load(sys.argv[1])
-    bad = [key for key in ref if not all(torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
-                                                     b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
-                                         for a, b in zip(ref[key], out[key]))]
+    bad = [key for key in ref
+           if not all(torch.equal(bits(a), bits(b)) for a, b in zip(ref[key], out[key]))]
     print(f"{len(bad)} of {len(ref)} cases differ in some bit: {bad}")
     sys.exit(1 if bad else 0)
 else:
