@@ -7,11 +7,10 @@ with a saved file:
 
 Cases: D 64 / 128 / 256, MHA and GQA, causal or not, a window, a softcap, padded and varlen
 (many sequences of mixed lengths), grids of more row blocks than the GPU has SMs."""
-import sys
-
 import torch
 
 import flash_attn_det as fad
+from bits_io import save_or_compare
 
 fad.set_deterministic_mode(True)
 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -42,17 +41,4 @@ for D in (64, 128):
         out[("varlen", D, causal)] = (o.cpu(), lse.cpu())
 
 
-def bits(t):
-    """t's bit patterns (so that -0 and +0, or two NaNs, compare as what they are)."""
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
-
-
-if sys.argv[2:] == ["cmp"]:
-    ref = torch.load(sys.argv[1])
-    bad = [key for key in ref
-           if not all(torch.equal(bits(a), bits(b)) for a, b in zip(ref[key], out[key]))]
-    print(f"{len(bad)} of {len(ref)} cases differ in some bit: {bad}")
-    sys.exit(1 if bad else 0)
-else:
-    torch.save(out, sys.argv[1])
-    print(f"saved {len(out)} cases")
+save_or_compare(out)
