@@ -32,9 +32,9 @@
  *   - no copy instructions and no CTA barrier in the consumers' loop, and the
  *     producer's registers go to the consumers (setmaxnreg);
  *   - S = Q K^T of tile t+1 is issued before O += P V of tile t (acc's
- *     rescale for tile t runs under the first), and tile t+1's row max
- *     runs while O += P V does. The operations on acc are the same, in the
- *     same order, so the bits are.
+ *     rescale for tile t runs under the first), and tile t+1's softmax
+ *     (row max and exponentials) runs while O += P V does. The operations
+ *     on acc are the same, in the same order, so the bits are.
  * kDrop: dropout (fwd_kernel's kDrop, the same keep rule and the same bits),
  * applied to P once packed (dropout_pf), before the next tile's S = Q K^T is
  * issued, while s's registers are free. (Applied after that issue instead, so
@@ -563,19 +563,32 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
         int split_left = fad_split_tiles_left(t0, S, kBlockN);
         bool acc_live = false; /* acc holds this split's o: false until its first P V */
+        /* pv_open: O += P V of the tile at pos_open still runs (its wait and
+         * its stage's release are the next turn's first steps) */
+        bool pv_open = false;
+        ring_pos pos_open = pos;
         /* Each turn of the loop: s holds P of tile t0, and scale its factors
          * for acc. Issue S of the next tile into s, rescale acc meanwhile,
          * then issue O += P V of tile t0 (the tensor cores run the two in
-         * that order); the next tile's softmax then starts while O += P V
-         * runs. (The source waits for it after the exponentials; ptxas
-         * schedules that wait above them. Waiting at the next turn's start
-         * instead, which keeps the exponentials under the product, measured
-         * 4-7% slower: docs/design.md, "warp-specialized-prefill".) acc gets the same
-         * operations in the same order as in fwd_kernel (a split's first
-         * P V overwrites acc, so its rescale is skipped). Each path issues its
-         * groups on straight-line code, so ptxas sees which group each
-         * wgmma_wait retires. */
+         * that order); the next tile's softmax, its exponentials included,
+         * then runs while O += P V does, which the next turn waits for
+         * before it packs P into pf. (Waited for in the turn that issued it,
+         * after the exponentials in the source, the wait came before them in
+         * ptxas's schedule: their results took pf's registers, which the
+         * product still reads. Waiting here, across the loop's back edge,
+         * measured 1.07-1.12x at D64 from 2k keys, 1.00-1.09x at D256,
+         * 0.98-1.05x at D128: docs/design.md, "warp-specialized-prefill".)
+         * acc gets the same operations in the same order as in fwd_kernel (a
+         * split's first P V overwrites acc, so its rescale is skipped). Each
+         * path issues its groups on straight-line code, so ptxas sees which
+         * group each wgmma_wait retires. */
         for (;;) {
+            wgmma_wait<0>(); /* O += P V of the last turn, if open (else nothing is in flight) */
+            wgmma_fence_operand(acc[0]);
+            wgmma_fence_operand(pf);
+            if (pv_open)
+                release(pos_open);
+            pv_open = false;
             p_fragments<T, kBlockN>(s, pf);
             if constexpr (kDrop) {
                 fad_u32x4 dbits[2][1];
@@ -621,7 +634,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
             } else {
                 softmax_exp_p(s, m_s, l_s, m_tile, mod, scale, all_one);
-                pv_done();
+                pv_open = true, pos_open = pos_done; /* (waited for at the next turn's start) */
             }
         }
     }
