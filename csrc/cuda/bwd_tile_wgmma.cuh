@@ -73,63 +73,6 @@ __device__ __forceinline__ void issue_ss_mn(float (&acc)[8][4], uint32_t a_addr,
     wgmma_commit();
 }
 
-/* The backward's epilogues: a kernel's fp32 accumulators (dK and dV, or dQ)
- * staged in shared memory as kRows rows of kCols elements (16-byte chunk c of
- * row r at chunk c ^ (r % 8), so that the 8 rows of a stmatrix and the 8
- * chunks of a quarter warp's load hit distinct banks) by stage_acc, then
- * stored to global memory by store_staged as whole 16-byte chunks, a warp's 32
- * consecutive ones. Storing each accumulator pair with a 4-byte store, the
- * dK/dV kernel's math warps spent about 2.6 steps' time a CTA in its
- * epilogue, throttled by the LSU queue (Nsight Compute, D128 L8k). The caller
- * meets its math threads before stage_acc (the staging space, Q's or K's and
- * V's, must be done with) and between the two. */
-template <typename T, int kCols> __device__ __forceinline__ uint32_t staged_at(uint32_t s, int row, int chunk)
-{
-    return s + (uint32_t)(row * kCols + ((chunk ^ (row % 8)) * 8)) * (uint32_t)sizeof(T);
-}
-
-/* acc: this thread's kDB n8 blocks (the m64nN accumulator layout) of rows
- * wrow0 + lane / 4 and + 8 (wrow0: its warp's first row), columns col0 + 8 nb
- * + 2 (lane % 4) .., into the staged tile at s. */
-template <typename T, int kCols, int kDB>
-__device__ __forceinline__ void stage_acc(const float (&acc)[kDB][4], uint32_t s, int wrow0, int col0, int lane)
-{
-    static_assert(kCols / 8 >= 8 && kDB % 2 == 0, "the swizzle spans 8 chunks; stmatrix takes two n8 blocks");
-    const int i = lane / 8, row = wrow0 + lane % 8 + 8 * (i % 2);
-#pragma unroll
-    for (int nb = 0; nb < kDB; nb += 2) { /* matrices (rows 0-7, 8-15) x (blocks nb, nb + 1) */
-        const uint32_t r4[4] = {dtype_ops<T>::pack(acc[nb][0], acc[nb][1]), dtype_ops<T>::pack(acc[nb][2], acc[nb][3]),
-                                dtype_ops<T>::pack(acc[nb + 1][0], acc[nb + 1][1]),
-                                dtype_ops<T>::pack(acc[nb + 1][2], acc[nb + 1][3])};
-        stmatrix_x4<false>(staged_at<T, kCols>(s, row, col0 / 8 + nb + i / 2), r4);
-    }
-}
-
-/* kTiles staged tiles s[t] to g[t] (row r at g[t] + r * stride[t]), their rows
- * below rows and columns below cols, by kThreads threads (tid). */
-template <typename T, int kCols, int kRows, int kThreads, int kTiles>
-__device__ __forceinline__ void store_staged(const uint32_t (&s)[kTiles], T *const (&g)[kTiles], const int64_t (&stride)[kTiles],
-                                             int rows, int cols, int tid)
-{
-    constexpr int kChunks = kCols / 8;
-    static_assert(kRows * kChunks % kThreads == 0, "whole passes of the threads");
-#pragma unroll
-    for (int pass = 0; pass < kRows * kChunks / kThreads; pass++) {
-        const int c = pass * kThreads + tid, row = c / kChunks, chunk = c % kChunks;
-        if (row >= rows || chunk * 8 >= cols)
-            continue;
-        uint4 x[kTiles];
-#pragma unroll
-        for (int t = 0; t < kTiles; t++)
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(x[t].x), "=r"(x[t].y), "=r"(x[t].z), "=r"(x[t].w)
-                         : "r"(staged_at<T, kCols>(s[t], row, chunk)));
-#pragma unroll
-        for (int t = 0; t < kTiles; t++)
-            *reinterpret_cast<uint4 *>(g[t] + (int64_t)row * stride[t] + chunk * 8) = x[t];
-    }
-}
-
 /* FAD_BWD_WG_D256_SPLIT_SDP: the two math warpgroups' exchange of A fragments.
  * Warpgroup w made k16 chunks [kHalf w, kHalf (w + 1)) of an operand of 2 kHalf
  * chunks; each thread stores its own (its fragments of a chunk: 16 bytes, so a

@@ -10,6 +10,7 @@
 
 #include "fwd_launch.h"
 #include "fwd_tile.cuh"
+#include "wgmma.cuh"
 
 /* K and V rows [0, rows) of the tile at key t0 of a paged sequence into the
  * swizzled stages sK, sV (rows past `rows` zero-filled): one block-table look-up
@@ -199,6 +200,54 @@ __device__ __forceinline__ void store_result_rows(const fad_fwd_params &p, int D
                       (T *)p.out + seq.o_off + (int64_t)row * p.out_row_stride + h * p.out_head_stride,
                       p.softmax_lse + lse_row0 + row, D, 0, p.softmax_lse != nullptr, poison, rp);
     }
+}
+
+/* The same, staged: this warp's 16 kMT rows of R (from row wrow0 of the
+ * sequence on) normalised as store_row does it (acc times fad_out_scale,
+ * rounded to T), staged in shared memory at stage (16 kMT x kHeadDim T,
+ * stage_acc) and stored to out as whole 16-byte chunks (store_staged); lse as
+ * store_row. The same values as store_result_rows, in 16-byte stores, a
+ * warp's 512 consecutive bytes, where each of store_row's 4-byte stores
+ * fills half a sector: 1.00-1.04x at D64-D128, 1.01-1.12x at D256 (H200,
+ * fwd_ws_kernel). The caller has the stage to itself: only this warp reads or
+ * writes it. (sm_90: stmatrix; before it, store_result_rows.) */
+template <typename T, int kHeadDim, int kMT>
+__device__ __forceinline__ void store_result_staged(const fad_fwd_params &p, int D, const fad_seq &seq, int h,
+                                                    int64_t lse_row0, int wrow0, int len_q,
+                                                    float (&acc)[kMT][kHeadDim / 8][4],
+                                                    const float (&mR)[2 * kMT], const float (&lR)[2 * kMT],
+                                                    bool poison, float rp, uint32_t stage, int lane)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    float inv[2 * kMT];
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; r++)
+        inv[r] = poison ? __int_as_float(0x7fffffff) : fad_out_scale(lR[r], rp);
+#pragma unroll
+    for (int mt = 0; mt < kMT; mt++) {
+#pragma unroll
+        for (int nb = 0; nb < kHeadDim / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], inv[2 * mt + e / 2]);
+        stage_acc<T, kHeadDim, kHeadDim / 8>(acc[mt], stage, 16 * mt, 0, lane);
+    }
+    __syncwarp();
+    const uint32_t s[1] = {stage};
+    T *const g[1] = {(T *)p.out + seq.o_off + (int64_t)wrow0 * p.out_row_stride + h * p.out_head_stride};
+    const int64_t stride[1] = {p.out_row_stride};
+    store_staged<T, kHeadDim, 16 * kMT, 32, 1>(s, g, stride, len_q - wrow0, D, lane);
+    if (p.softmax_lse && lane % 4 == 0)
+#pragma unroll
+        for (int r = 0; r < 2 * kMT; r++) { /* (row r of the thread: 8 r below its first) */
+            const int row = wrow0 + lane / 4 + 8 * r;
+            if (row < len_q)
+                p.softmax_lse[lse_row0 + row] = poison ? inv[r] : fad_lse(mR[r], lR[r]);
+        }
+#else
+    (void)stage;
+    store_result_rows<T>(p, D, seq, h, lse_row0, wrow0, lane / 4, len_q, acc, mR, lR, poison, rp);
+#endif
 }
 
 #endif /* FAD_FWD_BLOCK_CUH */

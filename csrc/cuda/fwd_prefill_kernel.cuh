@@ -288,8 +288,14 @@ fwd_kernel(const __grid_constant__ fwd_args a)
         if constexpr (kGroups)
             fold_group_end(acc, mR, lR, X, pool);
     }
-    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, poison,
-                         kDrop ? drop.rp : 1.f);
+    /* O staged in the K/V stages, which every warp is done with once all
+     * meet (kPaged: they just did), each warp its 16 kMT rows */
+    static_assert(C::kBlockM * kHeadDim <= 2 * C::kStageElems, "O's staging fits the K/V stages");
+    if constexpr (!kPaged)
+        __syncthreads();
+    store_result_staged<T, kHeadDim, kMT>(p, D, seq, h, lse_row0, m0 + warp * 16 * kMT, len_q, acc, mR, lR, poison,
+                                          kDrop ? drop.rp : 1.f, smem_addr(sK + warp * 16 * kMT * kHeadDim),
+                                          lane);
 }
 
 /* The kGroups variants (mma.sync, no dropout: launch_prefill picks them),

@@ -654,8 +654,21 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
-    store_result_rows<T>(p, D, seq, h, lse_row0, m0, row0, len_q, acc, mR, lR, false,
-                         kDrop ? drop.rp : 1.f);
+    /* O staged in 4 KB (16 rows) a warp of the consumer's Q tile, which no
+     * one reads any more. Held in registers, Q was read by each warp before
+     * its first wgmma, which the whole warpgroup issues together, so no warp
+     * gets here before the others' reads (a warp's stage also holds other
+     * warps' Q rows: swz128's layout is not row-major). Read by the S
+     * products (SS), the consumer's warps first meet, so that every warp's
+     * share of the last one has retired. */
+    if constexpr (!kQInRegs)
+#pragma unroll
+        for (int i = 0; i < C::kConsumers; i++) /* (barrier 1 + c, a constant to ptxas) */
+            if (c == i)
+                warpgroup_sync(1 + i);
+    store_result_staged<T, kHeadDim, 1>(p, D, seq, h, lse_row0, m0 + (warp % 4) * 16, len_q, acc, mR, lR, false,
+                                        kDrop ? drop.rp : 1.f,
+                                     smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane);
 }
 
 template <typename T, int kHeadDim, ws_shape kShape>
