@@ -4,6 +4,8 @@ picked for (FLASH_ATTN_DET_CPU_ISA pins AVX-512, AVX2 or plain C). Forward with 
 backward, varlen, KV-cache decode and a paged cache, at 1, 2, 3 and 4 threads; each result is
 also held to the float64 reference, so that equal bits cannot mean equally wrong."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -153,3 +155,42 @@ def test_instruction_sets_same_bits(monkeypatch, isa):
     pinned = run()
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), best, pinned):
         assert torch.equal(a, b), f"{name}: the {isa} kernels differ from {os.uname().machine}'s best"
+
+
+# (run in this process and, as source, in a subprocess)
+_FWD_BWD = """
+def fwd_bwd(q, k, v, g):
+    import flash_attn_det as fad
+    qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out = fad.flash_attn_func(qq, kk, vv, causal=True)
+    out.backward(g)
+    return out.detach(), qq.grad, kk.grad, vv.grad
+"""
+
+
+def test_own_threads_and_torch_team_same_bits(tmp_path):
+    """Threads of the CPU path's own (FLASH_ATTN_DET_CPU_PTHREADS=1, read once a process: a
+    subprocess) and a team of torch's OpenMP threads (this process, where torch's runtime is
+    loaded) give the same bits, forward and backward, at 2 threads."""
+    q, k, v = make_qkv(make_gen(8), 2, 300, 300, 4, 2, 64, torch.bfloat16)
+    g = randn(make_gen(9), q.shape, torch.bfloat16)
+    scope = {}
+    exec(_FWD_BWD, scope)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        here = scope["fwd_bwd"](q, k, v, g)
+    finally:
+        torch.set_num_threads(before)
+    torch.save((q, k, v, g), tmp_path / "in.pt")
+    code = _FWD_BWD + ("import sys, torch\n"
+                       "torch.set_num_threads(2)\n"
+                       "torch.save(fwd_bwd(*torch.load(sys.argv[1])), sys.argv[2])\n")
+    env = dict(os.environ, FLASH_ATTN_DET_CPU_PTHREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    own = torch.load(tmp_path / "out.pt")
+    for name, a, b in zip(("out", "dq", "dk", "dv"), here, own):
+        assert torch.equal(a, b), f"{name}: torch's OpenMP team and the path's own threads differ"

@@ -654,8 +654,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
         fold(false);
-    /* O staged in 4 KB (16 rows) a warp of the consumer's Q tile, which no
-     * one reads any more. Held in registers, Q was read by each warp before
+    /* O staged in the consumer's Q tile, 16 rows' worth a warp, which no one
+     * reads any more. Held in registers, Q was read by each warp before
      * its first wgmma, which the whole warpgroup issues together, so no warp
      * gets here before the others' reads (a warp's stage also holds other
      * warps' Q rows: swz128's layout is not row-major). Read by the S
@@ -668,7 +668,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 warpgroup_sync(1 + i);
     store_result_staged<T, kHeadDim, 1>(p, D, seq, h, lse_row0, m0 + (warp % 4) * 16, len_q, acc, mR, lR, false,
                                         kDrop ? drop.rp : 1.f,
-                                     smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane);
+                                        smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane);
 }
 
 template <typename T, int kHeadDim, ws_shape kShape>
