@@ -110,22 +110,20 @@ int fad_cpu_parallel(int num_threads, int64_t n_items, size_t scratch_bytes,
     }
     pthread_once(&gomp_once, gomp_lookup);
     if (gomp_parallel && n > 1) {
-        const team t = {workers, n};
-        gomp_parallel(team_run, (void *)&t, (unsigned)n, 0);
-        for (int u = 0; u < n; u++)
-            free(workers[u].scratch);
-        return 0;
+        const team tm = {workers, n};
+        gomp_parallel(team_run, (void *)&tm, (unsigned)n, 0);
+    } else {
+        /* threads that cannot be started leave their share to the others */
+        int started = 0;
+        for (int t = 1; t < n; t++) {
+            if (pthread_create(&tids[started + 1], NULL, run_items, &workers[t]) != 0)
+                break;
+            started++;
+        }
+        run_items(&workers[0]);
+        for (int t = 1; t <= started; t++)
+            pthread_join(tids[t], NULL);
     }
-    /* threads that cannot be started leave their share to the others */
-    int started = 0;
-    for (int t = 1; t < n; t++) {
-        if (pthread_create(&tids[started + 1], NULL, run_items, &workers[t]) != 0)
-            break;
-        started++;
-    }
-    run_items(&workers[0]);
-    for (int t = 1; t <= started; t++)
-        pthread_join(tids[t], NULL);
     for (int t = 0; t < n; t++)
         free(workers[t].scratch);
     return 0;
