@@ -172,6 +172,25 @@
 #define FAD_WS_D256_CONSUMERS 2
 #endif
 #define FAD_WS_R_SLOT_FLOATS (16 * 256)
+/* FAD_WS_D128_CONSUMERS (2 or 3): consumer warpgroups of D128's main
+ * warp-specialized kernel (above FAD_WS_NARROW_MAX_SK keys). Three, with
+ * setmaxnreg FAD_WS_D128_PRODUCER_REGS / _CONSUMER_REGS (P + 3 C <= 4 x 128),
+ * read Q from shared memory (S = Q K^T as SS products) and keep R's o there
+ * too, beside two K/V stages whose K and V halves are released apart. The
+ * third consumer warp on each SM sub-partition issues while the other two
+ * wait on their softmax chains: against two (H200, bf16, 2k-16k keys)
+ * 0.98-1.07x, and 1.10-1.17x with no R at all (a timing probe), so R's
+ * round trip through shared memory at each fold is most of what is left
+ * (docs/design.md, "warp-specialized-prefill"). */
+#ifndef FAD_WS_D128_CONSUMERS
+#define FAD_WS_D128_CONSUMERS 3
+#endif
+#ifndef FAD_WS_D128_PRODUCER_REGS
+#define FAD_WS_D128_PRODUCER_REGS 32
+#endif
+#ifndef FAD_WS_D128_CONSUMER_REGS
+#define FAD_WS_D128_CONSUMER_REGS 160
+#endif
 /* X slots: where fwd_kernel's kGroups variant (a one-CTA walk across the end
  * of a split group, fad_math.h FAD_MERGE_GROUP) keeps the outer result of a
  * warp's rows (fwd_tile.cuh, fold_group_close): FAD_X_LANE_FLOATS a lane (o of

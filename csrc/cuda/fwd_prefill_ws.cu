@@ -94,14 +94,21 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
      * SS reads of Q and R's shared-memory fold cost more than they bring. */
     static constexpr bool kLean = kShape == ws_lean;
     static_assert(!kLean || kHeadDim == 64, "the lean variant is budgeted for D64");
+    /* kThree (D128's main shape, FAD_WS_D128_CONSUMERS 3): three consumers
+     * of 160 registers, so that a third consumer warp on each SM
+     * sub-partition issues while the other two wait on their softmax chains.
+     * Q is then read by SS wgmmas from shared memory and R's o (32 KB a
+     * consumer) lives there too, which leaves room for two K/V stages, their
+     * K and V halves released apart (kKVApart). */
+    static constexpr bool kThree = kHeadDim == 128 && kShape == ws_main && FAD_WS_D128_CONSUMERS == 3;
     static constexpr int kConsumers = kNarrow ? 1 : kLean ? 4 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS
-                                      : kWide ? FAD_WS_D256_CONSUMERS : 2; /* consumer warpgroups */
+                                      : kWide ? FAD_WS_D256_CONSUMERS : kThree ? 3 : 2; /* consumer warpgroups */
     static constexpr int kMinBlocks = kNarrow ? 2 : 1; /* CTAs an SM (__launch_bounds__) */
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
-    static constexpr int kStages = kWide ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
-    static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide && !kLean; /* Q's A fragments held by the consumers */
-    static constexpr bool kRSmem = kWide || kLean;     /* R's o not in registers: in shared memory or (kRGlobal) global */
+    static constexpr int kStages = kWide || kThree ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
+    static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide && !kLean && !kThree; /* Q's A fragments held by the consumers */
+    static constexpr bool kRSmem = kWide || kLean || kThree; /* R's o not in registers: in shared memory or (kRGlobal) global */
     /* kRGlobal (D256, two consumers): no room for R's 64 KB a consumer beside
      * Q and two stages, so R's o lives in global memory (L2, written and read
      * back once a split): each consumer warp takes a slot of the plan's pool
@@ -125,14 +132,16 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
      * the writer fences, then arrives. (Arrivals as the copies land, with
      * the consumers fencing after each wait, measured 1.01-1.10x slower at
      * D256: their fence.proxy.async is a MEMBAR.ALL.CTA.) */
-    static constexpr bool kKVApart = kWide;
+    static constexpr bool kKVApart = kWide || kThree;
     /* (kWide with one consumer: 256 threads may each hold 255 registers; no setmaxnreg) */
     static constexpr bool kSetMaxNReg = !kWide || kConsumers > 1;
-    static constexpr int kProducerRegs = kNarrow ? FAD_WS_NARROW_PRODUCER_REGS
+    static constexpr int kProducerRegs = kThree ? FAD_WS_D128_PRODUCER_REGS
+                                         : kNarrow ? FAD_WS_NARROW_PRODUCER_REGS
                                          : kLean ? FAD_WS_LEAN_PRODUCER_REGS
                                          : kWide ? FAD_WS_D256_PRODUCER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_PRODUCER_REGS : FAD_WS_PRODUCER_REGS;
-    static constexpr int kConsumerRegs = kNarrow ? FAD_WS_NARROW_CONSUMER_REGS
+    static constexpr int kConsumerRegs = kThree ? FAD_WS_D128_CONSUMER_REGS
+                                         : kNarrow ? FAD_WS_NARROW_CONSUMER_REGS
                                          : kLean ? FAD_WS_LEAN_CONSUMER_REGS
                                          : kWide ? FAD_WS_D256_CONSUMER_REGS
                                          : kHeadDim == 64 ? FAD_WS_D64_CONSUMER_REGS : FAD_WS_CONSUMER_REGS;
@@ -146,9 +155,9 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
     static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
-    static_assert((kHeadDim == 128 && kConsumers == 2) || (kNarrow && kConsumers == 1) || (kHeadDim == 64 && kConsumers >= 2) ||
-                      (kHeadDim == 256 && kConsumers <= 2),
-                  "the consumers' registers are budgeted for D 128 (two), D 64 or D 256 (one or two)");
+    static_assert((kHeadDim == 128 && (kConsumers == 2 || kThree)) || (kNarrow && kConsumers == 1) ||
+                      (kHeadDim == 64 && kConsumers >= 2) || (kHeadDim == 256 && kConsumers <= 2),
+                  "the consumers' registers are budgeted for D 128 (two or three), D 64 or D 256 (one or two)");
     /* setmaxnreg moves registers inside the CTA's allocation, which
      * __launch_bounds__(kThreads, kMinBlocks) sets to (65536 / kThreads /
      * kMinBlocks) per thread, rounded down to a multiple of 8 (168 for two
