@@ -1,8 +1,8 @@
 /*
  * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64,
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
- * warpgroups (two at D128 -- one, two CTAs an SM, in the narrow variant for
- * short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
+ * warpgroups (FAD_WS_D128_CONSUMERS at D128 -- one, two CTAs an SM, in the
+ * narrow variant for short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
  * mid-length keys --, FAD_WS_D256_CONSUMERS at D256 -- part of R in shared
  * memory in the long variant for long keys --: see fwd_ws_cfg) compute. It
  * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill_kernel.cuh).
@@ -63,7 +63,7 @@ struct fwd_ws_args {
     int tma;
 };
 
-/* The kernel's shapes: ws_main (two consumers at D128, FAD_WS_D64_CONSUMERS
+/* The kernel's shapes: ws_main (FAD_WS_D128_CONSUMERS at D128, FAD_WS_D64_CONSUMERS
  * at D64, FAD_WS_D256_CONSUMERS at D256), ws_narrow (D128, short keys), ws_lean (D64,
  * mid-length keys) and ws_long (D256, long keys), chosen by launch_prefill_ws; every shape runs the same
  * consumer code on its 64-row blocks, so each row gets the same bits. */
