@@ -66,11 +66,13 @@
 #define FAD_WG_LOADS_DURING_S 1
 #endif
 /* FAD_WG_WS: 1 = at D128 the sm_90a prefill runs the warp-specialized
- * kernel (fwd_prefill_ws.cu: a cp.async producer warpgroup, two consumer
- * warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the same bits.
- * FAD_WS_STAGES: its K/V ring depth. FAD_WS_PRODUCER_REGS /
- * FAD_WS_CONSUMER_REGS: the registers per thread setmaxnreg gives each side
- * (P + 2 * C <= 3 * 168: what __launch_bounds__ gives 384 threads). */
+ * kernel (fwd_prefill_ws.cu: a producer warpgroup, FAD_WS_D128_CONSUMERS
+ * consumer warpgroups of 64 rows) instead of fwd_kernel's wgmma variant; the
+ * same bits. With two consumers (FAD_WS_D128_CONSUMERS 2): FAD_WS_STAGES, its
+ * K/V ring depth, and FAD_WS_PRODUCER_REGS / FAD_WS_CONSUMER_REGS, the
+ * registers per thread setmaxnreg gives each side (P + 2 * C <= 3 * 168: what
+ * __launch_bounds__ gives 384 threads). D64's main shape takes FAD_WS_STAGES
+ * too. */
 #ifndef FAD_WG_WS
 #define FAD_WG_WS 1
 #endif
