@@ -13,6 +13,8 @@
 #ifndef FAD_FWD_TILE_CUH
 #define FAD_FWD_TILE_CUH
 
+#include <type_traits>
+
 #include "dropout.cuh"
 #include "fad_seq.h"
 #include "mma.cuh"
@@ -358,8 +360,9 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 }
 
 /* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
- * element of the thread). In shared memory: thread-private slots, slot-major
- * so that a warp's accesses hit 32 banks. In shared and global memory
+ * element of the thread). In shared memory: thread-private float4 slots (an
+ * n8 block's four values), slot-major so that a warp's 16-byte accesses are
+ * 512 contiguous bytes, four wavefronts with no bank conflict. In shared and global memory
  * (r_in_smem_global: the sm_90a D256 kernel's, a warp's first kSN n8 blocks
  * in shared memory and the rest in its global slot, where a warp's accesses
  * are one 128-byte line). In registers (the sm_90a prefill variant at D128):
@@ -368,10 +371,16 @@ template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
     int t; /* the thread's index among the kThreads that share sR */
     static constexpr bool kSmem = true;
-    static constexpr int kBatch = 1; /* (n8 blocks fold_split loads ahead of their merges) */
+    static constexpr bool kVec = true; /* (an n8 block's four values as one float4) */
+    static constexpr int kBatch = 1;   /* (n8 blocks fold_split loads ahead of their merges) */
+    __device__ __forceinline__ float4 &at4(int mt, int nb) const
+    {
+        return reinterpret_cast<float4 *>(sR)[(mt * kDB + nb) * kThreads + t];
+    }
+    /* (one value of it: fold_group_close's) */
     __device__ __forceinline__ float &at(int mt, int nb, int e) const
     {
-        return sR[((mt * kDB + nb) * 4 + e) * kThreads + t];
+        return sR[((mt * kDB + nb) * kThreads + t) * 4 + e];
     }
 };
 /* kBatch n8 blocks loaded ahead of their merges: global memory's round trip
@@ -381,6 +390,7 @@ template <int kMT, int kDB, int kThreads> struct r_in_smem {
 template <int kMT, int kDB, int kSN, int kBatch_> struct r_in_smem_global {
     float *sR, *gR; /* this lane's bases: n8 blocks [0, kSN) in shared memory, [kSN, kDB) global */
     static constexpr bool kSmem = true;
+    static constexpr bool kVec = false;
     /* (fold_split's batches of loads, each wholly in one of the two parts) */
     static constexpr int kBatch = kBatch_;
     static_assert(kSN % kBatch == 0 && kSN <= kDB, "batches inside a part");
@@ -392,6 +402,7 @@ template <int kMT, int kDB, int kSN, int kBatch_> struct r_in_smem_global {
 template <int kMT, int kDB> struct r_in_regs {
     float (&o)[kMT][kDB][4];
     static constexpr bool kSmem = false;
+    static constexpr bool kVec = false;
     static constexpr int kBatch = 1;
     __device__ __forceinline__ float &at(int mt, int nb, int e) const { return o[mt][nb][e]; }
 };
@@ -421,68 +432,115 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
     }
     /* In registers (R starts zeroed: the empty state's o), R's o * wa is
      * applied in place where some row of the warp needs it, and each value is
-     * then one FMA. In shared memory (unwritten before the first fold, and
-     * maybe still holding Q) the plain fad_merge_value with a select: a second
-     * unrolled loop there made the D256 tile loop 25% slower, fast mode too. */
-    if constexpr (!RO::kSmem) {
-        /* (An empty R is +0: scaling it by wa in [0, 1] changes no bit.) */
-        if (have_R && __any_sync(0xffffffffu, scales_R)) {
-            float wa[2 * kMT];
+     * then one FMA. In shared memory as float4s (r_in_smem, kVec; unwritten
+     * before the first fold, and maybe still holding Q) the same, by three
+     * unrolled loops on the warp's uniform state: the first fold writes R's o
+     * without reading it (an empty R is +0, and +0 * wa is +0), and later ones
+     * multiply by wa only where some row of the warp needs it (x * 1 is x). An
+     * n8 block then costs one 16-byte load, four FMAs and one 16-byte store,
+     * where a load, a select, a multiply, an FMA and a store per value made
+     * the D128 fold 14% of the three-consumer kernel's instructions. */
+    if constexpr (RO::kVec) {
+        const bool any_scales = __any_sync(0xffffffffu, scales_R);
+        auto merge = [&](auto read, auto scale) {
 #pragma unroll
-            for (int r = 0; r < 2 * kMT; r++)
-                wa[r] = w[r].wa;
-            scale_rows(R.o, wa);
-        }
-    }
-    constexpr int kB = RO::kBatch;
-    static_assert(kDB % kB == 0, "whole batches");
-    if constexpr (kB == 1) {
+            for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb = 0; nb < kDB; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float &slot = R.at(mt, nb, e);
-                    const fad_merge_w &we = w[2 * mt + e / 2];
-                    const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
-                                              : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
-                    if (to_R)
-                        slot = v;
-                    else
-                        acc[mt][nb][e] = v;
-                }
-                /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-                 * ahead of the FMAs (that many live registers spill the loop). */
-                if (RO::kSmem)
-                    __syncwarp();
-            }
-    } else { /* (R in global memory: a batch's loads are issued before its
-              * merges. Kept apart from the loop above, whose kernels this
-              * form gave other register allocations than the ones measured.) */
-        static_assert(RO::kSmem, "R in registers needs no batches");
-#pragma unroll
-        for (int mt = 0; mt < kMT; mt++)
-#pragma unroll
-            for (int nb0 = 0; nb0 < kDB; nb0 += kB) {
-                float rv[kB][4];
-#pragma unroll
-                for (int u = 0; u < kB; u++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        rv[u][e] = have_R ? R.at(mt, nb0 + u, e) : 0.f;
-#pragma unroll
-                for (int u = 0; u < kB; u++)
+                for (int nb = 0; nb < kDB; nb++) {
+                    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if constexpr (decltype(read)::value)
+                        r = R.at4(mt, nb);
+                    const float a[4] = {r.x, r.y, r.z, r.w};
+                    float v[4];
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const float v = fad_merge_value(rv[u][e], acc[mt][nb0 + u][e], w[2 * mt + e / 2]);
-                        if (to_R)
-                            R.at(mt, nb0 + u, e) = v;
-                        else
-                            acc[mt][nb0 + u][e] = v;
+                        const fad_merge_w &we = w[2 * mt + e / 2];
+                        v[e] = fad_merge_keep_a(decltype(scale)::value ? FAD_MUL(a[e], we.wa) : a[e],
+                                                acc[mt][nb][e], we.wb);
                     }
-                __syncwarp(); /* (as above: one batch's values live at a time) */
+                    if (to_R) {
+                        R.at4(mt, nb) = make_float4(v[0], v[1], v[2], v[3]);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[mt][nb][e] = v[e];
+                    }
+                    /* Keeps the scheduler from hoisting every block's load
+                     * ahead of the FMAs (all kDB in flight spilled the D128
+                     * loop): two blocks' loads in flight at a time. */
+                    if (nb % 2 == 1 || nb == kDB - 1)
+                        __syncwarp();
+                }
+        };
+        using no = std::false_type;
+        using yes = std::true_type;
+        if (!have_R)
+            merge(no{}, no{});
+        else if (any_scales)
+            merge(yes{}, yes{});
+        else
+            merge(yes{}, no{});
+    } else {
+        if constexpr (!RO::kSmem) {
+            /* (An empty R is +0: scaling it by wa in [0, 1] changes no bit.) */
+            if (have_R && __any_sync(0xffffffffu, scales_R)) {
+                float wa[2 * kMT];
+#pragma unroll
+                for (int r = 0; r < 2 * kMT; r++)
+                    wa[r] = w[r].wa;
+                scale_rows(R.o, wa);
             }
+        }
+        constexpr int kB = RO::kBatch;
+        static_assert(kDB % kB == 0, "whole batches");
+        if constexpr (kB == 1) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb = 0; nb < kDB; nb++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float &slot = R.at(mt, nb, e);
+                        const fad_merge_w &we = w[2 * mt + e / 2];
+                        const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
+                                                  : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
+                        if (to_R)
+                            slot = v;
+                        else
+                            acc[mt][nb][e] = v;
+                    }
+                    /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
+                     * ahead of the FMAs (that many live registers spill the loop). */
+                    if (RO::kSmem)
+                        __syncwarp();
+                }
+        } else { /* (R in global memory: a batch's loads are issued before its
+                  * merges. Kept apart from the loop above, whose kernels this
+                  * form gave other register allocations than the ones measured.) */
+            static_assert(RO::kSmem, "R in registers needs no batches");
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int nb0 = 0; nb0 < kDB; nb0 += kB) {
+                    float rv[kB][4];
+#pragma unroll
+                    for (int u = 0; u < kB; u++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            rv[u][e] = have_R ? R.at(mt, nb0 + u, e) : 0.f;
+#pragma unroll
+                    for (int u = 0; u < kB; u++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float v = fad_merge_value(rv[u][e], acc[mt][nb0 + u][e], w[2 * mt + e / 2]);
+                            if (to_R)
+                                R.at(mt, nb0 + u, e) = v;
+                            else
+                                acc[mt][nb0 + u][e] = v;
+                        }
+                    __syncwarp(); /* (as above: one batch's values live at a time) */
+                }
+        }
     }
     have_R = true;
 }
