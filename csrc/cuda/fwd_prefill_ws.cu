@@ -469,21 +469,20 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     for (int r = 0; r < 2; r++)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     bool have_R = false;
-    auto fold_ml = [&](const float (&ms)[2], const float (&ls)[2], bool to_R) {
+    auto fold = [&](bool to_R) {
         if constexpr (C::kRGlobal) {
             if (to_R && r_slot < 0)
                 take_slot();
-            fold_split(acc, ms, ls, mR, lR,
+            fold_split(acc, m_s, l_s, mR, lR,
                        r_in_smem_global<1, kHeadDim / 8, C::kRSmemNB, C::kRBatch>{sR_lane, r_lane}, have_R,
                        to_R);
             if (!to_R)
                 give_slot();
         } else if constexpr (C::kRSmem)
-            fold_split(acc, ms, ls, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
+            fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
         else
-            fold_split(acc, ms, ls, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
+            fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);
     };
-    auto fold = [&](bool to_R) { fold_ml(m_s, l_s, to_R); };
 
     const uint32_t q_addr = smem_addr(sQ + c * kBlockM * kHeadDim);
     const uint32_t kv_addr0 = smem_addr(sKV);

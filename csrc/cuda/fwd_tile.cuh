@@ -362,10 +362,10 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
 /* Where a CTA keeps the o of its merged result R (one fp32 per accumulator
  * element of the thread). In shared memory: thread-private float4 slots (an
  * n8 block's four values), slot-major so that a warp's 16-byte accesses are
- * 512 contiguous bytes, four wavefronts with no bank conflict. In shared and global memory
- * (r_in_smem_global: the sm_90a D256 kernel's, a warp's first kSN n8 blocks
- * in shared memory and the rest in its global slot, where a warp's accesses
- * are one 128-byte line). In registers (the sm_90a prefill variant at D128):
+ * 512 contiguous bytes, four wavefronts with no bank conflict. In shared and
+ * global memory (r_in_smem_global: the sm_90a D256 kernel's, a warp's first
+ * kSN n8 blocks in shared memory and the rest in its global slot, where a
+ * warp's accesses are one 128-byte line). In registers (the sm_90a prefill variant at D128):
  * no shared-memory round trip per split. */
 template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
