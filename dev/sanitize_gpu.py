@@ -67,6 +67,10 @@ def prefill_and_backward():
         finite(f"fwd D128 1300 keys {kw}", fad.flash_attn_func(q, k, v, **kw))
     q, k, v = rnd(1, 1200, 8, 128), rnd(1, 1200, 2, 128), rnd(1, 1200, 2, 128)
     finite("fwd gqa D128 1200 keys", fad.flash_attn_func(q, k, v, causal=True))
+    # D64 from 2048 keys: the four-consumer kernel (R in shared memory, folded as float4s)
+    for kw in ({}, {"causal": True}, {"dropout_p": 0.2}):
+        q, k, v = rnd(1, 2100, 2, 64), rnd(1, 2100, 2, 64), rnd(1, 2100, 2, 64)
+        finite(f"fwd D64 2100 keys {kw}", fad.flash_attn_func(q, k, v, **kw))
     # GQA and a long enough row for several splits on the CTA-per-split schedule
     fad.set_deterministic_mode(True, split_size=128)
     for sched in ("one_cta", "cta_per_split"):
