@@ -365,8 +365,8 @@ __device__ __forceinline__ void start_split(float (&acc)[kMT][kDB][4], float (&m
  * 512 contiguous bytes, four wavefronts with no bank conflict. In shared and
  * global memory (r_in_smem_global: the sm_90a D256 kernel's, a warp's first
  * kSN n8 blocks in shared memory and the rest in its global slot, where a
- * warp's accesses are one 128-byte line). In registers (the sm_90a prefill variant at D128):
- * no shared-memory round trip per split. */
+ * warp's accesses are one 128-byte line). In registers (the sm_90a prefill
+ * variant at D128): no shared-memory round trip per split. */
 template <int kMT, int kDB, int kThreads> struct r_in_smem {
     float *sR;
     int t; /* the thread's index among the kThreads that share sR */
