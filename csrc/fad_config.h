@@ -181,9 +181,9 @@
  * too, beside two K/V stages whose K and V halves are released apart. The
  * third consumer warp on each SM sub-partition issues while the other two
  * wait on their softmax chains: against two (H200, bf16, 2k-16k keys)
- * 0.98-1.07x, and 1.10-1.17x with no R at all (a timing probe), so R's
- * round trip through shared memory at each fold is most of what is left
- * (docs/design.md, "warp-specialized-prefill"). */
+ * 0.98-1.07x, and 1.10-1.17x with no R at all (a timing probe). The fold of
+ * each split into R is most of what is left: about 7% after its float4 form
+ * (fwd_tile.cuh, fold_split; docs/design.md, "warp-specialized-prefill"). */
 #ifndef FAD_WS_D128_CONSUMERS
 #define FAD_WS_D128_CONSUMERS 3
 #endif

@@ -2,10 +2,11 @@
  * fwd_prefill_ws.cu — the warp-specialized prefill kernel for sm_90a (D 64,
  * 128 and 256): one producer warpgroup copies K/V tiles, n consumer
  * warpgroups (FAD_WS_D128_CONSUMERS at D128 -- one, two CTAs an SM, in the
- * narrow variant for short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in the lean variant for
- * mid-length keys --, FAD_WS_D256_CONSUMERS at D256 -- part of R in shared
- * memory in the long variant for long keys --: see fwd_ws_cfg) compute. It
- * runs fwd_tile.cuh's tile math, as fwd_kernel does (fwd_prefill_kernel.cuh).
+ * narrow variant for short keys --, FAD_WS_D64_CONSUMERS at D64 -- four, in
+ * the lean variant for mid-length keys --, FAD_WS_D256_CONSUMERS at D256 --
+ * part of R in shared memory in the long variant for long keys --: see
+ * fwd_ws_cfg) compute. It runs fwd_tile.cuh's tile math, as fwd_kernel does
+ * (fwd_prefill_kernel.cuh).
  *
  * Shapes: as fwd_kernel (fwd_prefill_kernel.cuh's header). One CTA = one (sequence,
  * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
