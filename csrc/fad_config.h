@@ -119,20 +119,28 @@
  * 12 math warps per SM against two of 8, which overlap one's prologue and
  * epilogue with the other's tiles, so short walks stay on fwd_kernel. (With
  * the cp.async producer three measured 0.80-1.03x and were off.)
- * FAD_WS_D64_LEAN_MAX_SK: below this many keys (from FAD_WS_D64_MIN_SK) D64
- * runs the lean variant instead (0: never): four consumers with R and Q in
- * shared memory, setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against
- * fwd_kernel at L2k and three consumers from L4k (H100, bf16): 1.03-1.06x at
- * L2k, 1.03-1.09x at L4k, 0.96-1.00x at L16k (docs/design.md,
- * "warp-specialized-prefill"). */
+ * FAD_WS_D64_MIN_SK_FULL: the same where no mask bounds a row on the right
+ * (neither causal nor a right window), whose rows all walk the CTA's keys:
+ * the lean variant from 1024 keys reads 1.04x fwd_kernel there at L1k, and
+ * 0.97x causal (H200).
+ * FAD_WS_D64_LEAN_MAX_SK: up to this many keys D64 runs the lean variant
+ * instead (0: never): four consumers with R and Q in shared memory,
+ * setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against fwd_kernel
+ * at L2k and three consumers from L4k (H100, bf16): 1.03-1.06x at L2k,
+ * 1.03-1.09x at L4k, 0.96-1.00x at L16k (docs/design.md,
+ * "warp-specialized-prefill"); with R's fold through float4s (H200),
+ * 1.00-1.02x three consumers at 8k-16k. */
 #ifndef FAD_WS_D64_CONSUMERS
 #define FAD_WS_D64_CONSUMERS 3
 #endif
 #ifndef FAD_WS_D64_MIN_SK
 #define FAD_WS_D64_MIN_SK 2048
 #endif
+#ifndef FAD_WS_D64_MIN_SK_FULL
+#define FAD_WS_D64_MIN_SK_FULL 1024
+#endif
 #ifndef FAD_WS_D64_LEAN_MAX_SK
-#define FAD_WS_D64_LEAN_MAX_SK 8192
+#define FAD_WS_D64_LEAN_MAX_SK 16384
 #endif
 /* FAD_WS_NARROW_MAX_SK: at D128 the warp-specialized kernel runs its narrow
  * variant (one consumer warpgroup, two CTAs an SM, FAD_WS_NARROW_STAGES K/V
@@ -143,7 +151,9 @@
  * L4k-16k, where each K/V tile feeding half the rows costs more than the
  * overlap gains; with TMA producers 1.05-1.07x at L1k and 0.98-1.05x at
  * L2k, and at 2048-4096 keys (MHA, GQA) within the spread, 0.94-1.07x
- * (docs/design.md, "warp-specialized-prefill"). */
+ * (docs/design.md, "warp-specialized-prefill"). With R's fold through
+ * float4s (H200) the three-consumer kernel at L1k read 0.99-1.02x the narrow
+ * one without a mask and 0.97-0.99x causal, call to call: not changed. */
 #ifndef FAD_WS_NARROW_MAX_SK
 #define FAD_WS_NARROW_MAX_SK 1024
 #endif

@@ -25,7 +25,8 @@ cases = [(4, 4096, 16, 16, 128, {}), (4, 4096, 16, 4, 128, {"causal": True}),
          (2, 2000, 8, 8, 128, {"causal": True, "window_size": (300, 0)}),
          (1, 17000, 8, 2, 128, {"causal": True}), (8, 1500, 16, 16, 128, {}),
          (4, 2048, 8, 8, 128, {"softcap": 20.0}), (32, 1024, 16, 16, 128, {"causal": True}),
-         (2, 3000, 8, 8, 64, {"causal": True}), (2, 3000, 4, 4, 256, {})]
+         (2, 3000, 8, 8, 64, {"causal": True}), (2, 3000, 4, 4, 256, {}),
+         (3, 1500, 8, 8, 256, {"causal": True}), (1, 9000, 4, 2, 256, {})]
 for (B, L, H, Hk, D, kw) in cases:
     q, k, v = randn(B, L, H, D), randn(B, L, Hk, D), randn(B, L, Hk, D)
     o, lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]

@@ -237,15 +237,18 @@ _VARIANT_CASES = [
     dict(D=128, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
     dict(D=96, Sq=200, Sk=1000, causal=True, dtype="float16"),
     dict(D=128, Sq=600, Sk=200, causal=True, dtype="bfloat16"),
-    # at D64 its lean variant's four consumers (FAD_WS_D64_MIN_SK <= keys < FAD_WS_D64_LEAN_MAX_SK)
-    # and its FAD_WS_D64_CONSUMERS consumers above: a last CTA with blocks empty, a window, rows
-    # with no key, dropout; below both, fwd_kernel
+    # at D64 its lean variant's four consumers (FAD_WS_D64_MIN_SK, or _FULL without a causal or
+    # right-window mask, <= keys <= FAD_WS_D64_LEAN_MAX_SK) and its FAD_WS_D64_CONSUMERS consumers
+    # above: a last CTA with blocks empty, a window, rows with no key, dropout; below both,
+    # fwd_kernel
     dict(D=64, Sq=900, Sk=2500, causal=False, dtype="bfloat16", window_size=(300, 40)),
     dict(D=64, Sq=600, Sk=200, causal=True, dtype="float16"),
     dict(D=64, Sq=900, Sk=4500, causal=False, dtype="bfloat16", window_size=(300, 40)),
     dict(D=64, Sq=4100, Sk=4100, causal=True, dtype="float16", dropout_p=0.1),
     dict(D=64, Sq=1000, Sk=8300, causal=False, dtype="bfloat16", window_size=(3000, 40)),
     dict(D=64, Sq=1100, Sk=8200, causal=True, dtype="float16", dropout_p=0.1),
+    dict(D=64, Sq=700, Sk=16500, causal=True, dtype="bfloat16"),
+    dict(D=64, Sq=300, Sk=1500, causal=False, dtype="float16"),
     # keys that grow along the sequence (x1 .. x20), so that a tile's max often passes the running
     # max by more than the rescale slack: the path of a two-tile unit whose second tile rescales acc
     dict(D=128, Sq=700, Sk=3000, causal=False, dtype="bfloat16", ramp=20.0),

@@ -63,8 +63,10 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
             /* (knob off: at D128 the mma.sync kernel, so that fwd_kernel's D128
              * wgmma variant is not compiled for an A/B alone) */
             constexpr bool kWgFallback = kHeadDim == 64;
-            /* (D64: the warp-specialized kernel for long walks only, FAD_WS_D64_MIN_SK) */
-            const bool ws = kHeadDim != 64 || a.p.seqlen_k >= FAD_WS_D64_MIN_SK;
+            /* (D64: the warp-specialized kernel for long walks only, FAD_WS_D64_MIN_SK,
+             * or FAD_WS_D64_MIN_SK_FULL where no mask bounds rows on the right) */
+            const bool ws = kHeadDim != 64 ||
+                            a.p.seqlen_k >= (a.p.window_right >= 0 ? FAD_WS_D64_MIN_SK : FAD_WS_D64_MIN_SK_FULL);
             if (st == FAD_OK && wgmma && ws_allowed() && ws)
                 st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
             else if (st == FAD_OK)

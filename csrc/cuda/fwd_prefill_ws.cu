@@ -713,9 +713,9 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
 
 /* The shape by the longest sequence's keys (seqlen_k): D128's narrow variant
  * up to FAD_WS_NARROW_MAX_SK, where a CTA's prologue and epilogue weigh
- * against its few tiles; D64's lean variant below FAD_WS_D64_LEAN_MAX_SK
- * (the launcher sends D64 here from FAD_WS_D64_MIN_SK); D256's long variant
- * from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each row gets the
+ * against its few tiles; D64's lean variant up to FAD_WS_D64_LEAN_MAX_SK
+ * (the launcher sends D64 here from FAD_WS_D64_MIN_SK or _FULL); D256's
+ * long variant from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each row gets the
  * same bits from any shape (the same consumer code on its 64 rows, and the
  * same operations on R wherever it lives). */
 template <typename T, int kHeadDim>
@@ -725,7 +725,7 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
         if (a.p.seqlen_k <= FAD_WS_NARROW_MAX_SK)
             return launch_ws<T, kHeadDim, ws_narrow>(a, stream, msg, msg_len);
     if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
-        if (a.p.seqlen_k < FAD_WS_D64_LEAN_MAX_SK)
+        if (a.p.seqlen_k <= FAD_WS_D64_LEAN_MAX_SK)
             return launch_ws<T, kHeadDim, ws_lean>(a, stream, msg, msg_len);
     if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0)
         if (a.p.seqlen_k >= FAD_WS_D256_LONG_MIN_SK)
