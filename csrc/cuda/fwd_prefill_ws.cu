@@ -715,9 +715,9 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
  * up to FAD_WS_NARROW_MAX_SK, where a CTA's prologue and epilogue weigh
  * against its few tiles; D64's lean variant up to FAD_WS_D64_LEAN_MAX_SK
  * (the launcher sends D64 here from FAD_WS_D64_MIN_SK or _FULL); D256's
- * long variant from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each row gets the
- * same bits from any shape (the same consumer code on its 64 rows, and the
- * same operations on R wherever it lives). */
+ * long variant from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each
+ * row gets the same bits from any shape (the same consumer code on its 64
+ * rows, and the same operations on R wherever it lives). */
 template <typename T, int kHeadDim>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
