@@ -493,27 +493,21 @@ __device__ __forceinline__ void fold_split(float (&acc)[kMT][kDB][4], const floa
         }
         constexpr int kB = RO::kBatch;
         static_assert(kDB % kB == 0, "whole batches");
-        if constexpr (kB == 1) {
+        if constexpr (kB == 1) { /* (R in registers: r_in_regs) */
+            static_assert(!RO::kSmem, "R in memory: the float4 path, or batches of loads");
 #pragma unroll
             for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-                for (int nb = 0; nb < kDB; nb++) {
+                for (int nb = 0; nb < kDB; nb++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float &slot = R.at(mt, nb, e);
-                        const fad_merge_w &we = w[2 * mt + e / 2];
-                        const float v = RO::kSmem ? fad_merge_value(have_R ? slot : 0.f, acc[mt][nb][e], we)
-                                                  : fad_merge_keep_a(slot, acc[mt][nb][e], we.wb);
+                        const float v = fad_merge_keep_a(slot, acc[mt][nb][e], w[2 * mt + e / 2].wb);
                         if (to_R)
                             slot = v;
                         else
                             acc[mt][nb][e] = v;
                     }
-                    /* Keeps the scheduler from hoisting all kMT*kDB*4 loads of sR
-                     * ahead of the FMAs (that many live registers spill the loop). */
-                    if (RO::kSmem)
-                        __syncwarp();
-                }
         } else { /* (R in global memory: a batch's loads are issued before its
                   * merges. Kept apart from the loop above, whose kernels this
                   * form gave other register allocations than the ones measured.) */
