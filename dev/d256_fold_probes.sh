@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# d256_fold_probes.sh: The D256 fold's timing probes, built here and timed in one device call. Verdict: none yet (built, not run).
+# d256_fold_probes.sh: The D256 fold's timing probes, built here and timed in one device call. Verdict: the stores of R are the cost (nostore 1.11-1.21x from 4k keys, as much as no fold); load batches 8 / 4 no help (benchmarks/results/2026-11-30_h200_fwd_d256_fold_stores.md, section 1).
 # At D256 the deterministic forward reads 0.81-0.85x its own fast mode (no fold before a row's
 # last split) from 4k keys, and fast mode 0.99-1.08x cuDNN
 # (benchmarks/results/2026-11-30_h200_fwd_persistent_thresholds.md, section 1). Prefetching R,
@@ -9,8 +9,6 @@
 #   nofold   the fold left out, the split's bookkeeping (the wait for O += P V, fresh m, l) kept
 #   rgb8     R's global part loaded 8 n8 blocks ahead in the short-key variant (4 now)
 #   rglb4    4 ahead in the long variant (8 now)
-#   clock    the fold's phases in cycles, written over lse by CTAs 0-3 (branch
-#            probe-fwd-d256-fold-clock; dev/probe_fold_clock.py reads them)
 #
 #   dev/d256_fold_probes.sh build      # here, after a CUDA build (build/); dev/abi/_C_{base,...}.abi3.so
 #   OUT=$OUT dev/d256_fold_probes.sh run   # on the device, the modules carried in dev/abi
@@ -25,21 +23,12 @@ build)
     dev/variant_so.sh rgb8 fwd_prefill_ws.cu 'fad_config.h=s/#define FAD_WS_RG_BATCH 4/#define FAD_WS_RG_BATCH 8/'
     dev/variant_so.sh rglb4 fwd_prefill_ws.cu \
         'fad_config.h=s/#define FAD_WS_RG_LONG_BATCH 8/#define FAD_WS_RG_LONG_BATCH 4/'
-    wt=/tmp/wt_fold_clock
-    rm -rf "$wt" && git worktree prune && git worktree add -q "$wt" probe-fwd-d256-fold-clock
-    ln -sfn "$PWD/build" "$wt/build"
-    "$wt/dev/variant_so.sh" clock fwd_prefill_ws.cu
-    cp "$wt/dev/abi/_C_clock.abi3.so" dev/abi/
-    rm "$wt/build" && git worktree remove --force "$wt"
     ;;
 run)
     out=${OUT:-device_out}
     mkdir -p "$out"
     OUT=$out BENCH=fwd PRESET=full FILTER="bf16&D256&L1024|bf16&D256&L4096|bf16&D256&L16384" \
         BUILDS="base nostore nofold rgb8 rglb4" RUN_TIMEOUT=60 bash dev/ab_so.sh 2 > "$out/ab.log" 2>&1
-    cp dev/abi/_C_clock.abi3.so flash_attn_det/_C.abi3.so
-    timeout 60 python3 dev/probe_fold_clock.py 256 4096 8 8 > "$out/clock.log" 2>&1
-    cp dev/abi/_C_base.abi3.so flash_attn_det/_C.abi3.so
     ;;
 *)
     echo "usage: $0 build|run" >&2
