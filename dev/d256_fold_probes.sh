@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# d256_fold_probes.sh: The D256 fold's timing probes, built here and timed in one device call. Verdict: the stores of R are the cost (nostore 1.11-1.21x from 4k keys, as much as no fold); load batches 8 / 4 no help (benchmarks/results/2026-11-30_h200_fwd_d256_fold_stores.md, section 1).
+# d256_fold_probes.sh: The D256 fold's timing probes, built here and timed in one device call. Verdict: the stores of R are the cost (nostore 1.11-1.21x from 4k keys, as much as no fold); load batches 8 / 4 no help (benchmarks/results/2026-11-30_h200_fwd_d256_fold_stores.md, section 1; nofold is also D128's ceiling, section 6).
 # At D256 the deterministic forward reads 0.81-0.85x its own fast mode (no fold before a row's
 # last split) from 4k keys, and fast mode 0.99-1.08x cuDNN
 # (benchmarks/results/2026-11-30_h200_fwd_persistent_thresholds.md, section 1). Prefetching R,
