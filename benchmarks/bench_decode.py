@@ -98,7 +98,7 @@ def sdpa_bhld_call(copies, q, kc, vc, seqlens, lmax):
     return F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, enable_gqa=True).transpose(1, 2)
 
 
-def impl_table(lmax):
+def impl_table(lmax, split_size=None):
     copies = {}
 
     def sdpa(backend_attr, bhld=False):
@@ -111,8 +111,8 @@ def impl_table(lmax):
             return (lambda q, k, v, s: sdpa_bhld_call(copies, q, k, v, s, lmax)), context
         return (lambda q, k, v, s: sdpa_call(q, k, v, s, lmax)), context
 
-    return {"fad_det": (fad_call, lambda: fad_mode(True)),
-            "fad_det_ns1": (lambda q, k, v, s: fad_call(q, k, v, s, 1), lambda: fad_mode(True)),
+    return {"fad_det": (fad_call, lambda: fad_mode(True, split_size)),
+            "fad_det_ns1": (lambda q, k, v, s: fad_call(q, k, v, s, 1), lambda: fad_mode(True, split_size)),
             "fad_fast": (fad_call, lambda: fad_mode(False)),
             "sdpa_flash": sdpa("FLASH_ATTENTION"),
             "sdpa_cudnn": sdpa("CUDNN_ATTENTION"),
@@ -205,6 +205,8 @@ def main():
                     help="comma list of lengths (8192), length@capacity (1024@32768), mix")
     ap.add_argument("--batches", default=None, help="comma list of batch sizes")
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--split-size", type=int, default=None,
+                    help="flash_attn_det's split_size in deterministic mode (default: the process's, 512)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", default=os.path.join(common.REPO, "benchmarks", "out"))
     ap.add_argument("--tag", default=None)
@@ -251,7 +253,7 @@ def main():
             except torch.cuda.OutOfMemoryError as exc:
                 log(f"{label}: cannot allocate inputs ({short_error(exc)})")
                 continue
-            table = impl_table(lmax)
+            table = impl_table(lmax, args.split_size)
             ref, row = None, {"config": label}
             for name in names:
                 fn, context = table[name]
@@ -314,8 +316,8 @@ def main():
     md = [f"# Decode, bf16, Hq {H} / Hkv {HKV}, D {D}, one query token",
           "",
           f"{env.get('device')}, torch {env.get('torch')}, cuDNN {env.get('cudnn')}, "
-          f"commit {env.get('git_commit')}. Device copy bandwidth in this run: "
-          f"{bw / 1e12:.2f} TB/s (read + write).",
+          f"commit {env.get('git_commit')}, split_size {args.split_size or 512}. Device copy "
+          f"bandwidth in this run: {bw / 1e12:.2f} TB/s (read + write).",
           "",
           "Per call: graph = device time in a CUDA graph, eager = CUDA events around each Python "
           "call (includes host overhead when it exceeds the kernel). % bw = bytes of K+V the "
