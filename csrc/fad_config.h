@@ -391,6 +391,17 @@
 #ifndef FAD_BWD_WG_D256_SPLIT_SDP
 #define FAD_BWD_WG_D256_SPLIT_SDP 1
 #endif
+/* FAD_BWD_WG_D256_BY_PRODUCT: at D256, without a score mod, the math
+ * warpgroups of both kernels split S and dP by product instead (1): warpgroup
+ * 0 issues S^T (S) for the whole step (tile), m64n64 rather than two m64n32
+ * halves, and makes P; warpgroup 1 issues dP^T (dP) and, with warpgroup 0's
+ * P through shared memory, makes dS; both then issue their gradient columns.
+ * m64n32 with both operands in shared memory reaches two thirds of the tensor
+ * pipe (dev/wgmma_rate.cu), m64n64 all of it: the backward measured 1.04-1.10x
+ * (H200). The same chains and element-wise math: the same bits. */
+#ifndef FAD_BWD_WG_D256_BY_PRODUCT
+#define FAD_BWD_WG_D256_BY_PRODUCT 1
+#endif
 #ifndef FAD_BWD_WG_DKDV_WS_STAGES
 #define FAD_BWD_WG_DKDV_WS_STAGES 2
 #endif

@@ -36,10 +36,13 @@
  * zero-filled in shared memory and never stored). At 256 (bwd_wg_cfg's
  * kSplitCols) the warpgroups share the CTA's 64 keys (dK/dV) or 64 rows (dQ)
  * and each issues its gradient products on its 128-column slice of dO, Q (K),
- * so each keeps the D128 kernels' registers; S^T / dP^T (S / dP) each issues
- * for half of the step's rows (the tile's keys), handing the other its P^T /
- * dS^T (dS) fragments through shared memory (FAD_BWD_WG_D256_SPLIT_SDP; 0:
- * both issue them in full). kDrop: dropout, as the mma.sync
+ * so each keeps the D128 kernels' registers. Without a score mod warpgroup 0
+ * issues S^T (S) and makes P^T (P), warpgroup 1 issues dP^T (dP) and, with
+ * that P through shared memory, makes dS^T (dS), each product for the whole
+ * step (tile): m64n64 (FAD_BWD_WG_D256_BY_PRODUCT). With a score mod each
+ * issues both for half of the step's rows (the tile's keys), m64n32, handing
+ * the other its P^T / dS^T (dS) fragments through shared memory
+ * (FAD_BWD_WG_D256_SPLIT_SDP; 0: both issue them in full). kDrop: dropout, as the mma.sync
  * kernels apply it (the same keep rule through dropout.cuh, the same
  * element-wise math), so the bits stay those of the mma.sync variant. kMod:
  * softcap and ALiBi, through the mma.sync kernels' bwd_score (the same logit
@@ -130,7 +133,17 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     static_assert(!kDown || kRed, "kDown: the five-product kernel's GQA walk");
     constexpr int kN = C::kKeys, kM = C::kStepM, kDB = C::kDB, kStages = Shape::kStages;
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
-    constexpr bool kSplit = Smem::kSplit;
+    /* kByProd (FAD_BWD_WG_D256_BY_PRODUCT, no score mod): S^T by warpgroup 0,
+     * dP^T by warpgroup 1, each for all kM rows of the step (m64n64, not
+     * m64n32); kX then holds warpgroup 0's P^T (fp32, in its accumulators'
+     * order) and the P^T and dS^T fragments (kM / 16 chunks each), one buffer
+     * each: named barriers 4 (P^T stored) and 5 (dS^T stored), which both
+     * warpgroups sync on outside their branches, order their reuse (the dQ
+     * kernel's kByProd says why). */
+    constexpr bool kByProd = Smem::kSplit && FAD_BWD_WG_D256_BY_PRODUCT && !kMod && kWs;
+    static_assert(!kByProd || 2 * 2 * Smem::kXChunks * 128 * 16 >= kM * kN * 4 + 2 * Smem::kXChunks * 128 * 16,
+                  "kByProd: P^T and both fragments' chunks fit kX");
+    constexpr bool kSplit = Smem::kSplit && !kByProd;
     constexpr bool kThreadRelease = kRed || C::kSplitCols; /* (the ring's release, below) */
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
@@ -333,7 +346,63 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         /* S^T = K Q^T, then dP^T = V dO^T: two groups in flight (kSplit: for
          * this warpgroup's kMw rows from m0 + rw0). */
         const int rw0 = kSplit ? wg * kMw : 0;
-        float pt[kMw / 8][4], ds[kMw / 8][4]; /* written by their first k-chunk */
+        float pt[kMw / 8][4], ds[kMw / 8][4]; /* written by their first k-chunk (kByProd: ds only) */
+        if constexpr (kByProd) {
+            /* one product a warpgroup, on one code path (a wgmma under a
+             * branch makes ptxas serialize them): S^T into warpgroup 0's ds,
+             * dP^T into warpgroup 1's */
+            issue_ss<T, kHeadDim, kN, kM, kM>(ds, wg ? v_addr : k_addr, wg ? do_addr : q_addr);
+            wgmma_wait<0>();
+            wgmma_fence_operand(ds);
+            float4 *xp = reinterpret_cast<float4 *>(wg_smem + Smem::kXOffset); /* P^T: kM / 2 float4 a thread */
+            uint4 *xpf = reinterpret_cast<uint4 *>(xp + kM * kN / 4), *xsf = xpf + Smem::kXChunks * 128;
+            const int t = tid % 128;
+            if (wg == 0) { /* P^T, as the split kernel makes it, to warpgroup 1 */
+                const fad_key_range first = fad_row_keys(m0, len_q, len_k, wl, wr);
+                const fad_key_range last = fad_row_keys(min(m0 + kM, len_q) - 1, len_q, len_k, wl, wr);
+                if (n0 < last.lo || n0 + 64 > first.hi)
+                    scores_to_p<true, kM / 8>(ds, lse2, mod, band, m0, n0 + key_row);
+                else
+                    scores_to_p<false, kM / 8>(ds, lse2, mod, band, m0, n0 + key_row);
+#pragma unroll
+                for (int nb = 0; nb < kM / 8; nb++)
+                    xp[nb * 128 + t] = make_float4(ds[nb][0], ds[nb][1], ds[nb][2], ds[nb][3]);
+#pragma unroll
+                for (int kk = 0; kk < kM / 16; kk++)
+                    p_fragment<T>(ds, kk, pf[kk]);
+                split_store(xpf, pf, 0, t);
+            }
+            named_bar_sync(4, 256);
+            if (wg == 1) { /* dS^T = P^T (dP^T - D) scale, element by element as the split kernel */
+#pragma unroll
+                for (int nb = 0; nb < kM / 8; nb++) {
+                    const float4 pv = xp[nb * 128 + t];
+                    const float pe[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i_loc = nb * 8 + (lane % 4) * 2 + e % 2;
+                        ds[nb][e] = fad_ds(pe[e], ds[nb][e], dsum[i_loc], scale);
+                    }
+                }
+                split_load(xpf, pf, t); /* (before barrier 5: warpgroup 0's next P^T takes the buffer) */
+#pragma unroll
+                for (int kk = 0; kk < kM / 16; kk++)
+                    p_fragment<T>(ds, kk, sf[kk]);
+                split_store(xsf, sf, 0, t);
+            }
+            named_bar_sync(5, 256);
+            if (wg == 0)
+                split_load(xsf, sf, t);
+            issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
+            issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
+            wgmma_wait<0>();
+            wgmma_fence_operand(dv);
+            wgmma_fence_operand(dk);
+            wgmma_fence_operand(pf);
+            wgmma_fence_operand(sf);
+            mbar_arrive(&empty[st]); /* (every math thread: kThreadRelease) */
+            continue;
+        }
         red.turn_wait();
         issue_ss<T, kHeadDim, kN, kMw, kM>(pt, k_addr, q_addr + (uint32_t)rw0 * 128);
         issue_ss<T, kHeadDim, kN, kMw, kM>(ds, v_addr, do_addr + (uint32_t)rw0 * 128);

@@ -23,8 +23,18 @@ template <int kHeadDim, bool kWs> struct dq_wgmma_shape {
      * (split_store / split_load, bwd_tile_wgmma.cuh) through kX, two buffers
      * (step parity) of kN/16 chunks of 128 uint4. */
     static constexpr bool kSplit = C::kSplitCols && FAD_BWD_WG_D256_SPLIT_SDP;
+    /* kByProd (FAD_BWD_WG_D256_BY_PRODUCT, set by the kernel where it applies:
+     * no score mod): S by warpgroup 0, dP by warpgroup 1; kX then holds warpgroup
+     * 0's P (fp32, kRows x kTileN, in its accumulators' order: float4 i of
+     * thread t at i * 128 + t) and warpgroup 1's dS fragments (kTileN / 16
+     * chunks of 128 uint4), one buffer each: the barriers order their reuse. */
     static constexpr size_t kXOffset = (kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0) + 15) / 16 * 16;
-    static constexpr size_t kSmemBytes = kXOffset + (kSplit ? (size_t)2 * (C::kTileN / 16) * 128 * 16 : 0);
+    static constexpr size_t kSplitXBytes = (size_t)2 * (C::kTileN / 16) * 128 * 16;
+    static constexpr size_t kByProdXBytes = (size_t)C::kRows * C::kTileN * 4 + (size_t)(C::kTileN / 16) * 128 * 16;
+    static constexpr size_t kXBytes = !kSplit                                                     ? 0
+                                      : FAD_BWD_WG_D256_BY_PRODUCT && kByProdXBytes > kSplitXBytes ? kByProdXBytes
+                                                                                                    : kSplitXBytes;
+    static constexpr size_t kSmemBytes = kXOffset + kXBytes;
     static_assert(!kRegs || (kProducerRegs + 2 * kMathRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
                   "setmaxnreg: the registers the producer frees must cover the math warpgroups'");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -38,7 +48,8 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     using C = bwd_wg_cfg<kHeadDim>;
     using Shape = dq_wgmma_shape<kHeadDim, kWs>;
     constexpr int kM = C::kRows, kN = C::kTileN, kDB = C::kDB, kNB = kN / 8, kStages = Shape::kStages;
-    constexpr bool kSplit = Shape::kSplit;
+    constexpr bool kByProd = Shape::kSplit && FAD_BWD_WG_D256_BY_PRODUCT && !kMod && !kDrop;
+    constexpr bool kSplit = Shape::kSplit && !kByProd;
     constexpr int kNw = kSplit ? kN / 2 : kN; /* keys of a tile whose S and dP this warpgroup issues */
     static_assert(!(kDrop && C::kSplitCols), "D256 with dropout stays on mma.sync (bwd_launch.cu)");
     const fad_fwd_params &p = a.p;
@@ -149,6 +160,13 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     float dq[kDB][4] = {};
     uint32_t sf[kN / 16][4]; /* dS as A fragments */
 
+    /* (kByProd) named barriers: warpgroup 0 stored P, warpgroup 1 stored dS
+     * (1, 2 are warpgroup_sync's, 3 split_meet's and the epilogue's). Both
+     * warpgroups sync on each, at one instruction outside their branches: with
+     * the writer's bar.arrive instead, compute-sanitizer's racecheck reported
+     * the next tile's stores as racing with this tile's loads, and with each
+     * warpgroup's bar.sync in its own branch synccheck reported divergence. */
+    enum { kBarPFull = 4, kBarDsFull = 5 };
     /* (kWs) a math warp releases a stage once its products on it are done:
      * with deferred waits, the step after (the dQ product still reads K) */
     auto release = [&](int st) { warp_arrive(&empty[st], lane); };
@@ -168,9 +186,55 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * warpgroup's kNw keys from tw0, K's and V's rows tw0 - t0 ..). */
         const int tw0 = t0 + (kSplit ? wg * kNw : 0);
         const uint32_t kv_row = (uint32_t)(tw0 - t0) * 128;
-        float pr[kNw / 8][4], ds[kNw / 8][4]; /* written by their first k-chunk */
-        issue_ss<T, kHeadDim, kM, kNw, kN>(pr, q_addr, k_addr + kv_row);
-        issue_ss<T, kHeadDim, kM, kNw, kN>(ds, do_addr, v_addr + kv_row);
+        float pr[kNw / 8][4], ds[kNw / 8][4]; /* written by their first k-chunk (kByProd: ds only) */
+        if constexpr (kByProd) {
+            /* one product a warpgroup, on one code path (a wgmma under a
+             * branch makes ptxas serialize them): S = Q K^T into warpgroup 0's
+             * ds, dP = dO V^T into warpgroup 1's */
+            issue_ss<T, kHeadDim, kM, kN, kN>(ds, wg ? do_addr : q_addr, wg ? v_addr : k_addr);
+            wgmma_wait<0>();
+            wgmma_fence_operand(ds);
+            float4 *xp = reinterpret_cast<float4 *>(wg_smem + Shape::kXOffset); /* P: kN / 2 float4 a thread */
+            uint4 *xs = reinterpret_cast<uint4 *>(xp + kM * kN / 4);           /* dS: kN / 16 chunks */
+            const int t = tid % 128;
+            if (wg == 0) { /* P, as the split kernels make it, to warpgroup 1 */
+                if (t0 < wg_last.lo || t0 + kN > wg_first.hi)
+                    scores_to_p<true>(ds, lse2, rk, mod, t0);
+                else
+                    scores_to_p<false>(ds, lse2, rk, mod, t0);
+#pragma unroll
+                for (int nb = 0; nb < kN / 8; nb++)
+                    xp[nb * 128 + t] = make_float4(ds[nb][0], ds[nb][1], ds[nb][2], ds[nb][3]);
+            }
+            named_bar_sync(kBarPFull, 256);
+            if (wg == 1) { /* dS = P (dP - D) scale, element by element as the split kernels */
+#pragma unroll
+                for (int nb = 0; nb < kN / 8; nb++) {
+                    const float4 pv = xp[nb * 128 + t];
+                    const float pe[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        ds[nb][e] = fad_ds(pe[e], ds[nb][e], dsum[e / 2], scale);
+                }
+                uint32_t own[kN / 16][4];
+#pragma unroll
+                for (int kk = 0; kk < kN / 16; kk++)
+                    p_fragment<T>(ds, kk, own[kk]);
+                split_store(xs, own, 0, t);
+            }
+            named_bar_sync(kBarDsFull, 256);
+            split_load(xs, sf, t);
+            issue_rs_mn<T, C::kDCols, kN>(dq, sf, k_addr + col_bytes);
+            wgmma_wait<0>();
+            wgmma_fence_operand(dq);
+            wgmma_fence_operand(sf);
+            if constexpr (kWs)
+                release(st);
+            continue;
+        } else {
+            issue_ss<T, kHeadDim, kM, kNw, kN>(pr, q_addr, k_addr + kv_row);
+            issue_ss<T, kHeadDim, kM, kNw, kN>(ds, do_addr, v_addr + kv_row);
+        }
         /* The next tile's copies, while the tensor cores run S and dP. */
         if constexpr (!kWs) {
             if (t0 + kN < t_last)
