@@ -387,7 +387,8 @@
 /* FAD_BWD_WG_D256_SPLIT_SDP: at head dims above 128 (bwd_wg_cfg::kSplitCols)
  * each math warpgroup issues S and dP for half of the step's rows (dK/dV) or
  * keys (dQ) and hands the other its P / dS fragments through shared memory,
- * rather than both issuing S and dP in full (0). The same chains: the same bits. */
+ * rather than both issuing S and dP in full (0); with a score mod only, where
+ * FAD_BWD_WG_D256_BY_PRODUCT (below) is set. The same chains: the same bits. */
 #ifndef FAD_BWD_WG_D256_SPLIT_SDP
 #define FAD_BWD_WG_D256_SPLIT_SDP 1
 #endif
