@@ -38,7 +38,7 @@ done
 # module.c again, so that the module's BUILD names the variant (the build's own may be a CPU-only one)
 gcc -c csrc/python/module.c -o "$tmp/module.o" -O2 -std=c11 -fPIC -ffp-contract=off -Icsrc \
     -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" -DPy_LIMITED_API=0x030A0000 \
-    -DFAD_BUILD="\"variant $name of $(git rev-parse --short HEAD) (dev/variant_so.sh: $cu for sm_90a$(printf ' %s' "$@" | tr '"\\' "''"))\""
+    -DFAD_BUILD="\"variant $name of $(git rev-parse --short HEAD) (dev/variant_so.sh: $cu for sm_90a$(printf ' %s' "$@" | tr '"\\\n' "'' "))\""
 c_objs="$(find $objs/csrc -name '*.o' ! -name fad_nocuda.o ! -name module.o) $tmp/module.o"
 libdir=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 [ -e "$libdir/lib64/libcudart_static.a" ] && libdir=$libdir/lib64 || libdir=$libdir/lib
