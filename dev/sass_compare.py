@@ -38,8 +38,9 @@ def kernels(objdir):
                 name, body = m.group(1), []
                 continue
             # an instruction's two lines: /*offset*/ opcode ... /* low encoding */, then
-            # /* high encoding */ (control bits: stalls, barriers); spacing varies by file
-            if name is not None and re.match(r"\s+/\*(?:[0-9a-f]{4}\*/| 0x[0-9a-f]{16} \*/)", line):
+            # /* high encoding */ (control bits: stalls, barriers); spacing varies by file.
+            # (the offset has 4 hex digits below 0x10000 and more past it)
+            if name is not None and re.match(r"\s+/\*(?:[0-9a-f]{4,}\*/| 0x[0-9a-f]{16} \*/)", line):
                 body.append(" ".join(line.split()))
         if name:
             out[(arch, name)] = "\n".join(body)
