@@ -237,22 +237,27 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
+            /* K and V by cp.async, announced (cp_async_announce: landed,
+             * fenced) once the first step's copies are issued: announced at
+             * once, the producer would wait for them to land before it issues
+             * those */
             load_kv();
-            mbar_arrive_cp_async(kv_full);
+            cp_async_commit();
             if constexpr (kRed) {
                 if (threadIdx.x >= kLoaders) { /* ---- the dQ warps ---- */
+                    cp_async_announce(kv_full);
                     dq_warp<kHeadDim, kDown, Smem::kDqBufs, kDqWarps>(
                         a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, steps, kN,
                         reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
-                    cp_async_wait_all();
                     return;
                 }
             }
             /* wa.tma: a step whose rows all lie inside the sequence gets Q and
              * dO from the copy engine (thread 0's arrival expects their bytes,
-             * the other threads' stands in for their cp.async arrival); the
-             * math warps' fence after the wait is then unneeded for it, and
-             * kept for the steps cp.async still copies. */
+             * the other threads' stands in for their copies'); a step that the
+             * sequence's end cuts, by cp.async, announced once it has landed
+             * and been fenced (cp_async_announce): the writer's fence, so the
+             * math warps fence no step. */
             const int64_t q_row0 = wa.tma ? seq.q_off / p.q_row_stride : 0;
             const int64_t o_row0 = wa.tma ? seq.o_off / p.out_row_stride : 0;
             for (int step = 0; step < steps; step++) {
@@ -271,12 +276,15 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                     }
                 } else {
                     load_step_tiles(step, st);
-                    mbar_arrive_cp_async(&full[st]);
+                    cp_async_announce(&full[st]);
                 }
                 load_step_rows(step, st);
                 mbar_arrive(&full[st]);
+                if (step == 0)
+                    cp_async_announce(kv_full);
             }
-            cp_async_wait_all();
+            if (steps == 0)
+                cp_async_announce(kv_full); /* (the epilogue waits for it) */
             return;
         }
         setmaxnreg_inc<Shape::kMathRegs>();
@@ -335,9 +343,10 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         } else {
             cp_async_wait_all();
         }
-        fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
-        if constexpr (!kWs)
-            __syncthreads(); /* step's tiles landed; every warp is done with the stage reloaded next */
+        if constexpr (!kWs) {
+            fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
+            __syncthreads();    /* step's tiles landed; every warp is done with the stage reloaded next */
+        }
 
         const int m0 = step_m0(step);
         const uint32_t q_addr = smem_addr(sQ + st * C::kStepElems), do_addr = q_addr + kM * kHeadDim * 2;

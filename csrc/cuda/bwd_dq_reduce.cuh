@@ -144,8 +144,7 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
             dq_s[Acc::slot(wg, nb, tid % 128)] = make_float4(dqa[nb][0], dqa[nb][1], dqa[nb][2], dqa[nb][3]);
-        fence_async_smem(); /* (the copy engine reads it through the async proxy) */
-        named_bar_arrive(kBarDqFull + buf, kDqBarThreads);
+        named_bar_arrive(kBarDqFull + buf, kDqBarThreads); /* (its proxy fence is the dQ warp's) */
     }
     /* Once the step's products are done: the part issued with them goes to
      * the dQ warps (kLag: the last step's, and this warpgroup is done reading
@@ -210,6 +209,13 @@ __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, S
     for (int step = first; step < steps; step += kWarps) {
         const int buf = step % kBufs;
         named_bar_sync(kBarDqFull + buf, kDqBarThreads);
+        /* The math warps stored the tile by generic stores; the copy engine
+         * reads it through the async proxy. The fence is here, after the
+         * barrier, not in each writer before it: there it waited for the
+         * writer's stores to land, and the next step's products waited
+         * behind it (D128 1.03-1.05x without; wgmma.cuh's fence_async_smem
+         * says why either place is sound). */
+        fence_async_smem();
         const int m = step_m0(step) / Acc::kRows;
         const int64_t tile = dq_tile(a, w.b, w.seq, step_h(step), m, Acc::kRows);
         if (threadIdx.x % 32 == 0) {

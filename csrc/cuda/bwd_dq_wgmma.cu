@@ -90,12 +90,16 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             /* ---- producer: Q and dO, then each step's K/V tiles into the ring ---- */
             if constexpr (Shape::kRegs)
                 setmaxnreg_dec<Shape::kProducerRegs>();
+            /* Q and dO by cp.async, announced (landed, fenced) once the
+             * first K/V tile's copies are issued (the dK/dV kernel's K and V
+             * say why) */
             load_q_do<T, kHeadDim, kM, kLoaders, true>(sQ, sdO, a, seq, h, m0);
-            mbar_arrive_cp_async(q_full);
+            cp_async_commit();
             /* wa.tma: a tile inside the sequence comes from the copy engine
              * (thread 0's arrival expects its bytes, the other threads' stands
-             * in for their cp.async arrival); one the sequence's end cuts, by
-             * cp.async, zero-filled. */
+             * in for their copies'); one the sequence's end cuts, by cp.async,
+             * zero-filled, announced once landed and fenced (the writer's
+             * fence: the math warps fence no step). */
             const int64_t k_row0 = wa.tma ? seq.k_off / p.k_row_stride : 0;
             const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
             for (int t0 = t_first, i = 0; t0 < t_last; t0 += kN, i++) {
@@ -111,10 +115,13 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                     }
                 } else {
                     load_kv(t0, st);
-                    mbar_arrive_cp_async(&full[st]);
+                    cp_async_announce(&full[st]);
                 }
+                if (i == 0)
+                    cp_async_announce(q_full);
             }
-            cp_async_wait_all();
+            if (t_first >= t_last)
+                cp_async_announce(q_full); /* (the math warps wait for it) */
             pdl_wait_primary();
             return;
         }
@@ -173,13 +180,13 @@ dq_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (kWs)
         mbar_wait(q_full, 0);
     for (int t0 = t_first, st = 0, i = 0; t0 < t_last; t0 += kN, st = st + 1 == kStages ? 0 : st + 1, i++) {
-        if constexpr (kWs)
+        if constexpr (kWs) {
             mbar_wait(&full[st], (i / kStages) & 1);
-        else
+        } else {
             cp_async_wait_all();
-        fence_async_smem();
-        if constexpr (!kWs)
+            fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
             __syncthreads();
+        }
         const uint32_t k_addr = smem_addr(sK + st * C::kKvElems), v_addr = k_addr + kN * kHeadDim * 2;
 
         /* S = Q K^T, then dP = dO V^T: two groups in flight (kSplit: this

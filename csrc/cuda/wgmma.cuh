@@ -72,7 +72,12 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 /* Shared memory written through the generic proxy (cp.async, st.shared) that
- * wgmma reads next: each writing thread fences before the barrier. */
+ * wgmma or the copy engine reads next (the async proxy). The PTX memory model
+ * asks for a proxy fence on the causality path from the write to the read,
+ * in any thread on it: each writing thread before the barrier that announces
+ * its writes, or the thread that hands the tile to the copy engine, after
+ * that barrier (bwd_dq_reduce.cuh's dq_warp: 256 writers then wait for no
+ * store to land). */
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* mbarriers (shared-memory arrive/wait barriers with a phase bit), for the
@@ -122,6 +127,17 @@ __device__ __forceinline__ void wgmma_commit() {}
 template <int N> __device__ __forceinline__ void wgmma_wait() {}
 __device__ __forceinline__ void fence_async_smem() {}
 #endif
+
+/* A producer's announcement of a stage it filled by cp.async: once its copies
+ * have landed it fences them (the writer's fence, so that the warps that read
+ * the stage fence nothing per step) and arrives on bar, a plain arrival. */
+__device__ __forceinline__ void cp_async_announce(uint64_t *bar)
+{
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_async_smem();
+    mbar_arrive(bar);
+}
 
 /* The barriers of a producer / consumer ring, set up by thread 0 (then the
  * CTA syncs): stages pairs (full[st]: full_count arrivals, the producer's;
