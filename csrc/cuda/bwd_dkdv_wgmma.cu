@@ -239,8 +239,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             setmaxnreg_dec<Shape::kProducerRegs>();
             /* K and V by cp.async, announced (cp_async_announce: landed,
              * fenced) once the first step's copies are issued: announced at
-             * once, the producer would wait for them to land before it issues
-             * those */
+             * once, the producer waited for them to land before it issued
+             * those (D256 L1k 0.98-0.99x) */
             load_kv();
             cp_async_commit();
             if constexpr (kRed) {

@@ -213,8 +213,9 @@ __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, S
          * reads it through the async proxy. The fence is here, after the
          * barrier, not in each writer before it: there it waited for the
          * writer's stores to land, and the next step's products waited
-         * behind it (D128 1.03-1.05x without; wgmma.cuh's fence_async_smem
-         * says why either place is sound). */
+         * behind it (without it and the math warps' per-step fence, D128
+         * 1.03-1.05x; wgmma.cuh's fence_async_smem says why either place
+         * is sound). */
         fence_async_smem();
         const int m = step_m0(step) / Acc::kRows;
         const int64_t tile = dq_tile(a, w.b, w.seq, step_h(step), m, Acc::kRows);
