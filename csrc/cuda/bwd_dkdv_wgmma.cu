@@ -342,8 +342,6 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             mbar_wait(&full[st], (step / kStages) & 1);
         } else {
             cp_async_wait_all();
-        }
-        if constexpr (!kWs) {
             fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
             __syncthreads();    /* step's tiles landed; every warp is done with the stage reloaded next */
         }
