@@ -11,6 +11,10 @@
 #   dev/variant_so.sh unord bwd_dkdv_wgmma.cu 'cuda/bwd_dq_accum.cuh=s/while (v != turn)/while (0)/'
 #
 # Fails if a sed expression changed nothing (a probe that silently measures the base).
+# Host code is compiled with -fno-gnu-unique: the launchers' function-local statics (the
+# smem_set flags) are then each module's own, so that modules loaded side by side
+# (dev/ab_inproc.py) each set their kernels' shared-memory limits; as GNU-unique symbols one
+# module's flag stood for all, and the second's launches failed (invalid argument).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1 cu=$2
@@ -31,7 +35,7 @@ cuda_objs=$(ls $objs/cuda/*.o)
 new_objs=
 for f in ${cu//,/ }; do
     nvcc -c "$tmp/cuda/$f" -o "$tmp/$f.o" -O3 -std=c++17 --threads 0 -Xcompiler -fPIC -I"$tmp" \
-        --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFAD_SM90A=1
+        --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFAD_SM90A=1 -Xcompiler -fno-gnu-unique
     cuda_objs=$(echo "$cuda_objs" | grep -v "/$f.o$")
     new_objs="$new_objs $tmp/$f.o"
 done

@@ -1,0 +1,67 @@
+# probe_bwd_power.py: Power draw and SM clock of the backward beside cuDNN's, each run alone for seconds. Verdict: probe, no verdict of its own.
+"""Runs each backward (flash_attn_det deterministic, SDPA cuDNN in its (B, L, H, D) views)
+back to back for `secs` seconds at D128 L8k B4 H16 bf16, causal and full, while nvidia-smi
+samples power and SM clock every 50 ms; prints per impl the mean power, mean SM clock and
+TFLOP/s over the window (the first second dropped).
+
+    PYTHONPATH=$PWD python3 dev/probe_bwd_power.py [secs]"""
+import subprocess
+import sys
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_attn_det as fad
+
+fad.set_deterministic_mode(True)
+B, L, H, D = 4, 8192, 16, 128
+secs = float(sys.argv[1]) if len(sys.argv) > 1 else 4.0
+smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                        "-lms", "50"], stdout=subprocess.PIPE, text=True)
+samples = []  # (time, clock, power)
+
+
+def read_samples():
+    import select
+    while select.select([smi.stdout], [], [], 0)[0]:
+        line = smi.stdout.readline()
+        try:
+            c, p = (float(x) for x in line.split(","))
+            samples.append((time.time(), c, p))
+        except ValueError:
+            pass
+
+
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v, do = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+for causal in (True, False):
+    flop = 2.5 * 4 * B * H * L * L * D / (2 if causal else 1)
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    out = fad.flash_attn_func(qa, ka, va, causal=causal)
+    qt, kt, vt = (t.clone().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o2 = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    impls = {"fad_det": lambda: torch.autograd.grad(out, (qa, ka, va), do, retain_graph=True),
+             "cudnn": lambda: torch.autograd.grad(o2, (qt, kt, vt), do.transpose(1, 2), retain_graph=True)}
+    for rep in range(2):
+        for name, fn in impls.items():
+            torch.cuda.synchronize()
+            t0 = time.time()
+            n = 0
+            while time.time() - t0 < secs:
+                for _ in range(10):
+                    fn()
+                n += 10
+                torch.cuda.synchronize()
+                read_samples()
+            t1 = time.time()
+            time.sleep(0.3)
+            read_samples()
+            win = [(c, p) for t, c, p in samples if t0 + 1.0 <= t <= t1]
+            clock = sum(c for c, _ in win) / max(1, len(win))
+            power = sum(p for _, p in win) / max(1, len(win))
+            print(f"{'causal' if causal else 'full':6s} {name:8s} turn {rep}: {flop * n / (t1 - t0) / 1e12:6.1f} TFLOP/s,"
+                  f" SM clock {clock:6.0f} MHz, power {power:5.0f} W ({len(win)} samples)", flush=True)
+            time.sleep(1.0)
+smi.terminate()
