@@ -3,7 +3,7 @@
 Exact command (repository root, after `FLASH_ATTN_DET_CUDA_ARCHS=90 python3 setup.py
 build_ext --inplace`):
 
-    python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~1-2 min)
+    python3 benchmarks/bench_bwd.py --preset quick   # bf16, D64/128, L 2k/8k/16k (~2-3 min)
     python3 benchmarks/bench_bwd.py --preset gqa     # bf16, GQA 32/8 D128, L 2k/8k/16k
     python3 benchmarks/bench_bwd.py --preset d256    # bf16, D256 H8, L 1k/4k/8k
 
@@ -133,10 +133,12 @@ def markdown(records, env):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="quick", choices=["quick", "gqa", "d256", "dq", "long", "cpu-smoke"])
-    ap.add_argument("--iters", type=int, default=5, help="timed calls per impl and round")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per impl and round")
-    ap.add_argument("--rounds", type=int, default=4,
-                    help="turns the impls of a config take, one after the other (default 4)")
+    # (METHOD.md's 50 calls an impl, as bench_fwd.py: with 20, the H200's clock swinging at its
+    # power limit moved one build's ratios by 3-6% between runs, more than the margins measured)
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per impl and round")
+    ap.add_argument("--warmup", type=int, default=5, help="warm-up calls per impl and round")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="turns the impls of a config take, one after the other (default 5)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
     ap.add_argument("--tag", default=None)
     ap.add_argument("--impls", default=",".join(IMPLS),
