@@ -1,10 +1,11 @@
-# probe_bwd_power.py: Power draw and SM clock of the backward beside cuDNN's, each run alone for seconds. Verdict: probe, no verdict of its own.
+# probe_bwd_power.py: Power draw and SM clock of the backward beside cuDNN's, each run alone for seconds. Verdict: both run at the 700 W cap (691 W), the clock sets the speed; sustained, D128 L8k reads 1.03x (causal) and 1.015x (full) cuDNN (benchmarks/results/2026-11-30_h200_probes_drift_81a5aed.md, section 5).
 """Runs each backward (flash_attn_det deterministic, SDPA cuDNN in its (B, L, H, D) views)
 back to back for `secs` seconds at D128 L8k B4 H16 bf16, causal and full, while nvidia-smi
 samples power and SM clock every 50 ms; prints per impl the mean power, mean SM clock and
 TFLOP/s over the window (the first second dropped).
 
     PYTHONPATH=$PWD python3 dev/probe_bwd_power.py [secs]"""
+import select
 import subprocess
 import sys
 import time
@@ -23,7 +24,6 @@ samples = []  # (time, clock, power)
 
 
 def read_samples():
-    import select
     while select.select([smi.stdout], [], [], 0)[0]:
         line = smi.stdout.readline()
         try:
