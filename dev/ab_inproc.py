@@ -59,7 +59,7 @@ def main():
     args = ap.parse_args()
     fad.set_deterministic_mode(True)
     mods = {b: load_build(b) for b in args.builds}
-    peer_impls = {i.name: i for i in common.make_impls(names=["sdpa_cudnn", "sdpa_cudnn_bhld"])}
+    impls = {i.name: i for i in common.make_impls(names=["fad_det", "sdpa_cudnn", "sdpa_cudnn_bhld"])}
     base = args.builds[0]
     print(f"| row | {' | '.join(args.builds)} | cuDNN | "
           + " | ".join(f"{b} / {base}" for b in args.builds[1:]) + " | "
@@ -71,17 +71,12 @@ def main():
         same = {b: True for b in args.builds}
         keep = []
         for place in range(args.placements):
-            q, k, v = common.make_input_sets(cfg, torch.device("cuda"), n=1, seed=place)[0]
-            g = torch.Generator(device="cuda").manual_seed(place + 1)
-            do = torch.randn(q.shape, generator=g, device="cuda").to(q.dtype)
-            q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-            out = fad.flash_attn_func(q, k, v, causal=cfg.causal)
-            calls = {b: (lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)) for b in args.builds}
-            peers = {}
-            for name, impl in (("cudnn", "sdpa_cudnn"), ("cudnn_bhld", "sdpa_cudnn_bhld")):
-                _, fn = bench_bwd.prepare_bwd(peer_impls[impl], cfg, torch.device("cuda"), seed=place)
-                if fn is not None:
-                    peers[name] = (peer_impls[impl], fn)
+            # (bench_bwd's inputs and dout; the builds share fad_det's call, interface._C swapped under it)
+            preps = {name: bench_bwd.prepare_bwd(impls[impl], cfg, torch.device("cuda"), seed=place)[1]
+                     for name, impl in (("fad", "fad_det"), ("cudnn", "sdpa_cudnn"), ("cudnn_bhld", "sdpa_cudnn_bhld"))}
+            if preps["fad"] is None:
+                raise RuntimeError(f"fad_det failed on {cfg.label()}")
+            peers = {name: (impls["sdpa_" + name], fn) for name, fn in preps.items() if name != "fad" and fn is not None}
             ref = None
             for r in range(args.rounds):
                 order = args.builds + list(peers)
@@ -95,15 +90,16 @@ def main():
                             times[b] += common.time_ms(fn, [()], args.iters, 0, torch.device("cuda"))
                         continue
                     interface._C = mods[b]
-                    grads = calls[b]()
+                    with impls["fad_det"].context():
+                        grads = preps["fad"]()
+                        times[b] += common.time_ms(preps["fad"], [()], args.iters, 0, torch.device("cuda"))
                     if r == 0:
                         if b == base:
                             ref = [t.clone() for t in grads]
                         else:
                             same[b] &= all(torch.equal(x.view(torch.int16), y.view(torch.int16))
                                            for x, y in zip(grads, ref))
-                    times[b] += common.time_ms(calls[b], [()], args.iters, 0, torch.device("cuda"))
-            keep.append((q, k, v, do, out))
+            keep.append(preps)
         interface._C = fad._C
         tf = {b: flop / (statistics.median(ts) * 1e-3) / 1e12 for b, ts in times.items() if ts}
         cud = max(tf.get("cudnn", 0), tf.get("cudnn_bhld", 0))
