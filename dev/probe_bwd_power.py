@@ -4,7 +4,7 @@ back to back for `secs` seconds at D128 L8k B4 H16 bf16, causal and full, while 
 samples power and SM clock every 50 ms; prints per impl the mean power, mean SM clock and
 TFLOP/s over the window (the first second dropped).
 
-    PYTHONPATH=$PWD python3 dev/probe_bwd_power.py [secs]"""
+    PYTHONPATH=$PWD python3 dev/probe_bwd_power.py [secs] [L]     (L: 8192; B = 32768 / L)"""
 import select
 import subprocess
 import sys
@@ -16,8 +16,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flash_attn_det as fad
 
 fad.set_deterministic_mode(True)
-B, L, H, D = 4, 8192, 16, 128
 secs = float(sys.argv[1]) if len(sys.argv) > 1 else 4.0
+L = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
+B, H, D = max(1, 32768 // L), 16, 128
 smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                         "-lms", "50"], stdout=subprocess.PIPE, text=True)
 samples = []  # (time, clock, power)

@@ -33,12 +33,17 @@ done
 objs=build/temp.linux-x86_64-cpython-311
 cuda_objs=$(ls $objs/cuda/*.o)
 new_objs=
+# (the files two at a time: nvcc's --threads parallelizes over archs only, and this builds one)
+pids=()
 for f in ${cu//,/ }; do
+    while [ "$(jobs -rp | wc -l)" -ge "${VARIANT_JOBS:-2}" ]; do sleep 1; done
     nvcc -c "$tmp/cuda/$f" -o "$tmp/$f.o" -O3 -std=c++17 --threads 0 -Xcompiler -fPIC -I"$tmp" \
-        --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFAD_SM90A=1 -Xcompiler -fno-gnu-unique
+        --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DFAD_SM90A=1 -Xcompiler -fno-gnu-unique &
+    pids+=($!)
     cuda_objs=$(echo "$cuda_objs" | grep -v "/$f.o$")
     new_objs="$new_objs $tmp/$f.o"
 done
+for pid in "${pids[@]}"; do wait "$pid"; done
 # module.c again, so that the module's BUILD names the variant (the build's own may be a CPU-only one)
 gcc -c csrc/python/module.c -o "$tmp/module.o" -O2 -std=c11 -fPIC -ffp-contract=off -Icsrc \
     -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" -DPy_LIMITED_API=0x030A0000 \
