@@ -17,7 +17,6 @@ of the span. The first wave (the first CTA of each SM) is shown apart.
 import argparse
 import ctypes
 import os
-import statistics
 import sys
 
 import numpy as np

@@ -1,8 +1,8 @@
 # probe_bwd_power.py: Power draw and SM clock of the backward beside cuDNN's, each run alone for seconds. Verdict: both run at the 700 W cap (691 W), the clock sets the speed; sustained, D128 L8k reads 1.03x (causal) and 1.015x (full) cuDNN (benchmarks/results/2026-11-30_h200_probes_drift_81a5aed.md, section 5).
 """Runs each backward (flash_attn_det deterministic, SDPA cuDNN in its (B, L, H, D) views)
-back to back for `secs` seconds at D128 L8k B4 H16 bf16, causal and full, while nvidia-smi
-samples power and SM clock every 50 ms; prints per impl the mean power, mean SM clock and
-TFLOP/s over the window (the first second dropped).
+back to back for `secs` seconds at D128 H16 bf16, L keys (8k) and batch 32768 / L, causal and
+full, while nvidia-smi samples power and SM clock every 50 ms; prints per impl the mean power,
+mean SM clock and TFLOP/s over the window (the first second dropped).
 
     PYTHONPATH=$PWD python3 dev/probe_bwd_power.py [secs] [L]     (L: 8192; B = 32768 / L)"""
 import select
