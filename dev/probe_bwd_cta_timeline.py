@@ -1,7 +1,7 @@
 # probe_bwd_cta_timeline.py: Where a five-product dK/dV CTA's (or persistent work item's) time goes, from globaltimer stamps a probe patch writes. Verdict: a CTA an item spends 10.8% of SM time outside its step loop at D128 L2k full, 3.3% at L8k (benchmarks/results/2026-11-30_h200_bwd_persistent_d6ffc98.md, section 2).
 """Needs a module built with dev/probe_bwd_cta_timeline.patch (its fad_probe_copy and
-fad_probe_clear, read through ctypes), or with --items one built with
-dev/probe_bwd_persistent.patch and dev/probe_bwd_item_timeline.patch:
+fad_probe_clear, read through ctypes; the one-CTA-an-item grid, before the persistent one
+landed), or with --items one built with dev/probe_bwd_item_timeline.patch (the persistent grid):
 
     git apply dev/probe_bwd_cta_timeline.patch && dev/variant_so.sh tl bwd_dkdv_wgmma.cu
     cp dev/abi/_C_tl.abi3.so flash_attn_det/_C.abi3.so

@@ -141,11 +141,13 @@ def _child_main():
     return results
 
 
-def _run_code(code, setting, timeout=300):
-    """code in a child process with FLASH_ATTN_DET_BWD_DQ=setting (None: unset, the default),
-    from this directory."""
+def _run_code(code, setting, timeout=300, extra_env=None):
+    """code in a child process with FLASH_ATTN_DET_BWD_DQ=setting (None: unset, the default)
+    and extra_env, from this directory."""
     env = dict(os.environ)
     env.pop("FLASH_ATTN_DET_BWD_DQ", None)
+    env.pop("FLASH_ATTN_DET_BWD_CTAS", None)
+    env.update(extra_env or {})
     if setting is not None:
         env["FLASH_ATTN_DET_BWD_DQ"] = setting
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
@@ -230,7 +232,7 @@ def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
     """Varlen: the dQ accumulator takes a tile set per sequence in the call's packed rows (the
     call's rows rounded up to a tile, plus a tile a sequence), not batch x the longest sequence:
     one sequence of 4096 rows and 63 of 64 ask for the workspace that bound gives (D128: tiles of
-    64 rows x 128 fp32 and a semaphore), a fraction of the old size; and the gradients still
+    64 rows x 128 fp32 and a semaphore, and the dK/dV grid's ticket), a fraction of the old size; and the gradients still
     meet the padded call's bit for bit (a sequence's tiles start where the layout says)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the five-product path is sm_90's")
@@ -247,7 +249,7 @@ def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
         "grads = torch.autograd.grad(out, (q, k, v), do)\n"
         "need = max(n for key, n in interface._WS_BYTES.items() if key[0] == 'bwd')\n"
         "tile = 64 * 128 * 4 + 4\n"
-        "bound = -(-(H * T * 4) // 256) * 256 + H * (T // 64 + B) * tile\n"
+        "bound = -(-(H * T * 4) // 256) * 256 + H * (T // 64 + B) * tile + 4\n"
         "old = H * B * (4096 // 64) * tile\n"
         "assert need <= bound, (need, bound)\n"
         "assert need * 8 < old, (need, old)\n"
@@ -261,3 +263,40 @@ def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
     r = _run_code(code, "reduce")
     assert r.returncode == 0 and "workspace" in r.stdout, r.stdout + r.stderr[-3000:]
     print(r.stdout)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_persistent_grid_any_cta_count():
+    """The persistent dK/dV grid hands its items out in order whatever runs them: with at most 1,
+    2 or 7 CTAs (FLASH_ATTN_DET_BWD_CTAS, each CTA then running hundreds of items back to back),
+    every gradient is the full grid's bit for bit -- D64 and D128, causal and not, GQA, varlen,
+    dropout -- and nothing hangs."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the five-product path is sm_90's")
+    code = (
+        "import hashlib, torch, flash_attn_det as fad\n"
+        "fad.set_deterministic_mode(True)\n"
+        "h = hashlib.sha256()\n"
+        "for B, L, H, Hk, D, causal, p in [(4, 1024, 8, 8, 64, False, 0.0), (2, 2048, 16, 4, 128, True, 0.0),\n"
+        "                                  (2, 1000, 8, 8, 128, True, 0.1)]:\n"
+        "    g = torch.Generator(device='cuda').manual_seed(B * L + D)\n"
+        "    q, k, v = (torch.randn(B, L, h_, D, device='cuda', dtype=torch.bfloat16, generator=g).requires_grad_()\n"
+        "               for h_ in (H, Hk, Hk))\n"
+        "    do = torch.randn(B, L, H, D, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "    torch.manual_seed(0)\n"
+        "    out = fad.flash_attn_func(q, k, v, dropout_p=p, causal=causal)\n"
+        "    for t in torch.autograd.grad(out, (q, k, v), do):\n"
+        "        h.update(t.float().cpu().numpy().tobytes())\n"
+        "    cu = torch.tensor([0, L // 3, B * L], dtype=torch.int32, device='cuda')\n"
+        "    qv, kv, vv = (t.detach().reshape(B * L, t.shape[2], D).clone().requires_grad_() for t in (q, k, v))\n"
+        "    ov = fad.flash_attn_varlen_func(qv, kv, vv, cu, cu, B * L - L // 3, B * L - L // 3, causal=causal)\n"
+        "    for t in torch.autograd.grad(ov, (qv, kv, vv), do.reshape(B * L, H, D)):\n"
+        "        h.update(t.float().cpu().numpy().tobytes())\n"
+        "print('digest', h.hexdigest())\n")
+    digests = []
+    for ctas in (None, "1", "2", "7"):
+        r = _run_code(code, None, extra_env={"FLASH_ATTN_DET_BWD_CTAS": ctas} if ctas else None)
+        assert r.returncode == 0 and "digest" in r.stdout, r.stdout + r.stderr[-3000:]
+        digests.append(r.stdout.split("digest")[1].strip())
+    assert len(set(digests)) == 1, digests

@@ -202,20 +202,20 @@ __host__ __device__ __forceinline__ bool dq_turns_from_first(int num_heads, int 
     return num_heads > num_heads_k;
 }
 
-/* adds_in_order (the five-product kernel, col_split 1): the key blocks of a
- * (sequence, kv head) pair in blockIdx in the order in which their dQ adds
- * land (bwd_dq_accum.cuh: from_first with GQA, dq_turns_from_first, else from
- * the last down), so that the block a CTA waits for was dispatched before it. The
+/* The work of item `item` of a dK/dV grid. adds_in_order (the five-product
+ * kernel, col_split 1): the key blocks of a (sequence, kv head) pair in item
+ * order in the order in which their dQ adds land (bwd_dq_accum.cuh: from_first
+ * with GQA, dq_turns_from_first, else from the last down), so that the block
+ * an item waits for was taken before it. The
  * pairs go in groups of G (FAD_BWD_DQ_SPAN), the group's pairs taking turns
- * block by block: a pair's next block then starts G CTAs later, by which time
+ * block by block: a pair's next block then starts G items later, by which time
  * the one before it has usually added the tiles they share. With one pair at
  * a time (G = 1), a short sequence's blocks start together and queue at
  * every tile (D64 L2k, full: 0.84x the speed of unordered adds;
  * docs/performance.md). */
 template <int kN, int kM>
-__device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
-                                                 dkdv_work *w, bool adds_in_order = false,
-                                                 bool from_first = false)
+__device__ __forceinline__ bool dkdv_work_of_item(const bwd_args &a, unsigned item, int col_split, int col_width,
+                                                  dkdv_work *w, bool adds_in_order, bool from_first)
 {
     const fad_fwd_params &p = a.p;
     int n_block, bh;
@@ -223,15 +223,15 @@ __device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_spli
         const int pairs = p.batch * p.num_heads_k;
         const int g = max(1, min(pairs, (FAD_BWD_DQ_SPAN + a.n_blocks - 1) / a.n_blocks));
         const int64_t per_group = (int64_t)g * a.n_blocks;
-        const int group = (int)(blockIdx.x / per_group), r = (int)(blockIdx.x % per_group);
+        const int group = (int)(item / per_group), r = (int)(item % per_group);
         const int in_group = min(g, pairs - group * g); /* (the last group may be smaller) */
         n_block = from_first ? r / in_group : a.n_blocks - 1 - r / in_group;
         bh = group * g + r % in_group;
         w->col0 = 0;
     } else {
-        n_block = blockIdx.x % a.n_blocks;
-        bh = blockIdx.x / a.n_blocks / col_split;
-        w->col0 = blockIdx.x / a.n_blocks % col_split * col_width;
+        n_block = item % a.n_blocks;
+        bh = item / a.n_blocks / col_split;
+        w->col0 = item / a.n_blocks % col_split * col_width;
     }
     w->b = bh / p.num_heads_k, w->hk = bh % p.num_heads_k;
     w->group = p.num_heads / p.num_heads_k;
@@ -242,6 +242,14 @@ __device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_spli
     dkdv_row_tiles<kM, kN>(w->seq.len_q, w->seq.len_k, p.window_left, p.window_right, w->n0,
                            &w->mt_first, &w->mt_count);
     return true;
+}
+/* The work of CTA blockIdx.x (the grids of one CTA an item). */
+template <int kN, int kM>
+__device__ __forceinline__ bool dkdv_work_of_cta(const bwd_args &a, int col_split, int col_width,
+                                                 dkdv_work *w, bool adds_in_order = false,
+                                                 bool from_first = false)
+{
+    return dkdv_work_of_item<kN, kM>(a, blockIdx.x, col_split, col_width, w, adds_in_order, from_first);
 }
 
 #endif /* FAD_BWD_BLOCK_CUH */

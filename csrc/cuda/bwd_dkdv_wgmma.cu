@@ -66,7 +66,8 @@
  * the producer's last warps (the dQ warps, FAD_BWD_DQ_WARPS; the others load)
  * add the tile to an fp32 accumulator in key-block order (bwd_dq_reduce.cuh;
  * the order: bwd_dq_accum.cuh). With kLag (D64) the warpgroups take turns at
- * issuing their products.
+ * issuing their products. Its grid is persistent (kPersist): a CTA an SM,
+ * taking work items in order from a ticket.
  */
 #include "bwd_dq_reduce.cuh"
 
@@ -101,7 +102,11 @@ template <int kHeadDim, bool kDrop, bool kWs, bool kRed = false> struct dkdv_wgm
      * P^T and dS^T fragments (split_store / split_load, bwd_tile_wgmma.cuh)
      * through kX: per step parity, P^T's then dS^T's kStepM/16 chunks of 128 uint4. */
     static constexpr bool kSplit = C::kSplitCols && FAD_BWD_WG_D256_SPLIT_SDP && !kDrop; /* (none with dropout is built) */
-    static constexpr size_t kXOffset = (kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0) + 15) / 16 * 16;
+    /* kRed (the persistent grid, bwd_dkdv_wgmma_kernel's kPersist): after the
+     * ring's barriers, the item ring's (item_full[2], item_empty[2]), kv_empty
+     * and the two item slots */
+    static constexpr size_t kItemOffset = kBarOffset + (kWs ? (2 * kStages + 1) * sizeof(uint64_t) : 0);
+    static constexpr size_t kXOffset = (kItemOffset + (kRed ? 7 * sizeof(uint64_t) : 0) + 15) / 16 * 16;
     static constexpr size_t kXChunks = C::kStepM / 16; /* of one operand */
     /* kRed (dQ summed here, bwd_dq_accum.cuh): two buffers (step parity) of
      * dS, kStepM rows x the CTA's kKeys keys (the A operand of dQ = dS K,
@@ -147,15 +152,41 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     constexpr bool kThreadRelease = kRed || C::kSplitCols; /* (the ring's release, below) */
     constexpr int kMw = kSplit ? kM / 2 : kM; /* rows of a step whose S^T and dP^T this warpgroup issues */
     const fad_fwd_params &p = a.p;
+    /* kPersist (the five-product kernels): a CTA an SM, each taking work items
+     * (dkdv_work_of_item's index: a key block of a (sequence, kv head)) one
+     * after another, from a.dq_ticket, in the order they are handed out. An
+     * item's work, and so every bit, is the same whichever CTA takes it. The
+     * next item's tiles load while the last one's steps end and its dK, dV
+     * are stored, where a CTA an item paid its prologue, its epilogue and the
+     * SM's turn-over on every item (dev/probe_bwd_cta_timeline.py: 9-18% of
+     * SM time at D128 L2k, 3-6% at L8k). No wait can deadlock: an item waits
+     * only for items handed out before it (bwd_dq_accum.cuh), and every item
+     * handed out is held by a running CTA, which finishes its earlier items
+     * first. (CTA i taking items i, i + grid, ... could: with fewer CTAs
+     * resident than the grid -- a MIG slice, another kernel beside it -- a
+     * running CTA could wait for an item held by one that never starts.) The
+     * other kernels: one CTA an item, blockIdx.x. */
+    constexpr bool kPersist = kRed;
+    const unsigned items = (unsigned)a.n_blocks * (unsigned)(p.batch * p.num_heads_k);
     dkdv_work w;
-    if (!dkdv_work_of_cta<kN, kM>(a, 1, kHeadDim, &w, kRed, kDown))
-        return;
     const fad_seq &seq = w.seq;
-    const int b = w.b, hk = w.hk, group = w.group, n0 = w.n0;
-    const int mt_first = w.mt_first, mt_count = w.mt_count;
-    const int len_q = seq.len_q, len_k = seq.len_k;
+    int b = 0, hk = 0, group = 1, n0 = 0, mt_first = 0, mt_count = 0, len_q = 0, len_k = 0, steps = 0;
     const int wl = p.window_left, wr = p.window_right, D = p.head_dim;
-    const int steps = group * mt_count;
+    const T *q_g = nullptr, *do_g = nullptr;
+    /* item's work into the variables above; false if it has no key */
+    auto set_item = [&](unsigned item) {
+        if (!dkdv_work_of_item<kN, kM>(a, item, 1, kHeadDim, &w, kRed, kDown))
+            return false;
+        b = w.b, hk = w.hk, group = w.group, n0 = w.n0;
+        mt_first = w.mt_first, mt_count = w.mt_count;
+        len_q = seq.len_q, len_k = seq.len_k;
+        steps = group * mt_count;
+        q_g = (const T *)p.q + seq.q_off, do_g = (const T *)a.dout + seq.o_off;
+        return true;
+    };
+    if constexpr (!kPersist)
+        if (!set_item(blockIdx.x))
+            return;
 
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     T *sK = reinterpret_cast<T *>(wg_smem), *sV = sK + kN * kHeadDim;
@@ -163,8 +194,29 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     float *sL = reinterpret_cast<float *>(wg_smem + Smem::kRowOffset); /* [stage][kM] lse2, then dsum */
     uint64_t *full = reinterpret_cast<uint64_t *>(wg_smem + Smem::kBarOffset); /* (kWs) */
     uint64_t *empty = full + kStages, *kv_full = empty + kStages;
+    /* kPersist: item_full[i] (thread 0 put the i-th item into slot i % 2),
+     * item_empty[i] (every thread took it), kv_empty (the math threads are
+     * done with sK, sV) */
+    uint64_t *item_full = reinterpret_cast<uint64_t *>(wg_smem + Smem::kItemOffset);
+    uint64_t *item_empty = item_full + 2, *kv_empty = item_full + 4;
+    volatile unsigned *item_slot = reinterpret_cast<volatile unsigned *>(item_full + 5);
+    /* The n-th item of this CTA: thread 0 takes a ticket (fetch_item), every
+     * thread reads it (take_item); >= items: none is left. */
+    auto fetch_item = [&](int n) {
+        if (n >= 2)
+            mbar_wait(&item_empty[n & 1], ((n >> 1) - 1) & 1);
+        item_slot[n & 1] = atomicAdd(a.dq_ticket, 1u);
+        mbar_arrive(&item_full[n & 1]); /* (release: the slot's store before it) */
+    };
+    auto take_item = [&](int n) -> unsigned {
+        if constexpr (!kPersist)
+            return n == 0 ? blockIdx.x : items;
+        mbar_wait(&item_full[n & 1], (n >> 1) & 1);
+        const unsigned item = item_slot[n & 1];
+        mbar_arrive(&item_empty[n & 1]);
+        return item;
+    };
 
-    const T *q_g = (const T *)p.q + seq.q_off, *do_g = (const T *)a.dout + seq.o_off;
     const int64_t lse_hs = fad_lse_head_stride(&p);
     /* The loaders' threads: every thread, or (kWs) the producer warpgroup's
      * (kRed: its first warps; the last kDqWarps are the dQ warps: with one dQ
@@ -215,16 +267,21 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         load_step_tiles(step, st);
         load_step_rows(step, st);
     };
-    /* K and V, once: every producer thread (kWs; the dQ warps too, before
-     * their adds: with 64 loaders the copy's unrolled offsets spilled) */
-    constexpr int kKvLoaders = kWs ? 128 : C::kDkdvThreads;
+    /* K and V, once an item: every producer thread (kWs; the dQ warps too,
+     * before their adds: with 64 loaders the copy's unrolled offsets
+     * spilled); kPersist: the loaders, by the lean copy (the dQ warps are
+     * adding the last item's tiles then) */
+    constexpr int kKvLoaders = kPersist ? kLoaders : kWs ? 128 : C::kDkdvThreads;
     auto load_kv = [&]() {
-        load_tile<T, kHeadDim, kN, kKvLoaders, true>(
-            sK, (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
-            (int)p.k_row_stride, len_k - n0, D);
-        load_tile<T, kHeadDim, kN, kKvLoaders, true>(
-            sV, (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride,
-            (int)p.v_row_stride, len_k - n0, D);
+        const T *k_g = (const T *)p.k + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride;
+        const T *v_g = (const T *)p.v + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride;
+        if constexpr (kPersist) {
+            load_tile_lean<T, kHeadDim, kN, kKvLoaders, true>(sK, k_g, (int)p.k_row_stride, len_k - n0, D);
+            load_tile_lean<T, kHeadDim, kN, kKvLoaders, true>(sV, v_g, (int)p.v_row_stride, len_k - n0, D);
+        } else {
+            load_tile<T, kHeadDim, kN, kKvLoaders, true>(sK, k_g, (int)p.k_row_stride, len_k - n0, D);
+            load_tile<T, kHeadDim, kN, kKvLoaders, true>(sV, v_g, (int)p.v_row_stride, len_k - n0, D);
+        }
     };
 
     if constexpr (kWs) {
@@ -232,25 +289,43 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
          * (cp.async) and once its row values are stored (a plain arrive);
          * empty: one arrival per math thread, or at D <= 128 in the dQ
          * pass's kernels one per math warp (below) */
+        if (kPersist && threadIdx.x == 0) {
+            for (int i = 0; i < 2; i++) {
+                mbar_init(&item_full[i], 1);
+                mbar_init(&item_empty[i], Shape::kThreads);
+            }
+            mbar_init(kv_empty, C::kDkdvThreads);
+        } /* (fenced and met by ring_init) */
         ring_init(full, empty, kStages, 2 * kLoaders, kThreadRelease ? C::kDkdvThreads : 4 * FAD_BWD_WG_DKDV_WGS,
                   kv_full, kKvLoaders);
         if (threadIdx.x < 128) {
             /* ---- producer: K, V, then each step's tiles into the ring ---- */
             setmaxnreg_dec<Shape::kProducerRegs>();
+            if constexpr (kRed) {
+                if (threadIdx.x >= kLoaders) { /* ---- the dQ warps: each item's adds ---- */
+                    for (int n = 0, base = 0;; n++) {
+                        const unsigned item = take_item(n);
+                        if (item >= items)
+                            break;
+                        if (!set_item(item)) /* (the dQ warps exist with kPersist only) */
+                            continue;
+                        dq_warp<kHeadDim, kDown, Smem::kDqBufs, kDqWarps>(
+                            a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, base, steps, kN,
+                            reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
+                        base += steps;
+                    }
+                    return;
+                }
+            }
             /* K and V by cp.async, announced (cp_async_announce: landed,
              * fenced) once the first step's copies are issued: announced at
              * once, the producer waited for them to land before it issued
-             * those (D256 L1k 0.98-0.99x) */
-            load_kv();
-            cp_async_commit();
-            if constexpr (kRed) {
-                if (threadIdx.x >= kLoaders) { /* ---- the dQ warps ---- */
-                    cp_async_announce(kv_full);
-                    dq_warp<kHeadDim, kDown, Smem::kDqBufs, kDqWarps>(
-                        a, w, step_h, step_m0, ((int)threadIdx.x - kLoaders) / 32, steps, kN,
-                        reinterpret_cast<const float *>(wg_smem + Smem::kDqOffset));
-                    return;
-                }
+             * those (D256 L1k 0.98-0.99x). kPersist: an item's K and V once
+             * the math warps are done with the last item's (kv_empty), after
+             * its first step's tiles. */
+            if constexpr (!kPersist) {
+                load_kv();
+                cp_async_commit();
             }
             /* wa.tma: a step whose rows all lie inside the sequence gets Q and
              * dO from the copy engine (thread 0's arrival expects their bytes,
@@ -258,11 +333,22 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
              * sequence's end cuts, by cp.async, announced once it has landed
              * and been fenced (cp_async_announce): the writer's fence, so the
              * math warps fence no step. */
+            if (kPersist && threadIdx.x == 0)
+                fetch_item(0);
+            for (int n = 0, g = 0, kv_loads = 0;; n++) { /* (g: the CTA's steps so far) */
+            const unsigned item = take_item(n);
+            if (item >= items)
+                break;
+            if (kPersist && !set_item(item)) { /* (else: set before ring_init) */
+                if (kPersist && threadIdx.x == 0)
+                    fetch_item(n + 1);
+                continue;
+            }
             const int64_t q_row0 = wa.tma ? seq.q_off / p.q_row_stride : 0;
             const int64_t o_row0 = wa.tma ? seq.o_off / p.out_row_stride : 0;
-            for (int step = 0; step < steps; step++) {
-                const int st = step % kStages;
-                ring_wait_empty(&empty[st], step, kStages); /* the math warps are done with the step kStages back */
+            for (int step = 0; step < steps; step++, g++) {
+                const int st = g % kStages;
+                ring_wait_empty(&empty[st], g, kStages); /* the math warps are done with the step kStages back */
                 const int m0 = step_m0(step);
                 if (wa.tma && m0 + kM <= len_q) {
                     if (ltid == 0) {
@@ -280,11 +366,21 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
                 }
                 load_step_rows(step, st);
                 mbar_arrive(&full[st]);
-                if (step == 0)
+                if (step == 0) {
+                    if constexpr (kPersist) {
+                        if (kv_loads > 0)
+                            mbar_wait(kv_empty, (kv_loads - 1) & 1);
+                        load_kv();
+                    }
                     cp_async_announce(kv_full);
+                    kv_loads++;
+                }
             }
-            if (steps == 0)
+            if (!kPersist && steps == 0)
                 cp_async_announce(kv_full); /* (the epilogue waits for it) */
+            if (kPersist && threadIdx.x == 0)
+                fetch_item(n + 1); /* (the next item's ticket while the ring drains) */
+            }
             return;
         }
         setmaxnreg_inc<Shape::kMathRegs>();
@@ -304,22 +400,16 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
      * columns col0 ..; K-major tiles keep 64-column blocks of kN or kM rows.) */
     constexpr int kWgKeys = C::kSplitCols ? 0 : 64;
     const uint32_t k_addr = smem_addr(sK) + wg * kWgKeys * 128, v_addr = smem_addr(sV) + wg * kWgKeys * 128;
-    const int key_row = (C::kSplitCols ? warp % 4 : warp) * 16 + lane / 4, wg_n0 = n0 + wg * kWgKeys;
+    const int key_row = (C::kSplitCols ? warp % 4 : warp) * 16 + lane / 4;
     const int col0 = C::kSplitCols ? wg * C::kDCols : 0;
     const uint32_t col_bytes = (uint32_t)(col0 / 64) * kM * 128; /* col0's block in sQ, sdO */
     const float scale = p.softmax_scale;
     /* (kMod: dkdv_kernel's mod, bwd_dkdv.cu says why the flag reads so) */
     const fad_score_mod mod = kMod ? fad_make_score_mod(scale, p.softcap, p.alibi_slopes != NULL || kDrop)
                                    : fad_make_score_mod(scale, 0.f, 0);
-    const fad_band band = fad_make_band(len_q, len_k, wl, wr);
-    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
-    if constexpr (kDrop)
-        drop = fad_dropout_of(&p, b);
-    const dropout_bytes keep(drop);
     /* this warpgroup's draws of a step (kDrop; its keys are one 64-key group) */
     uint32_t *s_drop = reinterpret_cast<uint32_t *>(wg_smem + Smem::kDropOffset) +
                        wg * dropout_group_smem<kM>::kWords;
-    float dk[kDB][4] = {}, dv[kDB][4] = {};
     uint32_t pf[kM / 16][4], sf[kM / 16][4]; /* P^T, dS^T as A fragments */
 
     /* kRed: the fifth product and its hand-off to the dQ warps (bwd_dq_reduce.cuh).
@@ -332,14 +422,30 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     constexpr bool kEarlyStore = kRed && !kLag;
     using Red = std::conditional_t<kRed, dq_reducer<T, kRed ? kHeadDim : 64, kM, kN, kLag, Smem::kDqBufs>,
                                    dq_no_reducer>;
-    const Red red(wg_smem + Smem::kDsOffset, wg_smem + Smem::kDqOffset, smem_addr(sK), wg, tid);
-    red.start(steps);
+    Red red(wg_smem + Smem::kDsOffset, wg_smem + Smem::kDqOffset, smem_addr(sK), wg, tid);
+    red.start();
+    /* Each item (g: the CTA's steps before it; kv_uses: its K/V loads) */
+    int g = 0, kv_uses = 0;
+    for (int n = 0;; n++) {
+    const unsigned item = take_item(n);
+    if (item >= items)
+        break;
+    if (kPersist && !set_item(item)) /* (else: set before ring_init) */
+        continue;
+    const int wg_n0 = n0 + wg * kWgKeys;
+    const fad_band band = fad_make_band(len_q, len_k, wl, wr);
+    fad_dropout drop = {}; /* (bwd_dsum.cu's header has the math) */
+    if constexpr (kDrop)
+        drop = fad_dropout_of(&p, b);
+    const dropout_bytes keep(drop);
+    float dk[kDB][4] = {}, dv[kDB][4] = {};
+    red.base = g;
     if constexpr (kWs)
         if (steps > 0)
-            mbar_wait(kv_full, 0);
-    for (int step = 0, st = 0; step < steps; step++, st = st + 1 == kStages ? 0 : st + 1) {
+            mbar_wait(kv_full, kv_uses & 1);
+    for (int step = 0, st = g % kStages; step < steps; step++, st = st + 1 == kStages ? 0 : st + 1) {
         if constexpr (kWs) {
-            mbar_wait(&full[st], (step / kStages) & 1);
+            mbar_wait(&full[st], ((g + step) / kStages) & 1);
         } else {
             cp_async_wait_all();
             fence_async_smem(); /* cp.async wrote what wgmma (the async proxy) reads next */
@@ -531,7 +637,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_fence_operand(pf);
             issue_rs_mn<T, C::kDCols, kM>(dk, sf, q_addr + col_bytes);
             wgmma_wait<1>(); /* dQ done */
-            red.hand_off(dqa, step, steps);
+            red.hand_off(dqa, step);
             wgmma_wait<0>();
             wgmma_fence_operand(dk);
             wgmma_fence_operand(sf);
@@ -565,7 +671,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         }
         /* kRed: the part to the dQ warps. After the stage's release: its wait
          * may follow another CTA's turn. */
-        red.hand_off(dqa, step, steps);
+        red.hand_off(dqa, step);
     }
     red.finish(steps);
     if constexpr (C::kDkdvDefer) {
@@ -576,25 +682,54 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    if (!kRed || a.dk) { /* (kRed: a dQ-only call passes no dK, dV) */
-        /* dK and dV staged where K and V were (bwd_tile_wgmma.cuh: stage_acc),
-         * once every product is done with them: a CTA without steps never
-         * waited for their copies, and the other warpgroup's products read
-         * this one's keys (barrier 3: split_meet's, the same 256 threads) */
-        if constexpr (kWs)
-            if (steps == 0)
-                mbar_wait(kv_full, 0);
+    /* dK and dV staged where K and V were (bwd_tile_wgmma.cuh: stage_acc),
+     * once every product is done with them: the other warpgroup's products
+     * read this one's keys (barrier 3: split_meet's, the same 256 threads);
+     * then stored, the item's first key, n0, at each tile's row 0 */
+    auto store_dkdv_staged = [&]() {
         named_bar_sync(3, C::kDkdvThreads);
         const uint32_t s[2] = {smem_addr(sK), smem_addr(sV)};
         stage_acc<T, kHeadDim>(dk, s[0], key_row - lane / 4, col0, lane);
         stage_acc<T, kHeadDim>(dv, s[1], key_row - lane / 4, col0, lane);
         named_bar_sync(3, C::kDkdvThreads);
-        /* (the CTA's first key, n0, at each tile's row 0) */
-        T *const g[2] = {(T *)a.dk + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
-                         (T *)a.dv + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride};
+        T *const gl[2] = {(T *)a.dk + seq.k_off + (int64_t)n0 * p.k_row_stride + hk * p.k_head_stride,
+                          (T *)a.dv + seq.v_off + (int64_t)n0 * p.v_row_stride + hk * p.v_head_stride};
         const int64_t stride[2] = {p.k_row_stride, p.v_row_stride};
-        store_staged<T, kHeadDim, kN, C::kDkdvThreads>(s, g, stride, len_k - n0, p.head_dim, tid);
+        store_staged<T, kHeadDim, kN, C::kDkdvThreads>(s, gl, stride, len_k - n0, p.head_dim, tid);
+    };
+    if constexpr (kPersist) {
+        /* Every product of the item is done (each step's, finish's). dK and
+         * dV staged where K and V were and stored as below, then sK and sV
+         * are the next item's (kv_empty: the staged tiles are read). Staged,
+         * not stored from the registers: those 4-byte stores took 5 us at
+         * D128 and held up what the math warps did next
+         * (dev/probe_bwd_cta_timeline.py --items). An item without steps
+         * (its keys see no row) loaded no K/V, and the producer may be
+         * loading the next item's there: its zeros go from the registers. */
+        if (steps > 0) {
+            if (a.dk) /* (a dQ-only call passes no dK, dV) */
+                store_dkdv_staged();
+            mbar_arrive(kv_empty); /* (release: after this thread's reads of sK, sV) */
+            kv_uses++;
+        } else if (a.dk) {
+            T *const gk = (T *)a.dk + seq.k_off + (int64_t)(n0 + key_row) * p.k_row_stride + hk * p.k_head_stride;
+            T *const gv = (T *)a.dv + seq.v_off + (int64_t)(n0 + key_row) * p.v_row_stride + hk * p.v_head_stride;
+            store_acc_rows<T>(dk, gk, p.k_row_stride, len_k - n0 - key_row, D, lane);
+            store_acc_rows<T>(dv, gv, p.v_row_stride, len_k - n0 - key_row, D, lane);
+        }
+        g += steps;
+        continue;
     }
+    if (!kRed || a.dk) { /* (kRed: a dQ-only call passes no dK, dV) */
+        /* (a CTA without steps never waited for its K/V copies) */
+        if constexpr (kWs)
+            if (steps == 0)
+                mbar_wait(kv_full, 0);
+        store_dkdv_staged();
+    }
+    }
+    red.base = g; /* (the CTA's steps) */
+    red.drain();
 }
 
 template <typename T, int kHeadDim, bool kMod>
@@ -646,7 +781,26 @@ fad_status launch_dkdv_wgmma(const bwd_args &a, int64_t ctas, cudaStream_t strea
                                   {p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
                                   {a.dout, p.out_batch_stride, p.out_row_stride, p.out_head_stride}, &wa.map0,
                                   &wa.map1);
-    kernel<<<(unsigned)ctas, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(wa);
+    /* a.dq_accum: the persistent grid (kPersist), a CTA an SM for all of the
+     * call's items (one CTA fits an SM: its registers) */
+    int64_t grid = ctas;
+    if (a.dq_accum) {
+        int sms = 0;
+        st = fad_cuda_num_sms(&sms, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        grid = ctas < sms ? ctas : sms;
+        /* FLASH_ATTN_DET_BWD_CTAS (read once; a test knob): at most this many CTAs, so
+         * that small test grids still run many items a CTA (the bits are the same) */
+        static int cap = -1;
+        if (cap < 0) {
+            const char *e = getenv("FLASH_ATTN_DET_BWD_CTAS");
+            cap = e && atoi(e) > 0 ? atoi(e) : 0;
+        }
+        if (cap > 0 && grid > cap)
+            grid = cap;
+    }
+    kernel<<<(unsigned)grid, dkdv_wgmma_shape<kHeadDim, kWs>::kThreads, smem, stream>>>(wa);
     CUDA_TRY(cudaGetLastError());
     return FAD_OK;
 }

@@ -44,12 +44,14 @@
  *   same tile, so the adds to a tile follow one another while it is in L2).
  *
  * Either way a function of positions inside the sequence only. No wait can
- * deadlock: the dK/dV grid puts a (sequence, kv head)'s key blocks in turn
- * order in blockIdx (dkdv_work_of_cta, adds_in_order), and CTAs are
- * dispatched in blockIdx order, so the CTA a waiting CTA waits for (the key
- * block before it in turn order) was dispatched before it: it is resident or
- * done, never waiting for an SM. It waits in turn only for the block before
- * it, and the tile's first adder (turn 0) never waits.
+ * deadlock: the dK/dV kernel's work items put a (sequence, kv head)'s key
+ * blocks in turn order (dkdv_work_of_item, adds_in_order), and its persistent
+ * CTAs take the items in that order from one ticket (bwd_dkdv_wgmma.cu,
+ * kPersist), so the item a waiting item waits for (the key block before it
+ * in turn order) was taken before it by a running CTA, which finishes its
+ * earlier items first: it is running or done, never waiting for an SM. It
+ * waits in turn only for the block before it, and the tile's first adder
+ * (turn 0) never waits.
  */
 #ifndef FAD_BWD_DQ_ACCUM_CUH
 #define FAD_BWD_DQ_ACCUM_CUH
@@ -74,8 +76,11 @@ template <int kHeadDim> struct dq_accum_cfg {
     {
         return p.cu_seqlens_q ? (int64_t)p.total_q / kRows + p.batch : (int64_t)p.batch * m_tiles(p);
     }
-    /* bytes of the accumulator and the semaphores of a call */
-    static size_t bytes(const fad_fwd_params &p) { return (size_t)p.num_heads * head_tiles(p) * (kTileFloats * 4 + 4); }
+    /* bytes of the accumulator, the semaphores and the dK/dV grid's ticket of a call */
+    static size_t bytes(const fad_fwd_params &p)
+    {
+        return (size_t)p.num_heads * head_tiles(p) * (kTileFloats * 4 + 4) + sizeof(unsigned);
+    }
 };
 
 /* The tile of sequence b (seq: fad_get_seq's, row0 its first packed row when

@@ -55,6 +55,12 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     uint32_t k_s;   /* sK: dQ's B operand (and, kLag, the first step's dummy A) */
     float4 *dq0;    /* dQ buffer 0; buffer 1 follows */
     int wg, tid;
+    /* The CTA's steps before this item's (the persistent grid: bwd_dkdv_wgmma.cu,
+     * kPersist). The buffers and their barriers go by the CTA's step, base +
+     * step, so an item's first steps wait for the last item's last ones as
+     * any step waits for the one before; what a step's part is (the lag's
+     * first, finish) goes by the item's step. */
+    int base = 0;
 
     __device__ __forceinline__ dq_reducer(unsigned char *ds_smem_, unsigned char *dq_smem, uint32_t k_addr, int wg_,
                                           int tid_)
@@ -63,13 +69,14 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     }
     __device__ __forceinline__ uint32_t ds_buf(int t) const
     {
-        return smem_addr(ds_smem) + (uint32_t)(t & 1) * (kM * kN * 2);
+        return smem_addr(ds_smem) + (uint32_t)((base + t) & 1) * (kM * kN * 2);
     }
 
-    /* kLag: warpgroup 1 hands warpgroup 0 the first turn */
-    __device__ __forceinline__ void start(int steps) const
+    /* kLag: warpgroup 1 hands warpgroup 0 the first turn (once a CTA: each
+     * item's last step leaves warpgroup 0 the next item's first) */
+    __device__ __forceinline__ void start() const
     {
-        if (kLag && wg == 1 && steps > 0)
+        if (kLag && wg == 1)
             turn_pass();
     }
     /* kLag: this warpgroup's turn at issuing (named barrier kBarTurn + wg) */
@@ -92,8 +99,8 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
      * proxy fence is issue()'s. */
     __device__ __forceinline__ void store_ds(const uint32_t (&sf)[kM / 16][4], int step, int warp, int lane) const
     {
-        if (kLag && step >= 2)
-            named_bar_sync(kBarDsEmpty + 2 * (step & 1) + (1 - wg), 256);
+        if (kLag && base + step >= 2)
+            named_bar_sync(kBarDsEmpty + 2 * ((base + step) & 1) + (1 - wg), 256);
         const uint32_t ds_s = ds_buf(step);
         const int i = lane / 8;
 #pragma unroll
@@ -109,7 +116,7 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     {
         if constexpr (kLag) {
             if (t >= 0)
-                named_bar_sync(kBarDsFull + 2 * (t & 1) + (1 - wg), 256);
+                named_bar_sync(kBarDsFull + 2 * ((base + t) & 1) + (1 - wg), 256);
         } else {
             named_bar_sync(kBarDsStored, 256); /* (both warpgroups: one barrier, no arrival) */
         }
@@ -127,7 +134,7 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     {
         fence_async_smem(); /* (the dQ product reads dS through the async proxy) */
         if constexpr (kLag)
-            named_bar_arrive(kBarDsFull + 2 * (step & 1) + wg, 256);
+            named_bar_arrive(kBarDsFull + 2 * ((base + step) & 1) + wg, 256);
         issue_part(dqa, step - kDqLag);
     }
 
@@ -137,8 +144,8 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     __device__ __forceinline__ void store_part(float (&dqa)[8][4], int t) const
     {
         wgmma_fence_operand(dqa);
-        const int buf = t % kBufs;
-        if (t >= kBufs)
+        const int buf = (base + t) % kBufs;
+        if (base + t >= kBufs)
             named_bar_sync(kBarDqEmpty + buf, kDqBarThreads);
         float4 *dq_s = dq0 + buf * (Acc::kTileFloats / 4);
 #pragma unroll
@@ -148,20 +155,20 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
     }
     /* Once the step's products are done: the part issued with them goes to
      * the dQ warps (kLag: the last step's, and this warpgroup is done reading
-     * that step's dS buffer, which the other's next store waits on). */
-    __device__ __forceinline__ void hand_off(float (&dqa)[8][4], int step, int steps) const
+     * that step's dS buffer, which the other's next store waits on: every
+     * step's, as the next item's stores may wait on it; drain takes the last). */
+    __device__ __forceinline__ void hand_off(float (&dqa)[8][4], int step) const
     {
         if constexpr (kLag) {
             if (step >= 1) {
-                if (step + 1 < steps)
-                    named_bar_arrive(kBarDsEmpty + 2 * ((step - 1) & 1) + wg, 256);
+                named_bar_arrive(kBarDsEmpty + 2 * ((base + step - 1) & 1) + wg, 256);
                 store_part(dqa, step - 1);
             }
         } else {
             store_part(dqa, step);
         }
     }
-    /* kLag: after the loop, the last step's part */
+    /* kLag: after the item's loop, its last step's part */
     __device__ __forceinline__ void finish(int steps) const
     {
         if constexpr (kLag) {
@@ -169,9 +176,23 @@ template <typename T, int kHeadDim, int kM, int kN, bool kLag, int kBufs> struct
                 float dqa[8][4];
                 issue_part(dqa, steps - 1);
                 wgmma_wait<0>();
+                named_bar_arrive(kBarDsEmpty + 2 * ((base + steps - 1) & 1) + wg, 256);
                 store_part(dqa, steps - 1);
             }
         }
+    }
+    /* After the CTA's last item (base: its steps): the arrivals no later step
+     * waited for, so that no named barrier is left half met: the other
+     * warpgroup's on the last two dS buffers (kLag), the dQ warps' on the
+     * last kBufs dQ buffers. */
+    __device__ __forceinline__ void drain() const
+    {
+        for (int t = base - 2; kLag && t < base; t++)
+            if (t >= 0)
+                named_bar_sync(kBarDsEmpty + 2 * (t & 1) + (1 - wg), 256);
+        for (int t = base - kBufs; t < base; t++)
+            if (t >= 0)
+                named_bar_sync(kBarDqEmpty + t % kBufs, kDqBarThreads);
     }
 };
 
@@ -185,6 +206,8 @@ struct dq_no_reducer {
     template <typename... A> __device__ __forceinline__ void issue(A &&...) const {}
     template <typename... A> __device__ __forceinline__ void hand_off(A &&...) const {}
     template <typename... A> __device__ __forceinline__ void finish(A &&...) const {}
+    __device__ __forceinline__ void drain() const {}
+    int base = 0;
 };
 
 /* A dQ warp of the producer warpgroup, the first of kWarps: its steps (every
@@ -192,22 +215,23 @@ struct dq_no_reducer {
  * math warps' order: once they stored the step's dQ tile into buffer step %
  * kBufs (barrier kBarDqFull), lane 0 adds it to the accumulator in its turn;
  * once the copy engine has read the buffer it is free (kBarDqEmpty, which the
- * math warps wait on kBufs steps later; none for the last kBufs, which
- * nothing waits on), and once the add has landed the turn passes on
+ * math warps wait on kBufs steps of the CTA later, or for the CTA's last kBufs
+ * in dq_reducer::drain), and once the add has landed the turn passes on
  * (dq_add_start, _finish). Two warps keep two adds in flight: a step's add
  * then need not wait for the previous step's to land, nor for its turn. Two
  * warps need two buffers: on one, both would meet the math warps at the same
  * named barrier and either could take the other's step. */
 template <int kHeadDim, bool kDown, int kBufs, int kWarps, typename StepH, typename StepM>
 __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, StepH step_h, StepM step_m0,
-                                        int first, int steps, int kN, const float *s_dq)
+                                        int first, int base, int steps, int kN, const float *s_dq)
 {
     static_assert(kWarps <= kBufs && kBufs <= 2, "a dQ warp a buffer at most");
     using Acc = dq_accum_cfg<kHeadDim>;
     const fad_fwd_params &p = a.p;
     const int n_block = w.n0 / kN;
-    for (int step = first; step < steps; step += kWarps) {
-        const int buf = step % kBufs;
+    /* (the CTA's steps base + step whose index is first mod kWarps) */
+    for (int step = ((first - base) % kWarps + kWarps) % kWarps; step < steps; step += kWarps) {
+        const int buf = (base + step) % kBufs;
         named_bar_sync(kBarDqFull + buf, kDqBarThreads);
         /* The math warps stored the tile by generic stores; the copy engine
          * reads it through the async proxy. The fence is here, after the
@@ -226,8 +250,7 @@ __device__ __forceinline__ void dq_warp(const bwd_args &a, const dkdv_work &w, S
                          Acc::kTileFloats * 4, a.dq_sems + tile, turn);
         }
         __syncwarp();
-        if (step + kBufs < steps)
-            named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads);
+        named_bar_arrive(kBarDqEmpty + buf, kDqBarThreads); /* (the last kBufs: dq_reducer::drain) */
         if (threadIdx.x % 32 == 0)
             dq_add_finish(a.dq_sems + tile);
     }

@@ -168,7 +168,8 @@ static fad_status launch_bwd(bwd_args &a, cudaStream_t stream, char *msg, size_t
     if (st != FAD_OK)
         return st;
     if (a.dq_accum) /* the semaphores start at zero (the accumulator's first add is a copy) */
-        CUDA_TRY(cudaMemsetAsync(a.dq_sems, 0, (size_t)p.num_heads * a.dq_head_tiles * sizeof(int), stream));
+        CUDA_TRY(cudaMemsetAsync(a.dq_sems, 0, (size_t)p.num_heads * a.dq_head_tiles * sizeof(int) + sizeof(unsigned),
+                                 stream)); /* (and the ticket after them) */
     st = launch_dsum<T>(a, stream, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -207,7 +208,7 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
     a.part = bp->part; /* the dQ and dK/dV passes only share dsum: either may be left out */
     a.dsum = (float *)workspace;
     a.n_blocks = a.m_blocks = 0;
-    a.dq_accum = nullptr, a.dq_sems = nullptr, a.dq_m_tiles = 0, a.dq_head_tiles = 0;
+    a.dq_accum = nullptr, a.dq_sems = nullptr, a.dq_ticket = nullptr, a.dq_m_tiles = 0, a.dq_head_tiles = 0;
     size_t extra = 0;
     const size_t dsum_bytes = (size_t)fad_flat_rows(&a.p) * sizeof(float);
     fad_status st = fad_bwd_cuda_extra_bytes(bp, dsum_bytes, &extra, msg, msg_len);
@@ -221,6 +222,7 @@ extern "C" fad_status fad_bwd_cuda_launch(const fad_bwd_params *bp, void *worksp
         const int64_t tiles = (int64_t)a.p.num_heads * a.dq_head_tiles;
         a.dq_accum = reinterpret_cast<float *>((char *)workspace + off);
         a.dq_sems = reinterpret_cast<int *>(a.dq_accum + tiles * dq_accum_cfg<64>::kTileFloats);
+        a.dq_ticket = reinterpret_cast<unsigned *>(a.dq_sems + tiles);
         static_assert(dq_accum_cfg<64>::kTileFloats == dq_accum_cfg<128>::kTileFloats, "one tile size");
     }
     /* (dropout: a kDrop variant of either, on mma.sync or wgmma: bwd_dq.cu, bwd_dkdv.cu and

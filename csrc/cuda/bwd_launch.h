@@ -25,6 +25,9 @@ struct bwd_args {
      * tiles (bwd_dq_accum.cuh, dq_tile) */
     float *dq_accum;
     int *dq_sems;
+    /* the next work item of the five-product dK/dV kernel's persistent grid
+     * (bwd_dkdv_wgmma.cu, kPersist): one counter after the semaphores, zeroed with them */
+    unsigned *dq_ticket;
     int dq_m_tiles;
     int64_t dq_head_tiles;
     int n_blocks;      /* key tiles per (sequence, kv head) in dkdv_kernel's grid */

@@ -337,6 +337,31 @@ __device__ __forceinline__ void store_staged(const uint32_t (&s)[kTiles], T *con
     }
 }
 
+/* acc (this thread's kDB n8 blocks of an m64nN accumulator: rows r and r + 8,
+ * columns 8 nb + 2 (lane % 4) ..) straight to global memory, row r at g and
+ * r + 8 at g + 8 stride, the rows below `rows` (counted from r) and the
+ * columns below cols: 4-byte stores, each warp's filling whole 32-byte
+ * sectors over its n8 blocks, which L2 merges. For an epilogue that runs
+ * under the next work's loads, with no shared memory to stage in (the
+ * persistent dK/dV kernel, bwd_dkdv_wgmma.cu); the values are stage_acc's. */
+template <typename T, int kDB>
+__device__ __forceinline__ void store_acc_rows(const float (&acc)[kDB][4], T *g, int64_t stride, int rows, int cols,
+                                               int lane)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (8 * r >= rows)
+            continue;
+#pragma unroll
+        for (int nb = 0; nb < kDB; nb++) {
+            const int col = nb * 8 + (lane % 4) * 2;
+            if (col < cols)
+                *reinterpret_cast<uint32_t *>(g + 8 * r * stride + col) =
+                    dtype_ops<T>::pack(acc[nb][2 * r], acc[nb][2 * r + 1]);
+        }
+    }
+}
+
 /* Ties the accumulators to this point of the program: the compiler sees a
  * wgmma write them at issue, so without this it could move their reads above
  * the wgmma_wait that makes them valid. */
