@@ -10,8 +10,8 @@ build_ext --inplace`):
 Protocol as bench_fwd.py (benchmarks/METHOD.md): fresh random inputs, the same
 for every impl (SDPA also on contiguous (B, H, L, D) copies, its dout too; the ratios
 are against a backend's faster layout); one forward per impl builds the autograd graph, then the impls take
---rounds turns of --warmup + --iters backward calls (torch.autograd.grad with
-retain_graph, the same dout), timed one by one with CUDA events; the median of an
+--rounds turns (in reversed order every other round) of --warmup + --iters backward calls
+(torch.autograd.grad with retain_graph, the same dout), timed one by one with CUDA events; the median of an
 impl's calls is reported. TFLOP/s = 2.5 x the forward's 4*B*H*L^2*D (halved
 for causal), FA2's convention for the backward's 5 matmuls, whatever an impl computes.
 Writes <tag>.jsonl and <tag>.md under --out.
@@ -83,13 +83,14 @@ def prepare_bwd(impl, cfg, device, seed=0):
 
 def measure_bwd_rounds(impls, cfg, device, iters, warmup, rounds):
     """Records for every impl of cfg: the impls take `rounds` turns of `warmup`
-    + `iters` timed backward calls each, one after the other, and the median is
-    over all of an impl's calls (bench_fwd's protocol: a drift of clocks during
-    the config falls on every impl alike)."""
+    + `iters` timed backward calls each, one after the other, in common.turn_order
+    (reversed every other round), and the median is over all of an impl's calls
+    (bench_fwd's protocol: a drift of clocks during the config falls on every impl
+    alike)."""
     preps = [prepare_bwd(impl, cfg, device) for impl in impls]
     times = [[] for _ in impls]
-    for _ in range(rounds):
-        for n, (impl, (rec, fn)) in enumerate(zip(impls, preps)):
+    for r in range(rounds):
+        for n, impl, (rec, fn) in common.turn_order(zip(range(len(impls)), impls, preps), r):
             if fn is None or "error" in rec:
                 continue
             try:

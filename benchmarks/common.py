@@ -413,12 +413,20 @@ def _set_times(rec, times):
     rec["tflops"] = rec["flops"] / (rec["ms"] * 1e-3) / 1e12
 
 
+def turn_order(items, r):
+    """The order of the impls' turns in round r: as given in even rounds, reversed in odd
+    ones, so that no impl always follows the same one. The H200 runs at its power limit,
+    and the clock an impl meets depends on what ran just before it."""
+    items = list(items)
+    return items if r % 2 == 0 else items[::-1]
+
+
 def measure_rounds(impls, cfg, arg_sets, device, iters, warmup, rounds=1):
     """measure() for each impl of one config, then rounds - 1 more turns in which
     each impl that worked gets the same warm-up and iters more timed calls; the
-    median is over all of an impl's calls. Taking turns puts every impl under the
-    same drift of clocks and temperature during the config, so a ratio between two
-    of them (det vs fast: a few percent) is not set by which one ran first.
+    median is over all of an impl's calls. Taking turns (in turn_order) puts every impl
+    under the same drift of clocks and temperature during the config, so a ratio between
+    two of them (det vs fast: a few percent) is not set by which one ran first.
     Records carry max_abs_diff against the first impl that produced an output."""
     recs, ref = [], None
     for impl in impls:
@@ -428,8 +436,8 @@ def measure_rounds(impls, cfg, arg_sets, device, iters, warmup, rounds=1):
             rec["reference_of_diffs"] = True
         del out
         recs.append(rec)
-    for _ in range(rounds - 1):
-        for impl, rec in zip(impls, recs):
+    for r in range(1, rounds):
+        for impl, rec in turn_order(zip(impls, recs), r):
             if "error" in rec:
                 continue
             try:

@@ -36,9 +36,11 @@ def test_measure_rounds_interleaves_and_pools_every_call():
         assert rec["rounds"] == 4 and rec["iters"] == 12 and len(rec["_times"]) == 12
         assert rec["ms_min"] <= rec["ms"] and rec["tflops"] > 0
     assert "error" in broken and "refuses" in broken["error"]
-    # the first turn also runs the probe call; each later turn is warm-up + iters, impl by impl
+    # the first turn also runs the probe call; each later turn is warm-up + iters, impl by
+    # impl, in reversed order every other round (common.turn_order)
     first = ["a"] * (1 + 2 + 3) + ["b"] * (1 + 2 + 3) + ["broken"]
-    assert order == first + (["a"] * 5 + ["b"] * 5) * 3
+    a5, b5 = ["a"] * 5, ["b"] * 5
+    assert order == first + b5 + a5 + a5 + b5 + b5 + a5
 
 
 def test_bench_fwd_cpu_smoke_writes_records_and_table(tmp_path):
