@@ -641,7 +641,8 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
             wgmma_wait<0>();
             wgmma_fence_operand(dk);
             wgmma_fence_operand(sf);
-            mbar_arrive(&empty[st]); /* (every math thread: see below) */
+            if (!(kPersist && step == steps - 1)) /* (kPersist: the item's last stage is dV's staging) */
+                mbar_arrive(&empty[st]); /* (every math thread: see below) */
             continue;
         }
         issue_rs_mn<T, C::kDCols, kM>(dv, pf, do_addr + col_bytes);
@@ -664,10 +665,12 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
              * there as racing with the other lanes' loads. (Not in the dQ
              * pass's D <= 128 kernels: at D128 ptxas then serialized their
              * wgmmas, C7512.) */
-            if constexpr (kThreadRelease)
-                mbar_arrive(&empty[st]);
-            else
+            if constexpr (kThreadRelease) {
+                if (!(kPersist && step == steps - 1)) /* (kPersist: the item's last stage is dV's staging) */
+                    mbar_arrive(&empty[st]);
+            } else {
                 warp_arrive(&empty[st], lane);
+            }
         }
         /* kRed: the part to the dQ warps. After the stage's release: its wait
          * may follow another CTA's turn. */
@@ -682,13 +685,13 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
     if constexpr (!kWs)
         cp_async_wait_all();
 
-    /* dK and dV staged where K and V were (bwd_tile_wgmma.cuh: stage_acc),
-     * once every product is done with them: the other warpgroup's products
-     * read this one's keys (barrier 3: split_meet's, the same 256 threads);
-     * then stored, the item's first key, n0, at each tile's row 0 */
-    auto store_dkdv_staged = [&]() {
+    /* dK and dV staged at s_dk, s_dv (wgmma.cuh: stage_acc) once both
+     * warpgroups' products are done with that space (barrier 3: split_meet's,
+     * the same 256 threads), then stored, the item's first key, n0, at each
+     * tile's row 0 */
+    auto store_dkdv_staged = [&](uint32_t s_dk, uint32_t s_dv) {
         named_bar_sync(3, C::kDkdvThreads);
-        const uint32_t s[2] = {smem_addr(sK), smem_addr(sV)};
+        const uint32_t s[2] = {s_dk, s_dv};
         stage_acc<T, kHeadDim>(dk, s[0], key_row - lane / 4, col0, lane);
         stage_acc<T, kHeadDim>(dv, s[1], key_row - lane / 4, col0, lane);
         named_bar_sync(3, C::kDkdvThreads);
@@ -698,19 +701,32 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         store_staged<T, kHeadDim, kN, C::kDkdvThreads>(s, gl, stride, len_k - n0, p.head_dim, tid);
     };
     if constexpr (kPersist) {
-        /* Every product of the item is done (each step's, finish's). dK and
-         * dV staged where K and V were and stored as below, then sK and sV
-         * are the next item's (kv_empty: the staged tiles are read). Staged,
-         * not stored from the registers: those 4-byte stores took 5 us at
-         * D128 and held up what the math warps did next
-         * (dev/probe_bwd_cta_timeline.py --items). An item without steps
-         * (its keys see no row) loaded no K/V, and the producer may be
-         * loading the next item's there: its zeros go from the registers. */
+        /* Every product of the item is done (each step's, finish's): sK and
+         * sV are the next item's at once (kv_empty), so that its K and V load
+         * while dK and dV are staged and stored elsewhere: dK in the dS
+         * buffers (free until the next item's first dS), dV in the item's
+         * last ring stage (its Q and dO read; released to the producer once
+         * the stores have read it). Staged in sK, sV, the next item's K/V
+         * issued 4.1-4.4 us after the loop's end (D128 L8k,
+         * dev/probe_bwd_item_timeline.patch), and the math warps waited for
+         * them. Staged, not stored from the registers: those 4-byte stores
+         * took 5 us at D128 and held up what the math warps did next. An item
+         * without steps (its keys see no row) loaded no K/V and holds no
+         * stage: its zeros go from the registers. */
+        static_assert((size_t)kN * kHeadDim * 2 <= Smem::kDqOffset - Smem::kDsOffset &&
+                          kN * kHeadDim <= C::kStepElems,
+                      "dK staged in the dS buffers, dV in a ring stage");
         if (steps > 0) {
-            if (a.dk) /* (a dQ-only call passes no dK, dV) */
-                store_dkdv_staged();
-            mbar_arrive(kv_empty); /* (release: after this thread's reads of sK, sV) */
+            mbar_arrive(kv_empty); /* (release: after this thread's products, which read sK, sV) */
             kv_uses++;
+            const int st_last = (g + steps - 1) % kStages;
+            if (a.dk) { /* (a dQ-only call passes no dK, dV) */
+                store_dkdv_staged(smem_addr(wg_smem + Smem::kDsOffset), smem_addr(sQ + st_last * C::kStepElems));
+                /* every thread done reading the staged dK before the next
+                 * item's first dS lands there */
+                named_bar_sync(3, C::kDkdvThreads);
+            }
+            mbar_arrive(&empty[st_last]); /* (the held stage; release: after this thread's reads of dV) */
         } else if (a.dk) {
             T *const gk = (T *)a.dk + seq.k_off + (int64_t)(n0 + key_row) * p.k_row_stride + hk * p.k_head_stride;
             T *const gv = (T *)a.dv + seq.v_off + (int64_t)(n0 + key_row) * p.v_row_stride + hk * p.v_head_stride;
@@ -725,7 +741,7 @@ dkdv_wgmma_kernel(const __grid_constant__ bwd_ws_args wa)
         if constexpr (kWs)
             if (steps == 0)
                 mbar_wait(kv_full, 0);
-        store_dkdv_staged();
+        store_dkdv_staged(smem_addr(sK), smem_addr(sV)); /* (the other warpgroup's products read this one's keys) */
     }
     }
     red.base = g; /* (the CTA's steps) */
