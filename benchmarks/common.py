@@ -416,7 +416,9 @@ def _set_times(rec, times):
 def turn_order(items, r):
     """The order of the impls' turns in round r: as given in even rounds, reversed in odd
     ones, so that no impl always follows the same one. The H200 runs at its power limit,
-    and the clock an impl meets depends on what ran just before it."""
+    and the clock an impl meets depends on what ran just before it (in one fixed order, D128
+    L2k's backward read 0.92-0.94x cuDNN on a build that alternating turns read at 1.00x:
+    benchmarks/results/2026-11-30_h200_bwd_final_c16ed00.md, section 4)."""
     items = list(items)
     return items if r % 2 == 0 else items[::-1]
 
