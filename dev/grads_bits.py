@@ -1,4 +1,4 @@
-# grads_bits.py: Saves the backward's gradients on fixed inputs, or compares them bit for bit. Verdict: tool for changes that must keep every bit (it passed the dsum rewrite, and 24 cases with the persistent dK/dV grid of dev/probe_bwd_persistent.patch).
+# grads_bits.py: Saves the backward's gradients on fixed inputs, or compares them bit for bit. Verdict: tool for changes that must keep every bit (it passed the dsum rewrite, and 24 cases with the persistent dK/dV grid, before it landed in 87707ff and after c16ed00's staging change).
 """Backward gradients of fixed random inputs, saved, or compared bit for bit with a saved file:
 
     python3 dev/grads_bits.py /tmp/ref.pt        # with the old build
