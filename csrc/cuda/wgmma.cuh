@@ -341,9 +341,10 @@ __device__ __forceinline__ void store_staged(const uint32_t (&s)[kTiles], T *con
  * columns 8 nb + 2 (lane % 4) ..) straight to global memory, row r at g and
  * r + 8 at g + 8 stride, the rows below `rows` (counted from r) and the
  * columns below cols: 4-byte stores, each warp's filling whole 32-byte
- * sectors over its n8 blocks, which L2 merges. For an epilogue that runs
- * under the next work's loads, with no shared memory to stage in (the
- * persistent dK/dV kernel, bwd_dkdv_wgmma.cu); the values are stage_acc's. */
+ * sectors over its n8 blocks, which L2 merges. For an epilogue with no
+ * shared memory to stage in: the persistent dK/dV kernel's items without
+ * steps, whose zeros go out while the producer may be loading the next
+ * item's K/V (bwd_dkdv_wgmma.cu); the values are stage_acc's. */
 template <typename T, int kDB>
 __device__ __forceinline__ void store_acc_rows(const float (&acc)[kDB][4], T *g, int64_t stride, int rows, int cols,
                                                int lane)
