@@ -232,8 +232,9 @@ def test_gpu_dq_accumulator_sized_by_rows(tmp_path):
     """Varlen: the dQ accumulator takes a tile set per sequence in the call's packed rows (the
     call's rows rounded up to a tile, plus a tile a sequence), not batch x the longest sequence:
     one sequence of 4096 rows and 63 of 64 ask for the workspace that bound gives (D128: tiles of
-    64 rows x 128 fp32 and a semaphore, and the dK/dV grid's ticket), a fraction of the old size; and the gradients still
-    meet the padded call's bit for bit (a sequence's tiles start where the layout says)."""
+    64 rows x 128 fp32 and a semaphore, and the dK/dV grid's ticket), a fraction of the old size;
+    and the gradients still meet the padded call's bit for bit (a sequence's tiles start where the
+    layout says)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the five-product path is sm_90's")
     code = (
