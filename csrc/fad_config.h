@@ -92,6 +92,13 @@
 #ifndef FAD_WS_TMA
 #define FAD_WS_TMA 1
 #endif
+/* FAD_WS_TMA_STORE: 1 = the warp-specialized kernel's consumers hand their
+ * staged output to the bulk tensor copy engine at D128 (one store per 16-row
+ * warp slice inside its sequence, tma.cuh), 0 = 16-byte stores from every
+ * thread. */
+#ifndef FAD_WS_TMA_STORE
+#define FAD_WS_TMA_STORE 1
+#endif
 #ifndef FAD_WS_STAGES
 #define FAD_WS_STAGES 4
 #endif

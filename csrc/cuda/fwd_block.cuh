@@ -10,6 +10,7 @@
 
 #include "fwd_launch.h"
 #include "fwd_tile.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 /* K and V rows [0, rows) of the tile at key t0 of a paged sequence into the
@@ -210,13 +211,20 @@ __device__ __forceinline__ void store_result_rows(const fad_fwd_params &p, int D
  * warp's 512 consecutive bytes, where each of store_row's 4-byte stores
  * fills half a sector: 1.00-1.04x at D64-D128, 1.01-1.12x at D256 (H200,
  * fwd_ws_kernel). The caller has the stage to itself: only this warp reads or
- * writes it. (sm_90: stmatrix; before it, store_result_rows.) */
+ * writes it. (sm_90: stmatrix; before it, store_result_rows.)
+ * o_map (the output's map, tma.cuh; a 1024-byte aligned stage): a warp slice
+ * of 16 rows inside its sequence is staged in the map's boxes' layout and
+ * stored by the copy engine, lane 0 issuing and waiting only until the stage
+ * has been read, so the warp does not wait for its stores to drain (they
+ * held the consumers 1.0-1.1 us a CTA with the tensor cores idle). o_row0:
+ * the map row of the sequence's first query. */
 template <typename T, int kHeadDim, int kMT>
 __device__ __forceinline__ void store_result_staged(const fad_fwd_params &p, int D, const fad_seq &seq, int h,
                                                     int64_t lse_row0, int wrow0, int len_q,
                                                     float (&acc)[kMT][kHeadDim / 8][4],
                                                     const float (&mR)[2 * kMT], const float (&lR)[2 * kMT],
-                                                    bool poison, float rp, uint32_t stage, int lane)
+                                                    bool poison, float rp, uint32_t stage, int lane,
+                                                    const fad_tensor_map *o_map = nullptr, int64_t o_row0 = 0)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     float inv[2 * kMT];
@@ -230,13 +238,28 @@ __device__ __forceinline__ void store_result_staged(const fad_fwd_params &p, int
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mt][nb][e] = FAD_MUL(acc[mt][nb][e], inv[2 * mt + e / 2]);
-        stage_acc<T, kHeadDim, kHeadDim / 8>(acc[mt], stage, 16 * mt, 0, lane);
     }
-    __syncwarp();
-    const uint32_t s[1] = {stage};
-    T *const g[1] = {(T *)p.out + seq.o_off + (int64_t)wrow0 * p.out_row_stride + h * p.out_head_stride};
-    const int64_t stride[1] = {p.out_row_stride};
-    store_staged<T, kHeadDim, 16 * kMT, 32, 1>(s, g, stride, len_q - wrow0, D, lane);
+    if (kMT == 1 && o_map && wrow0 + 16 <= len_q) {
+        stage_acc<T, kHeadDim, kHeadDim / 8, 16>(acc[0], stage, 0, 0, lane);
+        fence_async_smem(); /* (each lane's stmatrix writes, before the engine reads them) */
+        __syncwarp();
+        if (lane == 0) {
+#pragma unroll
+            for (int cb = 0; cb < kHeadDim / 64; cb++)
+                tma_store_box(o_map, stage + (uint32_t)(cb * 16 * 128), cb * 64, h, (int)(o_row0 + wrow0));
+            tma_store_wait_read();
+        }
+        __syncwarp();
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+            stage_acc<T, kHeadDim, kHeadDim / 8>(acc[mt], stage, 16 * mt, 0, lane);
+        __syncwarp();
+        const uint32_t s[1] = {stage};
+        T *const g[1] = {(T *)p.out + seq.o_off + (int64_t)wrow0 * p.out_row_stride + h * p.out_head_stride};
+        const int64_t stride[1] = {p.out_row_stride};
+        store_staged<T, kHeadDim, 16 * kMT, 32, 1>(s, g, stride, len_q - wrow0, D, lane);
+    }
     if (p.softmax_lse && lane % 4 == 0)
 #pragma unroll
         for (int r = 0; r < 2 * kMT; r++) { /* (row r of the thread: 8 r below its first) */
@@ -245,7 +268,7 @@ __device__ __forceinline__ void store_result_staged(const fad_fwd_params &p, int
                 p.softmax_lse[lse_row0 + row] = poison ? inv[r] : fad_lse(mR[r], lR[r]);
         }
 #else
-    (void)stage;
+    (void)stage, (void)o_map, (void)o_row0;
     store_result_rows<T>(p, D, seq, h, lse_row0, wrow0, lane / 4, len_q, acc, mR, lR, poison, rp);
 #endif
 }

@@ -57,11 +57,12 @@
 #include "tma.cuh"
 
 /* The kernel's argument: fwd_args, and where tma is set, the tensor maps of K
- * and V (tma.cuh) through which the producer copies whole tiles. */
+ * and V (tma.cuh) through which the producer copies whole tiles; where tma_o
+ * is, the output's, through which the consumers store it (16-row boxes). */
 struct fwd_ws_args {
     fwd_args a;
-    fad_tensor_map k_map, v_map;
-    int tma;
+    fad_tensor_map k_map, v_map, o_map;
+    int tma, tma_o;
 };
 
 /* The kernel's shapes: ws_main (FAD_WS_D128_CONSUMERS at D128, FAD_WS_D64_CONSUMERS
@@ -196,6 +197,22 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
             poison_row(p, seq, h, i, lane, 32);
         return;
     }
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
+    const int D = p.head_dim;
+    /* The producer issues Q's copies first (nothing else uses that shared
+     * memory), so that their trip from global memory overlaps the set-up;
+     * its arrival on q_full, once they land, comes after the CTA met. (Issued
+     * after the set-up, a three-consumer CTA waited 1.2-1.3 us for them.) */
+    if (wg == 0)
+#pragma unroll
+        for (int c = 0; c < C::kConsumers; c++) {
+            const int m0 = cta * C::kRows + c * kBlockM;
+            const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
+                           h * p.q_head_stride;
+            load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
+                                                       (int)p.q_row_stride, len_q - m0, D);
+        }
 
     /* Each consumer's tiles [first, last), by fwd_kernel's rules (walks =
      * false: no tile -- no rows, or its split is masked for every row). The
@@ -225,8 +242,6 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     }
     const bool any_walk = u_first < u_last;
 
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
     T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
     uint64_t *empty = full + kStages, *q_full = empty + kStages;
@@ -239,19 +254,10 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 mbar_init(&full_v[st], 128), mbar_init(&empty_v[st], 4 * C::kConsumers);
     ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128); /* (fences and syncs those too) */
 
-    const int D = p.head_dim;
     if (wg == 0) {
-        /* ---- producer: Q, then the K/V tiles of the union walk, in order ---- */
+        /* ---- producer: Q (issued above), then the K/V tiles of the union walk, in order ---- */
         if constexpr (C::kSetMaxNReg)
             setmaxnreg_dec<C::kProducerRegs>();
-#pragma unroll
-        for (int c = 0; c < C::kConsumers; c++) {
-            const int m0 = cta * C::kRows + c * kBlockM;
-            const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
-                           h * p.q_head_stride;
-            load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
-                                                       (int)p.q_row_stride, len_q - m0, D);
-        }
         mbar_arrive_cp_async(q_full);
         if (!any_walk) {
             cp_async_wait_all();
@@ -678,7 +684,9 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 warpgroup_sync(1 + i);
     store_result_staged<T, kHeadDim, 1>(p, D, seq, h, lse_row0, m0 + (warp % 4) * 16, len_q, acc, mR, lR, false,
                                         kDrop ? drop.rp : 1.f,
-                                        smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane);
+                                        smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane,
+                                        kHeadDim == 128 && wa.tma_o ? &wa.o_map : nullptr,
+                                        kHeadDim == 128 && wa.tma_o ? seq.o_off / p.out_row_stride : 0);
 }
 
 template <typename T, int kHeadDim, ws_shape kShape>
@@ -701,6 +709,10 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
     wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
+    /* (the output through the copy engine at D128 only: at D256 its four
+     * boxes a warp measured 0.96-1.00x the threads' stores, at D64 0.98-1.00x;
+     * docs/performance.md, "What won") */
+    wa.tma_o = kHeadDim == 128 && fad_make_o_map(p, 16, &wa.o_map);
     if constexpr (C::kRGlobal)
         if (!a.plan.cta_per_split) { /* the R slots' pool, all free */
             if (!a.ws_r || a.plan.r_slots < C::kConsumers * 4)

@@ -132,6 +132,14 @@ static inline bool fad_make_maps(const fad_fwd_params &p, int entries, int rows,
            fad_make_map(map_a, a.base, p.head_dim, heads, a.row_stride, a.head_stride, box_rows) &&
            fad_make_map(map_b, b.base, p.head_dim, heads, b.row_stride, b.head_stride, box_rows);
 }
+/* The output's map for bulk tensor stores (FAD_WS_TMA_STORE): boxes of
+ * box_rows rows, each inside one sequence (the caller's rule, as for loads);
+ * columns past D are outside the map and never written. */
+static inline bool fad_make_o_map(const fad_fwd_params &p, int box_rows, fad_tensor_map *map)
+{
+    return FAD_WS_TMA_STORE && fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.out_batch_stride, p.out_row_stride) &&
+           fad_make_map(map, p.out, p.head_dim, p.num_heads, p.out_row_stride, p.out_head_stride, box_rows);
+}
 /* K's and V's maps (the rows of a KV cache's entries, or of the batch's). */
 static inline bool fad_make_kv_maps(const fad_fwd_params &p, int box_rows, fad_tensor_map *k_map,
                                     fad_tensor_map *v_map)
@@ -161,9 +169,25 @@ __device__ __forceinline__ void tma_load_box(void *dst, const fad_tensor_map *ma
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(head), "r"(row), "r"(smem_addr(bar))
                  : "memory");
 }
+/* Box (c0 .., head, row ..) of map from src (1024-byte aligned, the box's
+ * swizzled layout), a bulk-async group of its own; then, before the issuing
+ * thread may let src be overwritten or exit, tma_store_wait_read. The
+ * writers of src fence for the async proxy (fence_async_smem) and meet the
+ * issuing thread first. */
+__device__ __forceinline__ void tma_store_box(const fad_tensor_map *map, uint32_t src, int c0, int head, int row)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(head), "r"(row), "r"(src)
+                 : "memory");
+}
+/* Waits until every bulk store this thread issued has read its source. */
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 #else
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *, uint32_t) {}
 __device__ __forceinline__ void tma_load_box(void *, const fad_tensor_map *, int, int, int, uint64_t *) {}
+__device__ __forceinline__ void tma_store_box(const fad_tensor_map *, uint32_t, int, int, int) {}
+__device__ __forceinline__ void tma_store_wait_read() {}
 #endif
 
 /* A kRows x kCols tile of map (head, rows row ..) into dst in swz128's layout

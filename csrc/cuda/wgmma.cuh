@@ -290,15 +290,20 @@ template <bool kTrans> __device__ __forceinline__ void stmatrix_x4(uint32_t addr
  * LSU queue (Nsight Compute, D128 L8k). The caller meets the threads that
  * share the staging space before stage_acc (that space -- Q's, or K's and
  * V's -- must be done with) and between the two. */
-template <typename T, int kCols> __device__ __forceinline__ uint32_t staged_at(uint32_t s, int row, int chunk)
+template <typename T, int kCols, int kBoxRows = 0>
+__device__ __forceinline__ uint32_t staged_at(uint32_t s, int row, int chunk)
 {
+    /* kBoxRows: swz128's layout instead (kCols / 64 column blocks of kBoxRows
+     * rows x 128 bytes), a bulk tensor store's boxes (tma.cuh) */
+    if constexpr (kBoxRows > 0)
+        return s + (uint32_t)((chunk / 8) * kBoxRows * 128 + row * 128 + ((chunk % 8) ^ (row % 8)) * 16);
     return s + (uint32_t)(row * kCols + ((chunk ^ (row % 8)) * 8)) * (uint32_t)sizeof(T);
 }
 
 /* acc: this thread's kDB n8 blocks (the m64nN accumulator layout) of rows
  * wrow0 + lane / 4 and + 8 (wrow0: its warp's first row), columns col0 + 8 nb
  * + 2 (lane % 4) .., into the staged tile at s. */
-template <typename T, int kCols, int kDB>
+template <typename T, int kCols, int kDB, int kBoxRows = 0>
 __device__ __forceinline__ void stage_acc(const float (&acc)[kDB][4], uint32_t s, int wrow0, int col0, int lane)
 {
     static_assert(kCols / 8 >= 8 && kDB % 2 == 0, "the swizzle spans 8 chunks; stmatrix takes two n8 blocks");
@@ -308,7 +313,7 @@ __device__ __forceinline__ void stage_acc(const float (&acc)[kDB][4], uint32_t s
         const uint32_t r4[4] = {dtype_ops<T>::pack(acc[nb][0], acc[nb][1]), dtype_ops<T>::pack(acc[nb][2], acc[nb][3]),
                                 dtype_ops<T>::pack(acc[nb + 1][0], acc[nb + 1][1]),
                                 dtype_ops<T>::pack(acc[nb + 1][2], acc[nb + 1][3])};
-        stmatrix_x4<false>(staged_at<T, kCols>(s, row, col0 / 8 + nb + i / 2), r4);
+        stmatrix_x4<false>(staged_at<T, kCols, kBoxRows>(s, row, col0 / 8 + nb + i / 2), r4);
     }
 }
 
