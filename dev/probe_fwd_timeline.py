@@ -20,14 +20,14 @@ import torch
 import flash_attn_det as fad
 import flash_attn_det._C as _C
 
-SLOTS, ROWS = 12, 16384
+ROWS = 16384
 CTA_CONFIGS = [(32, 1024, 16, 128, 64, False), (16, 2048, 16, 128, 192, False), (8, 4096, 16, 128, 192, False),
                (8, 4096, 16, 128, 192, True), (32, 1024, 32, 64, 256, False)]
 ITEM_CONFIGS = [(32, 1024, 16, 128, 128, False), (16, 2048, 16, 128, 128, False), (8, 4096, 16, 128, 128, False),
                 (2, 16384, 16, 128, 128, False), (32, 1024, 16, 128, 128, True)]
 
 
-def stamped_call(lib, B, L, H, D, causal):
+def stamped_call(lib, slots, B, L, H, D, causal):
     q = torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     for _ in range(3):
@@ -36,9 +36,9 @@ def stamped_call(lib, B, L, H, D, causal):
     assert lib.fad_probe_clear() == 0
     fad.flash_attn_func(q, k, v, causal=causal)
     torch.cuda.synchronize()
-    buf = np.zeros(ROWS * SLOTS, dtype=np.uint64)
+    buf = np.zeros(ROWS * slots, dtype=np.uint64)
     assert lib.fad_probe_copy(buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(buf.nbytes)) == 0
-    return buf.reshape(ROWS, SLOTS).astype(np.int64)
+    return buf.reshape(ROWS, slots).astype(np.int64)
 
 
 def main():
@@ -49,7 +49,7 @@ def main():
     lib = ctypes.CDLL(_C.__file__)
     fad.set_deterministic_mode(True)
     for (B, L, H, D, rows, causal) in (ITEM_CONFIGS if args.items else CTA_CONFIGS):
-        t = stamped_call(lib, B, L, H, D, causal)
+        t = stamped_call(lib, 12 if args.items else 13, B, L, H, D, causal)
         n = B * H * ((L + rows - 1) // rows)
         t = t[:min(n, ROWS)]
         d = lambda a, b: ((t[:, b] - t[:, a]) / 1000.0).mean()  # noqa: E731
@@ -68,6 +68,9 @@ def main():
         print(f"  entry->consumer {d(6, 1):.2f}  q wait {d(1, 2):.2f}  to first tile {d(2, 3):.2f}  loop {d(3, 4):.2f} "
               f"({d(3, 4) / max(tiles, 1):.3f}/tile incl first)  fold {d(4, 11):.2f}  store {d(11, 5):.2f}  "
               f"CTA total {d(6, 5):.2f}")
+        print(f"  set-up: consumer 0's first instruction {d(6, 10):.2f} after the producer's, its walks "
+              f"{d(10, 7):.2f}, to the barrier {d(7, 9):.2f}, the barrier {d(9, 8):.2f}, setmaxnreg {d(8, 12):.2f}, "
+              f"the rest {d(12, 1):.2f}")
         gaps = []
         for sm in np.unique(t[:, 0]):
             x = t[t[:, 0] == sm]
