@@ -8,9 +8,12 @@ Variants: the prefill kernel's wgmma variants (D64 one warpgroup, D128 warp-spec
 mma.sync one (softcap / ALiBi, and FLASH_ATTN_DET_WGMMA=0 runs everything on mma.sync), the packed
 decode kernel on a contiguous and a paged cache, the combine (CTA-per-split schedule), the
 append + rotary step, varlen, and the backward (dK/dV, dQ, dsum; wgmma and mma.sync; dropout).
-    python3 dev/sanitize_gpu.py [bwd]
+    python3 dev/sanitize_gpu.py [bwd | ws]
 bwd: the backward's calls alone (with FLASH_ATTN_DET_BWD_DQ=reduce: the five-product kernels, the
 dQ adds' turns crossing several key blocks in the GQA calls).
+ws: the warp-specialized forward alone, at lengths that reach each of its shapes -- D64 lean, D128
+narrow and three consumers, D256 main and long --, plain and causal, and a varlen batch whose
+sequences end inside 16-row warp slices (the copy engine's output stores beside the threads').
 """
 import sys
 
@@ -118,7 +121,23 @@ def decode():
     fad.set_deterministic_mode(True)
 
 
+def forward_ws():
+    fad.set_deterministic_mode(True)
+    for D, L in ((128, 1000), (128, 1300), (64, 2100), (64, 9000), (256, 1300), (256, 4200)):
+        for causal in (False, True):
+            q, k, v = rnd(1, L, 2, D), rnd(1, L, 2, D), rnd(1, L, 2, D)
+            finite(f"fwd ws D{D} L{L} causal={causal}", fad.flash_attn_func(q, k, v, causal=causal))
+    lens = [1300, 37, 1100, 250]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev, dtype=torch.int32)
+    q, k, v = rnd(sum(lens), 4, 128), rnd(sum(lens), 2, 128), rnd(sum(lens), 2, 128)
+    finite("fwd ws varlen D128", fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["ws"]:
+        forward_ws()
+        print("all variants ran")
+        sys.exit(0)
     prefill_and_backward()
     varlen()
     if sys.argv[1:2] == ["bwd"]:

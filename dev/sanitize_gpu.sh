@@ -6,7 +6,7 @@
 # allocator is off so that memcheck sees each buffer's real bounds. Logs under $OUT (or
 # ./device_out); prints each run's ERROR SUMMARY. Needs a built module (dev/device_all.sh build).
 #   bash dev/sanitize_gpu.sh [tool ...]      tools: memcheck racecheck initcheck synccheck
-# SANITIZE_ARGS=bwd: the backward's calls alone (dev/sanitize_gpu.py bwd); WGMMA_SETTINGS="force"
+# SANITIZE_ARGS=bwd: the backward's calls alone (dev/sanitize_gpu.py bwd), =ws: the warp-specialized forward's; WGMMA_SETTINGS="force"
 # (default "force 0"): which FLASH_ATTN_DET_WGMMA settings run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
