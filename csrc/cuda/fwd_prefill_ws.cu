@@ -156,7 +156,9 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr size_t kBarOffset = kROffset + kConsumers * kRBytes;
     /* full[kStages], empty[kStages], q_full [, full_v[kStages], empty_v[kStages]] */
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
-    static constexpr size_t kSmemBytes = kBarOffset + kBars * sizeof(uint64_t);
+    /* the consumers' walks (16 B each), after the barriers */
+    static constexpr size_t kWalkOffset = (kBarOffset + kBars * sizeof(uint64_t) + 15) / 16 * 16;
+    static constexpr size_t kSmemBytes = kWalkOffset + kConsumers * 16;
     static_assert((kHeadDim == 128 && (kConsumers == 2 || kThree)) || (kNarrow && kConsumers == 1) ||
                       (kHeadDim == 64 && kConsumers >= 2) || (kHeadDim == 256 && kConsumers <= 2),
                   "the consumers' registers are budgeted for D 128 (two or three), D 64 or D 256 (one or two)");
@@ -215,32 +217,28 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         }
 
     /* Each consumer's tiles [first, last), by fwd_kernel's rules (walks =
-     * false: no tile -- no rows, or its split is masked for every row). The
-     * producer copies the union [u_first, u_last). (Scalars folded in an
-     * unrolled loop, not an array indexed by the consumer: that would live in
-     * local memory.) */
-    struct walk {
-        bool walks;
-        int first, last;
+     * 0: no tile -- no rows, or its split is masked for every row). The
+     * producer copies the union [u_first, u_last). Consumer c's walk is
+     * computed once, by lane 0 of its first warp, into shared memory that
+     * every thread reads after the CTA barrier below. (With every warp
+     * computing every consumer's walk, integer divisions by the split size
+     * in all 16-20 warps, the CTAs' set-up stamped 2.1 us longer at D128,
+     * 3.05 us at D64's lean shape; computed once: 1.04-1.08x at D64 L1k,
+     * docs/performance.md, "What won".) */
+    struct __align__(16) walk {
+        int walks, first, last, unused;
     };
-    auto walk_of = [&](int c) {
-        const int m0 = cta * C::kRows + c * kBlockM, m_end = min(m0 + kBlockM, len_q);
-        walk w = {false, 0, 0};
+    walk *s_walk = reinterpret_cast<walk *>(smem_raw + C::kWalkOffset);
+    if (wg >= 1 && warp % 4 == 0 && lane == 0) {
+        const int c = wg - 1, m0 = cta * C::kRows + c * kBlockM, m_end = min(m0 + kBlockM, len_q);
+        walk w = {0, 0, 0, 0};
         if (m0 < len_q) {
             const fad_key_range lo = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
             const fad_key_range hi = fad_row_keys(m_end - 1, len_q, len_k, p.window_left, p.window_right);
             w.walks = tile_walk<kBlockN>(a.plan, lo, hi, len_k, &w.first, &w.last) && w.first < w.last;
         }
-        return w;
-    };
-    int u_first = INT_MAX, u_last = INT_MIN;
-#pragma unroll
-    for (int c = 0; c < C::kConsumers; c++) {
-        const walk w = walk_of(c);
-        if (w.walks)
-            u_first = min(u_first, w.first), u_last = max(u_last, w.last);
+        s_walk[c] = w;
     }
-    const bool any_walk = u_first < u_last;
 
     T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
@@ -253,6 +251,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
             for (int st = 0; st < kStages; st++)
                 mbar_init(&full_v[st], 128), mbar_init(&empty_v[st], 4 * C::kConsumers);
     ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128); /* (fences and syncs those too) */
+    int u_first = INT_MAX, u_last = INT_MIN;
+#pragma unroll
+    for (int c = 0; c < C::kConsumers; c++) { /* (unrolled: scalars, not an array in local memory) */
+        const walk w = s_walk[c];
+        if (w.walks)
+            u_first = min(u_first, w.first), u_last = max(u_last, w.last);
+    }
+    const bool any_walk = u_first < u_last;
 
     if (wg == 0) {
         /* ---- producer: Q (issued above), then the K/V tiles of the union walk, in order ---- */
@@ -412,7 +418,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     const int m0 = cta * C::kRows + c * kBlockM;
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
     const int m_end = min(m0 + kBlockM, len_q);
-    const walk mine = walk_of(c);
+    const walk mine = s_walk[c];
     const bool walked = mine.walks;
     const int my_first = walked ? mine.first : u_last, my_last = walked ? mine.last : u_last;
     const bool partial = a.plan.cta_per_split;
