@@ -57,12 +57,13 @@
 #include "tma.cuh"
 
 /* The kernel's argument: fwd_args, and where tma is set, the tensor maps of K
- * and V (tma.cuh) through which the producer copies whole tiles; where tma_o
- * is, the output's, through which the consumers store it (16-row boxes). */
+ * and V (tma.cuh) through which the producer copies whole tiles; where tma_q
+ * is, Q's (a consumer's whole 64-row tile); where tma_o is, the output's,
+ * through which the consumers store it (16-row boxes). */
 struct fwd_ws_args {
     fwd_args a;
-    fad_tensor_map k_map, v_map, o_map;
-    int tma, tma_o;
+    fad_tensor_map k_map, v_map, o_map, q_map;
+    int tma, tma_o, tma_q;
 };
 
 /* The kernel's shapes: ws_main (FAD_WS_D128_CONSUMERS at D128, FAD_WS_D64_CONSUMERS
@@ -202,19 +203,47 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw); /* consumer c's Q: + c * kBlockM * kHeadDim */
     const int D = p.head_dim;
-    /* The producer issues Q's copies first (nothing else uses that shared
-     * memory), so that their trip from global memory overlaps the set-up;
-     * its arrival on q_full, once they land, comes after the CTA met. (Issued
-     * after the set-up, a three-consumer CTA waited 1.2-1.3 us for them.) */
-    if (wg == 0)
+    /* The producer issues Q first (nothing else uses that shared memory), so
+     * that its trip from global memory overlaps the set-up. A consumer's
+     * whole Q tile (inside the sequence) is kHeadDim / 64 boxes of the copy
+     * engine, issued by thread 0, which inits q_full before the CTA meets
+     * (ring_init then leaves it alone) and expects their bytes on it; a tile
+     * that the sequence's end cuts goes by cp.async, zero-filled past the
+     * end. Each producer thread arrives on q_full once its copies (if any)
+     * have landed, after the CTA met. (Issued after the set-up, a
+     * three-consumer CTA waited 1.2-1.3 us for Q. By cp.async, the consumers'
+     * setmaxnreg after the meeting stamped 0.75-0.80 us a three-consumer CTA,
+     * 0.53 with the copy engine's Q: 1.04-1.09x at D128 GQA and D256 up to 1k
+     * keys; docs/performance.md, "What won".) */
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset) + 2 * kStages;
+    if (wg == 0) {
+        const bool tq = wa.tma_q;
+        if (tq && tid == 0) {
+            mbar_init(q_full, 128);
+            mbar_init_fence();
+            int whole = 0;
+#pragma unroll
+            for (int c = 0; c < C::kConsumers; c++)
+                whole += cta * C::kRows + (c + 1) * kBlockM <= len_q;
+            if (whole)
+                mbar_expect_tx(q_full, (uint32_t)(whole * C::kQBytes));
+        }
+        const int64_t q_row0 = tq ? seq.q_off / p.q_row_stride : 0;
 #pragma unroll
         for (int c = 0; c < C::kConsumers; c++) {
             const int m0 = cta * C::kRows + c * kBlockM;
+            if (tq && m0 + kBlockM <= len_q) {
+                if (tid == 0)
+                    tma_load_tile<kBlockM, kHeadDim>(sQ + c * kBlockM * kHeadDim, &wa.q_map, h, (int)(q_row0 + m0),
+                                                     q_full);
+                continue;
+            }
             const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
                            h * p.q_head_stride;
             load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
                                                        (int)p.q_row_stride, len_q - m0, D);
         }
+    }
 
     /* Each consumer's tiles [first, last), by fwd_kernel's rules (walks =
      * 0: no tile -- no rows, or its split is masked for every row). The
@@ -242,7 +271,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 
     T *sKV = reinterpret_cast<T *>(smem_raw + C::kConsumers * C::kQBytes); /* stage st: K, then V */
     uint64_t *full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset);
-    uint64_t *empty = full + kStages, *q_full = empty + kStages;
+    uint64_t *empty = full + kStages;
     /* (kKVApart: full and empty are the K halves', these the V halves') */
     uint64_t *full_v = q_full + 1, *empty_v = full_v + kStages;
     /* full: every producer thread's copies; empty: one arrival per consumer warp */
@@ -250,7 +279,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         if (tid == 0)
             for (int st = 0; st < kStages; st++)
                 mbar_init(&full_v[st], 128), mbar_init(&empty_v[st], 4 * C::kConsumers);
-    ring_init(full, empty, kStages, 128, 4 * C::kConsumers, q_full, 128); /* (fences and syncs those too) */
+    /* (fences and syncs those too; q_full was inited above where Q takes the copy engine) */
+    ring_init(full, empty, kStages, 128, 4 * C::kConsumers, wa.tma_q ? nullptr : q_full, 128);
     int u_first = INT_MAX, u_last = INT_MIN;
 #pragma unroll
     for (int c = 0; c < C::kConsumers; c++) { /* (unrolled: scalars, not an array in local memory) */
@@ -538,9 +568,9 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     auto skip = [&](ring_pos r) { wait_full(r), release_k(r), wait_v(r), release(r); };
     auto need_mask = [&](int t0) { return t0 < unmasked_lo || t0 + kBlockN > unmasked_hi; };
 
-    /* Q's copies arrive on q_full as they land (the producer does not wait
+    /* Q's copies complete q_full as they land (the producer does not wait
      * for them), so the reader fences, once: wgmma reads Q from shared memory
-     * where it is not held in registers. */
+     * where it is not held in registers, and cp.async wrote the cut tiles. */
     mbar_wait(q_full, 0);
     fence_async_smem();
     for (int t0 = u_first; t0 < my_first; t0 += kBlockN) /* the other consumer's tiles */
@@ -715,6 +745,7 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
     wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
+    wa.tma_q = fad_make_q_map(p, C::kBlockM, &wa.q_map); /* (Q's whole tiles too) */
     /* (the output through the copy engine at D128 only: at D256 its four
      * boxes a warp measured 0.96-1.00x the threads' stores, at D64 0.98-1.00x;
      * docs/performance.md, "What won") */

@@ -2,7 +2,7 @@
  * tma.cuh — the bulk tensor copy engine (TMA) of sm_90: a tensor map built
  * on the host for a 16-bit (rows, heads, head dim) tensor, and the device side
  * that copies a tile of it into shared memory and completes an mbarrier phase
- * by its byte count. Used by the producers of fwd_ws_kernel (K/V tiles,
+ * by its byte count. Used by the producers of fwd_ws_kernel (Q and K/V tiles,
  * fwd_prefill_ws.cu) and of the backward's wgmma kernels (Q/dO, K/V); a tile
  * that a sequence's end cuts stays on cp.async, whose zero-fill stops at the
  * sequence, where a map's bounds are the tensor's.
@@ -140,6 +140,12 @@ static inline bool fad_make_o_map(const fad_fwd_params &p, int box_rows, fad_ten
     return FAD_WS_TMA_STORE && fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.out_batch_stride, p.out_row_stride) &&
            fad_make_map(map, p.out, p.head_dim, p.num_heads, p.out_row_stride, p.out_head_stride, box_rows);
 }
+/* Q's map for the forward's producer (boxes of box_rows rows). */
+static inline bool fad_make_q_map(const fad_fwd_params &p, int box_rows, fad_tensor_map *map)
+{
+    return fad_tma_rows_ok(p, p.batch, p.seqlen_q, p.q_batch_stride, p.q_row_stride) &&
+           fad_make_map(map, p.q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride, box_rows);
+}
 /* K's and V's maps (the rows of a KV cache's entries, or of the batch's). */
 static inline bool fad_make_kv_maps(const fad_fwd_params &p, int box_rows, fad_tensor_map *k_map,
                                     fad_tensor_map *v_map)
@@ -157,6 +163,12 @@ static inline bool fad_make_kv_maps(const fad_fwd_params &p, int box_rows, fad_t
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+/* Expects `bytes` more to land on bar's phase (complete_tx), no arrival. */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
 }
 /* Box (c0 .. c0 + 63, head, row .. row + box rows - 1) of map into dst
@@ -185,6 +197,7 @@ __device__ __forceinline__ void tma_store_box(const fad_tensor_map *map, uint32_
 __device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 #else
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *, uint32_t) {}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *, uint32_t) {}
 __device__ __forceinline__ void tma_load_box(void *, const fad_tensor_map *, int, int, int, uint64_t *) {}
 __device__ __forceinline__ void tma_store_box(const fad_tensor_map *, uint32_t, int, int, int) {}
 __device__ __forceinline__ void tma_store_wait_read() {}

@@ -151,7 +151,8 @@ __device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, int s
             mbar_init(&full[st], full_count);
             mbar_init(&empty[st], empty_count);
         }
-        mbar_init(once, once_count);
+        if (once) /* (nullptr: the caller inited it) */
+            mbar_init(once, once_count);
         mbar_init_fence();
     }
     __syncthreads();
