@@ -218,13 +218,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     uint64_t *q_full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset) + 2 * kStages;
     if (wg == 0) {
         const bool tq = wa.tma_q;
+        auto by_tma = [&](int c) { return tq && cta * C::kRows + (c + 1) * kBlockM <= len_q; }; /* consumer c's Q */
         if (tq && tid == 0) {
             mbar_init(q_full, 128);
             mbar_init_fence();
             int whole = 0;
 #pragma unroll
             for (int c = 0; c < C::kConsumers; c++)
-                whole += cta * C::kRows + (c + 1) * kBlockM <= len_q;
+                whole += by_tma(c);
             if (whole)
                 mbar_expect_tx(q_full, (uint32_t)(whole * C::kQBytes));
         }
@@ -232,7 +233,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 #pragma unroll
         for (int c = 0; c < C::kConsumers; c++) {
             const int m0 = cta * C::kRows + c * kBlockM;
-            if (tq && m0 + kBlockM <= len_q) {
+            if (by_tma(c)) {
                 if (tid == 0)
                     tma_load_tile<kBlockM, kHeadDim>(sQ + c * kBlockM * kHeadDim, &wa.q_map, h, (int)(q_row0 + m0),
                                                      q_full);
