@@ -129,7 +129,8 @@
  * FAD_WS_D64_MIN_SK_FULL: the same where no mask bounds a row on the right
  * (neither causal nor a right window), whose rows all walk the CTA's keys:
  * the lean variant from 1024 keys reads 1.04x fwd_kernel there at L1k, and
- * 0.97x causal (H200).
+ * 0.97x causal (H200, dev/ab_so.sh); in one process (dev/ab_inproc.py --fwd)
+ * 1.13x causal at L1k, so FAD_WS_D64_MIN_SK is 1024 too (512 not measured).
  * FAD_WS_D64_LEAN_MAX_SK: up to this many keys D64 runs the lean variant
  * instead (0: never): four consumers with R and Q in shared memory,
  * setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against fwd_kernel
@@ -141,7 +142,7 @@
 #define FAD_WS_D64_CONSUMERS 3
 #endif
 #ifndef FAD_WS_D64_MIN_SK
-#define FAD_WS_D64_MIN_SK 2048
+#define FAD_WS_D64_MIN_SK 1024
 #endif
 #ifndef FAD_WS_D64_MIN_SK_FULL
 #define FAD_WS_D64_MIN_SK_FULL 1024
@@ -160,9 +161,13 @@
  * L2k, and at 2048-4096 keys (MHA, GQA) within the spread, 0.94-1.07x
  * (docs/design.md, "warp-specialized-prefill"). With R's fold through
  * float4s (H200) the three-consumer kernel at L1k read 0.99-1.02x the narrow
- * one without a mask and 0.97-0.99x causal, call to call: not changed. */
+ * one without a mask and 0.97-0.99x causal, call to call (dev/ab_so.sh). In
+ * one process (dev/ab_inproc.py --fwd, H200) it reads 1.02-1.055x at L1k
+ * (MHA and GQA, causal and not, two calls), 1.04-1.09x at L512 and
+ * 0.83-0.93x at L256: the narrow variant now stops at 256 keys (between 256
+ * and 512 not measured). */
 #ifndef FAD_WS_NARROW_MAX_SK
-#define FAD_WS_NARROW_MAX_SK 1024
+#define FAD_WS_NARROW_MAX_SK 256
 #endif
 #ifndef FAD_WS_NARROW_STAGES
 #define FAD_WS_NARROW_STAGES 3
@@ -244,9 +249,11 @@
  * R wholly in its slot (H100, bf16): 1.01-1.09x at 2k-8k keys and 1.10-1.17x
  * at 16k, but 0.92-0.98x at 512-1k, where a row folds at most once and the
  * larger shared memory only costs (docs/design.md,
- * "warp-specialized-prefill"). */
+ * "warp-specialized-prefill"). On the H200 in one process (dev/ab_inproc.py
+ * --fwd) it reads 1.055-1.07x at 1k keys and 1.00x at 2k-16k, so it runs
+ * from 1024 (512 not measured). */
 #ifndef FAD_WS_D256_LONG_MIN_SK
-#define FAD_WS_D256_LONG_MIN_SK 2048
+#define FAD_WS_D256_LONG_MIN_SK 1024
 #endif
 #ifndef FAD_WS_RG_SMEM_NB
 #define FAD_WS_RG_SMEM_NB 8

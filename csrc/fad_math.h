@@ -131,6 +131,47 @@ FAD_HD int fad_band_masked(fad_band b, int i, int j)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Division by a call's constant: a multiply-high and a shift.               */
+/* ------------------------------------------------------------------------ */
+
+#if defined(__CUDA_ARCH__)
+#define FAD_MULHI(a, b) __umulhi((a), (b))
+#else
+#define FAD_MULHI(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))
+#endif
+
+/* n / d for 0 <= n < 2^31 and 1 <= d < 2^31, d fixed for a launch: the host
+ * makes (mul, shift) once, a kernel divides with one multiply-high (a divide
+ * is about 20 dependent instructions on the GPU, with a MUFU.RCP, and a
+ * kernel's grid index takes three in a row before any address is known).
+ * With l = ceil(log2 d), mul = ceil(2^(31 + l) / d) < 2^32 and
+ * n / d = (n mul) >> (31 + l): mul d - 2^(31 + l) < d <= 2^l, so the error
+ * n (mul - 2^(31 + l) / d) / 2^(31 + l) < 2^31 / 2^(31 + l) <= 1 / d never
+ * reaches the next multiple of d (Granlund and Montgomery's round-up
+ * method). d = 1 divides by itself (mul would need 33 bits).
+ * tests/test_mask_forms.py checks it against '/' over d < 70,000 and edges. */
+typedef struct fad_fastdiv {
+    uint32_t d, mul, shift;
+} fad_fastdiv;
+
+FAD_HD fad_fastdiv fad_make_fastdiv(uint32_t d)
+{
+    fad_fastdiv f = {d, 0u, 0u};
+    if (d > 1u) {
+        uint32_t l = 0;
+        while ((1ull << l) < d) /* l = ceil(log2 d) */
+            l++;
+        f.mul = (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
+        f.shift = l - 1;
+    }
+    return f;
+}
+FAD_HD int fad_fastdiv_div(int n, fad_fastdiv f)
+{
+    return f.d == 1u ? n : (int)(FAD_MULHI((uint32_t)n, f.mul) >> f.shift);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Split plan: split s of a sequence covers keys [s*S, min((s+1)*S, len_k)). */
 /* ------------------------------------------------------------------------ */
 
@@ -405,12 +446,6 @@ FAD_HD float fad_outer_value(float x, float g, fad_outer_w w)
 #define FAD_PHILOX_W0 0x9E3779B9u
 #define FAD_PHILOX_W1 0xBB67AE85u
 #define FAD_DROPOUT_ROUNDS 7 /* fad_philox7: change both together */
-#if defined(__CUDA_ARCH__)
-#define FAD_MULHI(a, b) __umulhi((a), (b))
-#else
-#define FAD_MULHI(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))
-#endif
-
 typedef struct fad_u32x4 {
     uint32_t x[4];
 } fad_u32x4;

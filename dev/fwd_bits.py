@@ -6,7 +6,8 @@ with a saved file:
     python3 dev/fwd_bits.py /tmp/fwd_ref.pt cmp    # with the new one: the cases that differ in any bit
 
 Cases: D 64 / 128 / 256, MHA and GQA, causal or not, a window, a softcap, padded and varlen
-(many sequences of mixed lengths), grids of more row blocks than the GPU has SMs."""
+(many sequences of mixed lengths, up to 5000 and, at D128, up to 1000 keys), grids of more row blocks
+than the GPU has SMs, D64, D128 and D256 at 512-1024 keys (where the kernel or its shape changes with the length)."""
 import torch
 
 import flash_attn_det as fad
@@ -26,20 +27,23 @@ cases = [(4, 4096, 16, 16, 128, {}), (4, 4096, 16, 4, 128, {"causal": True}),
          (1, 17000, 8, 2, 128, {"causal": True}), (8, 1500, 16, 16, 128, {}),
          (4, 2048, 8, 8, 128, {"softcap": 20.0}), (32, 1024, 16, 16, 128, {"causal": True}),
          (2, 3000, 8, 8, 64, {"causal": True}), (2, 3000, 4, 4, 256, {}),
-         (3, 1500, 8, 8, 256, {"causal": True}), (1, 9000, 4, 2, 256, {})]
+         (3, 1500, 8, 8, 256, {"causal": True}), (1, 9000, 4, 2, 256, {}),
+         (16, 512, 16, 16, 128, {}), (8, 768, 16, 4, 128, {"causal": True}),
+         (4, 1024, 8, 8, 128, {"window_size": (200, 100)}), (8, 1024, 16, 16, 64, {"causal": True}),
+         (4, 1024, 8, 8, 256, {"causal": True})]
 for (B, L, H, Hk, D, kw) in cases:
     q, k, v = randn(B, L, H, D), randn(B, L, Hk, D), randn(B, L, Hk, D)
     o, lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]
     out[(B, L, H, Hk, D, str(kw))] = (o.cpu(), lse.cpu())
-for D in (64, 128):
-    lens = [int(x) for x in torch.randint(1, 5000, (40,), generator=torch.Generator().manual_seed(D))]
+for D, max_len in ((64, 5000), (128, 5000), (128, 1000)):
+    lens = [int(x) for x in torch.randint(1, max_len, (40,), generator=torch.Generator().manual_seed(D))]
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     T = sum(lens)
     q, k, v = randn(T, 16, D), randn(T, 4, D), randn(T, 4, D)
     for causal in (False, True):
         o, lse = fad.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
                                             return_attn_probs=True)[:2]
-        out[("varlen", D, causal)] = (o.cpu(), lse.cpu())
+        out[("varlen", D, max_len, causal)] = (o.cpu(), lse.cpu())
 
 
 save_or_compare(out)

@@ -62,6 +62,8 @@
  * through which the consumers store it (16-row boxes). */
 struct fwd_ws_args {
     fwd_args a;
+    /* the grid index's divisors (fad_math.h): CTAs a (sequence, head), heads, q heads a kv head */
+    fad_fastdiv div_ctas, div_heads, div_group;
     fad_tensor_map k_map, v_map, o_map, q_map;
     int tma, tma_o, tma_q;
 };
@@ -188,10 +190,14 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     const fad_fwd_params &p = a.p;
     const int S = a.plan.split_size;
 
-    const int ctas_bh = (p.seqlen_q + C::kRows - 1) / C::kRows; /* CTAs per (sequence, head) */
-    const int cta = blockIdx.x % ctas_bh, bh = blockIdx.x / ctas_bh;
-    const int b = bh / p.num_heads, h = bh % p.num_heads;
-    const int hk = h / (p.num_heads / p.num_heads_k);
+    /* The grid index, by the host's magic divisors: three divides in a row
+     * were most of the ~330 dependent instructions every warp runs before
+     * any walk or address is known (1.5-4.5% at D128 1k-2k keys;
+     * docs/performance.md, "What won"). */
+    const int ctas_bh = (int)wa.div_ctas.d; /* CTAs per (sequence, head) */
+    const int bh = fad_fastdiv_div((int)blockIdx.x, wa.div_ctas), cta = (int)blockIdx.x - bh * ctas_bh;
+    const int b = fad_fastdiv_div(bh, wa.div_heads), h = bh - b * p.num_heads;
+    const int hk = fad_fastdiv_div(h, wa.div_group);
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = uniform_warpgroup();
@@ -743,6 +749,9 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
         split_grid((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads, a.plan);
     fwd_ws_args wa;
     wa.a = a;
+    wa.div_ctas = fad_make_fastdiv((uint32_t)((a.p.seqlen_q + C::kRows - 1) / C::kRows));
+    wa.div_heads = fad_make_fastdiv((uint32_t)a.p.num_heads);
+    wa.div_group = fad_make_fastdiv((uint32_t)(a.p.num_heads / a.p.num_heads_k));
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
     wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
