@@ -1,7 +1,13 @@
 # ab_inproc.py: Same-process A/B of prebuilt modules on the same tensors, many short alternating turns. Verdict: tool; one build's backward drifts +-4% over tenths of a second, so turns of a whole process (dev/ab_so.sh) mix that drift into the ratios.
-"""Backward A/B of several builds of the extension inside one process:
+"""Backward (or, with --fwd, forward) A/B of several builds of the extension inside one process:
 
     PYTHONPATH=$PWD python3 dev/ab_inproc.py base new [new2 ...] [--preset dq] [--rounds 8] [--placements 2] [--filter D128]
+    PYTHONPATH=$PWD python3 dev/ab_inproc.py base new --fwd [--preset full] [--filter "bf16&L1024|bf16&L4096"]
+    PYTHONPATH=$PWD python3 dev/ab_inproc.py base new --fwd --lens 4032,4096 [--dims 128]
+
+--fwd: bench_fwd.py's configs (its --filter syntax) and input sets (enough that a pass over them
+leaves L2), each build's forward and SDPA cuDNN in both layouts taking turns of `iters` calls
+over the sets; the bits column compares each build's output with the first build's on every set.
 
 Each build dev/abi/_C_<name>.abi3.so is loaded as its own module (multi-phase init: its own
 state, the same deterministic mode set on each), and flash_attn_det's interface is pointed at
@@ -48,6 +54,30 @@ def load_build(name):
     return mod
 
 
+def print_header(builds):
+    base = builds[0]
+    print(f"| row | {' | '.join(builds)} | cuDNN | " + " | ".join(f"{b} / {base}" for b in builds[1:]) + " | "
+          + " | ".join(f"{b} / cuDNN" for b in builds) + " | bits = " + base + " |")
+    print("|" + "---|" * (2 + 3 * len(builds)))
+
+
+def print_row(label, builds, tf, cud, same):
+    """One table row: each build's TFLOP/s, cuDNN's, the ratios, whether the bits equal the first's."""
+    print(f"| {label} | " + " | ".join(f"{tf[b]:.0f}" for b in builds) + f" | {cud:.0f} | "
+          + " | ".join(f"{tf[b] / tf[builds[0]]:.3f}" for b in builds[1:]) + " | "
+          + " | ".join(f"{tf[b] / cud:.3f}" for b in builds) + " | "
+          + " ".join("yes" if same[b] else "NO" for b in builds[1:]) + " |", flush=True)
+
+
+def use_build(mod):
+    """Points flash_attn_det's interface at one build: its _C, and the inference entries that
+    interface.py binds once at import (_infer, ...: the no-grad calls take them, not _C.fwd)."""
+    interface._C = mod
+    if interface._infer is not None:
+        interface._infer, interface._infer_varlen, interface._infer_kvcache = (
+            mod.infer, mod.infer_varlen, mod.infer_kvcache)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("builds", nargs="+")
@@ -56,15 +86,18 @@ def main():
     ap.add_argument("--placements", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--filter", default="", help="only configs whose label holds this text")
+    ap.add_argument("--fwd", action="store_true", help="the forward, on bench_fwd.py's configs")
+    ap.add_argument("--lens", default="", help="--fwd: these lengths (comma-separated) in place of the "
+                    "preset, bf16, causal and not, bench_fwd's batch and heads, at --dims")
+    ap.add_argument("--dims", default="128", help="--fwd --lens: head dims (comma-separated)")
     args = ap.parse_args()
     fad.set_deterministic_mode(True)
     mods = {b: load_build(b) for b in args.builds}
+    if args.fwd:
+        return main_fwd(args, mods)
     impls = {i.name: i for i in common.make_impls(names=["fad_det", "sdpa_cudnn", "sdpa_cudnn_bhld"])}
     base = args.builds[0]
-    print(f"| row | {' | '.join(args.builds)} | cuDNN | "
-          + " | ".join(f"{b} / {base}" for b in args.builds[1:]) + " | "
-          + " | ".join(f"{b} / cuDNN" for b in args.builds) + " | bits = " + base + " |")
-    print("|" + "---|" * (3 + 2 * len(args.builds)))
+    print_header(args.builds)
     for cfg in [c for c in bench_bwd.preset_configs(args.preset) if args.filter in c.label()]:
         flop = bench_bwd.BWD_FLOP_FACTOR * common.attn_flops(cfg)
         times = {b: [] for b in args.builds + ["cudnn", "cudnn_bhld"]}
@@ -89,7 +122,7 @@ def main():
                             fn()
                             times[b] += common.time_ms(fn, [()], args.iters, 0, torch.device("cuda"))
                         continue
-                    interface._C = mods[b]
+                    use_build(mods[b])
                     with impls["fad_det"].context():
                         grads = preps["fad"]()
                         times[b] += common.time_ms(preps["fad"], [()], args.iters, 0, torch.device("cuda"))
@@ -100,14 +133,56 @@ def main():
                             same[b] &= all(torch.equal(x.view(torch.int16), y.view(torch.int16))
                                            for x, y in zip(grads, ref))
             keep.append(preps)
-        interface._C = fad._C
+        use_build(fad._C)
         tf = {b: flop / (statistics.median(ts) * 1e-3) / 1e12 for b, ts in times.items() if ts}
         cud = max(tf.get("cudnn", 0), tf.get("cudnn_bhld", 0))
-        row = f"D{cfg.D} L{cfg.Lq} B{cfg.B} H{cfg.H}/{cfg.Hkv}" + (" causal" if cfg.causal else "")
-        print(f"| {row} | " + " | ".join(f"{tf[b]:.0f}" for b in args.builds) + f" | {cud:.0f} | "
-              + " | ".join(f"{tf[b] / tf[base]:.3f}" for b in args.builds[1:]) + " | "
-              + " | ".join(f"{tf[b] / cud:.3f}" for b in args.builds) + " | "
-              + " ".join("yes" if same[b] else "NO" for b in args.builds[1:]) + " |", flush=True)
+        print_row(f"D{cfg.D} L{cfg.Lq} B{cfg.B} H{cfg.H}/{cfg.Hkv}" + (" causal" if cfg.causal else ""),
+                  args.builds, tf, cud, same)
+
+
+def main_fwd(args, mods):
+    """The forward: per config, the builds and cuDNN's two layouts take `rounds` turns (the order
+    reversed every other round) of `iters` calls over the config's input sets."""
+    import bench_fwd
+    dev = torch.device("cuda")
+    impls = {i.name: i for i in common.make_impls(names=["fad_det", "sdpa_cudnn", "sdpa_cudnn_bhld"])}
+    base = args.builds[0]
+    print_header(args.builds)
+    configs = bench_fwd.preset_configs(args.preset if args.preset != "dq" else "full")
+    if args.lens:
+        configs = [bench_fwd._std("bf16", int(d), int(L), causal) for d in args.dims.split(",")
+                   for L in args.lens.split(",") for causal in (False, True)]
+    for cfg in [c for c in configs if not args.filter or bench_fwd.label_matches(args.filter, c.label())]:
+        flop = common.attn_flops(cfg)
+        sets = common.make_input_sets(cfg, dev)
+        runs = {"cudnn": (impls["sdpa_cudnn"], sets), "cudnn_bhld": (impls["sdpa_cudnn_bhld"],
+                                                                  impls["sdpa_cudnn_bhld"].inputs(sets))}
+        times = {b: [] for b in list(args.builds) + list(runs)}
+        same = {b: True for b in args.builds}
+        ref = None
+        for r in range(args.rounds):
+            order = list(args.builds) + list(runs)
+            if r % 2:
+                order = order[::-1]
+            for b in order:
+                impl, arg_sets = runs.get(b, (impls["fad_det"], sets))
+                if b in mods:
+                    use_build(mods[b])
+                fn = lambda q, k, v, impl=impl: impl.call(q, k, v, cfg.causal)  # noqa: E731
+                with impl.context():
+                    if b in mods and r == 0:
+                        outs = [fn(*a) for a in arg_sets]
+                        if b == base:
+                            ref = outs
+                        else:
+                            same[b] &= all(torch.equal(x.view(torch.int16), y.view(torch.int16))
+                                           for x, y in zip(outs, ref))
+                        del outs
+                    times[b] += common.time_ms(fn, arg_sets, max(args.iters, len(arg_sets)), 2, dev)
+        use_build(fad._C)
+        tf = {b: flop / (statistics.median(ts) * 1e-3) / 1e12 for b, ts in times.items()}
+        cud = max(tf["cudnn"], tf["cudnn_bhld"])
+        print_row(cfg.label(), args.builds, tf, cud, same)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-# probe_turn_clocks.py: The SM clock each forward meets in bench_fwd-style alternating turns, by the turn that ran before it. Verdict: not run yet (written to test the reading of benchmarks/results/2026-11-30_h200_fwd_setup_f6f2d52.md, section 7: sustained, D128 L4k reads 0.96-0.99x cuDNN, in short turns 0.86-0.89x).
+# probe_turn_clocks.py: The SM clock each forward meets in bench_fwd-style alternating turns, by the turn that ran before it. Verdict: no lag; in 6-20 ms turns both kernels run at one clock whichever turn came before (D128: 1680-1690 MHz at 4k keys, 1790-1800 at 1k), in 580 ms turns cuDNN's falls to 1614 MHz and ours to 1694 (benchmarks/results/2026-11-30_h200_fwd_inproc_36d9477.md, section 2).
 """flash_attn_det's deterministic forward and SDPA cuDNN (contiguous (B, H, L, D) tensors) take
 turns of `--calls` calls each, in bench_fwd's order (common.turn_order: reversed every other round,
 so that each impl sometimes follows the other and sometimes itself), while nvidia-smi samples the SM
