@@ -192,7 +192,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 
     /* The grid index, by the host's magic divisors: three divides in a row
      * were most of the ~330 dependent instructions every warp runs before
-     * any walk or address is known (1.5-4.5% at D128 1k-2k keys;
+     * any walk or address is known (1.4-4.5% at D128 and GQA 1k-2k keys;
      * docs/performance.md, "What won"). */
     const int ctas_bh = (int)wa.div_ctas.d; /* CTAs per (sequence, head) */
     const int bh = fad_fastdiv_div((int)blockIdx.x, wa.div_ctas), cta = (int)blockIdx.x - bh * ctas_bh;
