@@ -130,7 +130,9 @@
  * (neither causal nor a right window), whose rows all walk the CTA's keys:
  * the lean variant from 1024 keys reads 1.04x fwd_kernel there at L1k, and
  * 0.97x causal (H200, dev/ab_so.sh); in one process (dev/ab_inproc.py --fwd)
- * 1.13x causal at L1k, so FAD_WS_D64_MIN_SK is 1024 too (512 not measured).
+ * 1.13x causal at L1k, so FAD_WS_D64_MIN_SK is 1024 too. Both at 512 read
+ * 1.03-1.10x at 512-768 keys, not yet run through the GPU suite
+ * (benchmarks/results/2026-11-30_h200_fwd_inproc_36d9477.md, section 8).
  * FAD_WS_D64_LEAN_MAX_SK: up to this many keys D64 runs the lean variant
  * instead (0: never): four consumers with R and Q in shared memory,
  * setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against fwd_kernel
@@ -164,8 +166,8 @@
  * one without a mask and 0.97-0.99x causal, call to call (dev/ab_so.sh). In
  * one process (dev/ab_inproc.py --fwd, H200) it reads 1.02-1.055x at L1k
  * (MHA and GQA, causal and not, two calls), 1.04-1.09x at L512 and
- * 0.83-0.93x at L256: the narrow variant now stops at 256 keys (between 256
- * and 512 not measured). */
+ * 0.83-0.93x at L256: the narrow variant now stops at 256 keys (up to 448
+ * it read 0.91-1.05x at 320-448 keys). */
 #ifndef FAD_WS_NARROW_MAX_SK
 #define FAD_WS_NARROW_MAX_SK 256
 #endif
@@ -251,7 +253,8 @@
  * larger shared memory only costs (docs/design.md,
  * "warp-specialized-prefill"). On the H200 in one process (dev/ab_inproc.py
  * --fwd) it reads 1.055-1.07x at 1k keys and 1.00x at 2k-16k, so it runs
- * from 1024 (512 not measured). */
+ * from 1024 (from 512: 1.01-1.065x at 512-768 keys, not yet run through
+ * the GPU suite; the results' section 8). */
 #ifndef FAD_WS_D256_LONG_MIN_SK
 #define FAD_WS_D256_LONG_MIN_SK 1024
 #endif
