@@ -745,11 +745,11 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
         return st;
     /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
      * plan's row blocks only size the grid of fwd_kernel) */
-    const dim3 grid =
-        split_grid((int64_t)(a.p.seqlen_q + C::kRows - 1) / C::kRows * a.p.batch * a.p.num_heads, a.plan);
+    const int ctas_bh = (a.p.seqlen_q + C::kRows - 1) / C::kRows;
+    const dim3 grid = split_grid((int64_t)ctas_bh * a.p.batch * a.p.num_heads, a.plan);
     fwd_ws_args wa;
     wa.a = a;
-    wa.div_ctas = fad_make_fastdiv((uint32_t)((a.p.seqlen_q + C::kRows - 1) / C::kRows));
+    wa.div_ctas = fad_make_fastdiv((uint32_t)ctas_bh);
     wa.div_heads = fad_make_fastdiv((uint32_t)a.p.num_heads);
     wa.div_group = fad_make_fastdiv((uint32_t)(a.p.num_heads / a.p.num_heads_k));
     /* (the producer's whole K/V tiles through the copy engine where it can) */
