@@ -130,9 +130,10 @@
  * (neither causal nor a right window), whose rows all walk the CTA's keys:
  * the lean variant from 1024 keys reads 1.04x fwd_kernel there at L1k, and
  * 0.97x causal (H200, dev/ab_so.sh); in one process (dev/ab_inproc.py --fwd)
- * 1.13x causal at L1k, so FAD_WS_D64_MIN_SK is 1024 too. Both at 512 read
- * 1.03-1.10x at 512-768 keys, not yet run through the GPU suite
- * (benchmarks/results/2026-11-30_h200_fwd_inproc_36d9477.md, section 8).
+ * 1.13x causal at L1k. Both at 512 read 1.03-1.10x at 512-768 keys
+ * (benchmarks/results/2026-11-30_h200_fwd_inproc_36d9477.md, section 8;
+ * again 1.03-1.105x, benchmarks/results/2026-11-30_h200_fwd_row_blocks_cc7a1dd.md),
+ * so both are 512.
  * FAD_WS_D64_LEAN_MAX_SK: up to this many keys D64 runs the lean variant
  * instead (0: never): four consumers with R and Q in shared memory,
  * setmaxnreg FAD_WS_LEAN_PRODUCER_REGS / _CONSUMER_REGS. Against fwd_kernel
@@ -144,10 +145,10 @@
 #define FAD_WS_D64_CONSUMERS 3
 #endif
 #ifndef FAD_WS_D64_MIN_SK
-#define FAD_WS_D64_MIN_SK 1024
+#define FAD_WS_D64_MIN_SK 512
 #endif
 #ifndef FAD_WS_D64_MIN_SK_FULL
-#define FAD_WS_D64_MIN_SK_FULL 1024
+#define FAD_WS_D64_MIN_SK_FULL 512
 #endif
 #ifndef FAD_WS_D64_LEAN_MAX_SK
 #define FAD_WS_D64_LEAN_MAX_SK 16384
@@ -252,11 +253,12 @@
  * at 16k, but 0.92-0.98x at 512-1k, where a row folds at most once and the
  * larger shared memory only costs (docs/design.md,
  * "warp-specialized-prefill"). On the H200 in one process (dev/ab_inproc.py
- * --fwd) it reads 1.055-1.07x at 1k keys and 1.00x at 2k-16k, so it runs
- * from 1024 (from 512: 1.01-1.065x at 512-768 keys, not yet run through
- * the GPU suite; the results' section 8). */
+ * --fwd) it reads 1.055-1.07x at 1k keys and 1.00x at 2k-16k, and
+ * 1.01-1.065x at 512-768 keys (the results' section 8; again 1.01-1.07x,
+ * benchmarks/results/2026-11-30_h200_fwd_row_blocks_cc7a1dd.md), so it runs
+ * from 512. */
 #ifndef FAD_WS_D256_LONG_MIN_SK
-#define FAD_WS_D256_LONG_MIN_SK 1024
+#define FAD_WS_D256_LONG_MIN_SK 512
 #endif
 #ifndef FAD_WS_RG_SMEM_NB
 #define FAD_WS_RG_SMEM_NB 8

@@ -7,7 +7,8 @@ with a saved file:
 
 Cases: D 64 / 128 / 256, MHA and GQA, causal or not, a window, a softcap, padded and varlen
 (many sequences of mixed lengths, up to 5000 and, at D128, up to 1000 keys), grids of more row blocks
-than the GPU has SMs, D64, D128 and D256 at 512-1024 keys (where the kernel or its shape changes with the length)."""
+than the GPU has SMs, D64, D128 and D256 at 512-1024 keys (where the kernel or its shape changes with the length),
+three query heads a kv head, GQA at D64 and D256, dropout."""
 import torch
 
 import flash_attn_det as fad
@@ -30,9 +31,13 @@ cases = [(4, 4096, 16, 16, 128, {}), (4, 4096, 16, 4, 128, {"causal": True}),
          (3, 1500, 8, 8, 256, {"causal": True}), (1, 9000, 4, 2, 256, {}),
          (16, 512, 16, 16, 128, {}), (8, 768, 16, 4, 128, {"causal": True}),
          (4, 1024, 8, 8, 128, {"window_size": (200, 100)}), (8, 1024, 16, 16, 64, {"causal": True}),
-         (4, 1024, 8, 8, 256, {"causal": True})]
+         (4, 1024, 8, 8, 256, {"causal": True}),
+         (3, 1000, 12, 4, 128, {"causal": True}), (2, 2048, 8, 2, 64, {"causal": True}),
+         (2, 1500, 8, 2, 256, {"causal": True}), (2, 1100, 8, 2, 128, {"dropout_p": 0.1, "causal": True}),
+         (2, 1100, 8, 2, 64, {"dropout_p": 0.1})]
 for (B, L, H, Hk, D, kw) in cases:
     q, k, v = randn(B, L, H, D), randn(B, L, Hk, D), randn(B, L, Hk, D)
+    torch.cuda.manual_seed(1234)  # (dropout's seed, the same for every build)
     o, lse = fad.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[:2]
     out[(B, L, H, Hk, D, str(kw))] = (o.cpu(), lse.cpu())
 for D, max_len in ((64, 5000), (128, 5000), (128, 1000)):

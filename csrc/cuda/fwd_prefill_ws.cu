@@ -9,8 +9,8 @@
  * (fwd_prefill_kernel.cuh).
  *
  * Shapes: as fwd_kernel (fwd_prefill_kernel.cuh's header). One CTA = one (sequence,
- * head, n 64-row query blocks: rows [cta kRows, (cta + 1) kRows) [, split]);
- * 128 (n + 1) threads:
+ * kv head, n 64-row query blocks of its query heads (block_of, in the kernel)
+ * [, split]); 128 (n + 1) threads:
  *   warpgroup 0, the producer: Q of all n blocks (cp.async), then every
  *     K/V tile the blocks walk, into a ring of kStages stages: a whole tile
  *     by the bulk tensor copy engine (TMA, tma.cuh; thread 0's arrival on
@@ -62,7 +62,8 @@
  * through which the consumers store it (16-row boxes). */
 struct fwd_ws_args {
     fwd_args a;
-    /* the grid index's divisors (fad_math.h): CTAs a (sequence, head), heads, q heads a kv head */
+    /* the grid index's divisors (fad_math.h): CTAs a (sequence, kv head), kv heads, q heads a kv head
+     * (D256: CTAs a (sequence, query head), query heads, q heads a kv head) */
     fad_fastdiv div_ctas, div_heads, div_group;
     fad_tensor_map k_map, v_map, o_map, q_map;
     int tma, tma_o, tma_q;
@@ -109,6 +110,9 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr int kConsumers = kNarrow ? 1 : kLean ? 4 : kHeadDim == 64 ? FAD_WS_D64_CONSUMERS
                                       : kWide ? FAD_WS_D256_CONSUMERS : kThree ? 3 : 2; /* consumer warpgroups */
     static constexpr int kMinBlocks = kNarrow ? 2 : 1; /* CTAs an SM (__launch_bounds__) */
+    /* kByKv: a CTA's row blocks by (sequence, kv head), from the last (the kernel's block_of); D256
+     * keeps rows of one (sequence, query head) */
+    static constexpr bool kByKv = !kWide;
     static constexpr int kRows = kConsumers * kBlockM; /* query rows per CTA */
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kStages = kWide || kThree ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
@@ -194,16 +198,74 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
      * were most of the ~330 dependent instructions every warp runs before
      * any walk or address is known (1.4-4.5% at D128 and GQA 1k-2k keys;
      * docs/performance.md, "What won"). */
-    const int ctas_bh = (int)wa.div_ctas.d; /* CTAs per (sequence, head) */
-    const int bh = fad_fastdiv_div((int)blockIdx.x, wa.div_ctas), cta = (int)blockIdx.x - bh * ctas_bh;
-    const int b = fad_fastdiv_div(bh, wa.div_heads), h = bh - b * p.num_heads;
-    const int hk = fad_fastdiv_div(h, wa.div_group);
+    const int ctas = (int)wa.div_ctas.d; /* CTAs per (sequence, kv head) [D256: query head] */
+    const int bk = fad_fastdiv_div((int)blockIdx.x, wa.div_ctas), cta = (int)blockIdx.x - bk * ctas;
+    const int b = fad_fastdiv_div(bk, wa.div_heads);
+    const int h_cta = bk - b * (C::kByKv ? p.num_heads_k : p.num_heads); /* (D256: the query head) */
+    const int hk = C::kByKv ? h_cta : fad_fastdiv_div(h_cta, wa.div_group);
+    const int G = (int)wa.div_group.d; /* query heads a kv head */
     const fad_seq seq = fad_get_seq(&p, b);
     const int len_q = seq.len_q, len_k = seq.len_k;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = uniform_warpgroup();
+    /* The CTA's row blocks. A (sequence, kv head) has n = G nb blocks of 64
+     * rows (nb a query head), block j being rows [64 (j / G), + 64) of query
+     * head hk G + j % G: the heads that share the K/V side by side, so that
+     * one CTA's consumers walk one K/V for rows of several heads, a group
+     * leaves one CTA with empty blocks, not one a head, and under a causal
+     * mask a CTA's blocks walk within a tile of each other. CTA `cta` takes
+     * blocks [n - kConsumers (cta + 1), n - kConsumers cta), from the last:
+     * the CTA with empty blocks is the last, and holds the first rows, the
+     * shortest causal walks (it held the longest, run by one consumer alone:
+     * 16 tiles at 1k keys against 1), and the longest walks start first.
+     * Which CTA runs a row changes none of its bits (the same consumer code
+     * on each row's own walk). block_of(c): consumer c's first row and
+     * head; a block before the first has m0 = q_end, past every row. (An
+     * invalid sequence's rows, poisoned below, count up to seqlen_q.)
+     * D256 (!kByKv) keeps one (sequence, query head) a CTA, rows from the
+     * first: there the blocks by kv head measured 0.955-0.97x at 2k-16k
+     * keys without a mask (benchmarks/results/2026-11-30_h200_fwd_row_blocks_cc7a1dd.md,
+     * section 4). */
+    const int q_end = ((seq.valid ? len_q : p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
+    const int j0 = G * (q_end / kBlockM) - C::kConsumers * (cta + 1); /* the CTA's first block */
+    /* (every consumer's, once: one divide, then a step per consumer; uniform over the CTA) */
+    int blk_m0[C::kConsumers], blk_h[C::kConsumers];
+    if constexpr (C::kByKv) {
+        const int j = max(j0, 0);
+        int rb = fad_fastdiv_div(j, wa.div_group), g = j - rb * G;
+#pragma unroll
+        for (int c = 0; c < C::kConsumers; c++) {
+            const bool some = j0 + c >= 0;
+            blk_m0[c] = some ? rb * kBlockM : q_end;
+            blk_h[c] = hk * G + g;
+            if (some && ++g == G)
+                g = 0, rb++;
+        }
+    }
+    struct row_block {
+        int m0, h;
+    };
+    auto block_of = [&](int c) { /* (selects, not a local-memory array, for a runtime c) */
+        if constexpr (!C::kByKv) {
+            return row_block{cta * C::kRows + c * kBlockM, h_cta};
+        } else {
+            row_block r = {blk_m0[0], blk_h[0]};
+#pragma unroll
+            for (int i = 1; i < C::kConsumers; i++)
+                if (c == i)
+                    r = {blk_m0[i], blk_h[i]};
+            return r;
+        }
+    };
     if (!seq.valid && p.cache_seqlens && !a.plan.cta_per_split) { /* (else the combine does it) */
-        for (int i = cta * C::kRows + warp; i < (cta + 1) * C::kRows; i += C::kThreads / 32)
-            poison_row(p, seq, h, i, lane, 32);
+        if constexpr (!C::kByKv) {
+            for (int i = cta * C::kRows + warp; i < (cta + 1) * C::kRows; i += C::kThreads / 32)
+                poison_row(p, seq, h_cta, i, lane, 32);
+        } else {
+            for (int i = warp; i < C::kRows; i += C::kThreads / 32) {
+                const row_block blk = block_of(i / kBlockM);
+                poison_row(p, seq, blk.h, blk.m0 + i % kBlockM, lane, 32);
+            }
+        }
         return;
     }
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -224,29 +286,30 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     uint64_t *q_full = reinterpret_cast<uint64_t *>(smem_raw + C::kBarOffset) + 2 * kStages;
     if (wg == 0) {
         const bool tq = wa.tma_q;
-        auto by_tma = [&](int c) { return tq && cta * C::kRows + (c + 1) * kBlockM <= len_q; }; /* consumer c's Q */
+        auto by_tma = [&](int m0) { return tq && m0 + kBlockM <= len_q; }; /* a consumer's Q */
         if (tq && tid == 0) {
             mbar_init(q_full, 128);
             mbar_init_fence();
             int whole = 0;
 #pragma unroll
             for (int c = 0; c < C::kConsumers; c++)
-                whole += by_tma(c);
+                whole += by_tma(block_of(c).m0);
             if (whole)
                 mbar_expect_tx(q_full, (uint32_t)(whole * C::kQBytes));
         }
         const int64_t q_row0 = tq ? seq.q_off / p.q_row_stride : 0;
 #pragma unroll
         for (int c = 0; c < C::kConsumers; c++) {
-            const int m0 = cta * C::kRows + c * kBlockM;
-            if (by_tma(c)) {
+            const row_block blk = block_of(c);
+            const int m0 = blk.m0;
+            if (by_tma(m0)) {
                 if (tid == 0)
-                    tma_load_tile<kBlockM, kHeadDim>(sQ + c * kBlockM * kHeadDim, &wa.q_map, h, (int)(q_row0 + m0),
-                                                     q_full);
+                    tma_load_tile<kBlockM, kHeadDim>(sQ + c * kBlockM * kHeadDim, &wa.q_map, blk.h,
+                                                     (int)(q_row0 + m0), q_full);
                 continue;
             }
             const T *q_g = (const T *)p.q + seq.q_off + (int64_t)min(m0, max(len_q - 1, 0)) * p.q_row_stride +
-                           h * p.q_head_stride;
+                           blk.h * p.q_head_stride;
             load_tile<T, kHeadDim, kBlockM, 128, true>(sQ + c * kBlockM * kHeadDim, q_g,
                                                        (int)p.q_row_stride, len_q - m0, D);
         }
@@ -266,7 +329,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     };
     walk *s_walk = reinterpret_cast<walk *>(smem_raw + C::kWalkOffset);
     if (wg >= 1 && warp % 4 == 0 && lane == 0) {
-        const int c = wg - 1, m0 = cta * C::kRows + c * kBlockM, m_end = min(m0 + kBlockM, len_q);
+        const int c = wg - 1, m0 = block_of(c).m0, m_end = min(m0 + kBlockM, len_q);
         walk w = {0, 0, 0, 0};
         if (m0 < len_q) {
             const fad_key_range lo = fad_row_keys(m0, len_q, len_k, p.window_left, p.window_right);
@@ -452,7 +515,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     if constexpr (C::kSetMaxNReg)
         setmaxnreg_inc<C::kConsumerRegs>();
     const int c = wg - 1;
-    const int m0 = cta * C::kRows + c * kBlockM;
+    const row_block blk = block_of(c);
+    const int m0 = blk.m0, h = blk.h; /* this consumer's rows [m0, m0 + 64) of head h */
     const int64_t lse_row0 = seq.row0 + h * fad_lse_head_stride(&p); /* flat row of query 0 */
     const int m_end = min(m0 + kBlockM, len_q);
     const walk mine = s_walk[c];
@@ -745,13 +809,18 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
         return st;
     /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
      * plan's row blocks only size the grid of fwd_kernel) */
-    const int ctas_bh = (a.p.seqlen_q + C::kRows - 1) / C::kRows;
-    const dim3 grid = split_grid((int64_t)ctas_bh * a.p.batch * a.p.num_heads, a.plan);
+    const int group = a.p.num_heads / a.p.num_heads_k;
+    /* (the kernel's grid index, block_of: C::kByKv's blocks of a (sequence, kv head), else rows of a
+     * (sequence, query head)) */
+    const int heads = C::kByKv ? a.p.num_heads_k : a.p.num_heads;
+    const int64_t blocks = (int64_t)(C::kByKv ? group : 1) * ((a.p.seqlen_q + C::kBlockM - 1) / C::kBlockM);
+    const int ctas = (int)((blocks + C::kConsumers - 1) / C::kConsumers);
+    const dim3 grid = split_grid((int64_t)ctas * a.p.batch * heads, a.plan);
     fwd_ws_args wa;
     wa.a = a;
-    wa.div_ctas = fad_make_fastdiv((uint32_t)ctas_bh);
-    wa.div_heads = fad_make_fastdiv((uint32_t)a.p.num_heads);
-    wa.div_group = fad_make_fastdiv((uint32_t)(a.p.num_heads / a.p.num_heads_k));
+    wa.div_ctas = fad_make_fastdiv((uint32_t)ctas);
+    wa.div_heads = fad_make_fastdiv((uint32_t)heads);
+    wa.div_group = fad_make_fastdiv((uint32_t)group);
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
     wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
