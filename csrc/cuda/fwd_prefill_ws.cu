@@ -225,11 +225,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
      * first: there the blocks by kv head measured 0.955-0.97x at 2k-16k
      * keys without a mask (benchmarks/results/2026-11-30_h200_fwd_row_blocks_cc7a1dd.md,
      * section 4). */
-    const int q_end = ((seq.valid ? len_q : p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
-    const int j0 = G * (q_end / kBlockM) - C::kConsumers * (cta + 1); /* the CTA's first block */
     /* (every consumer's, once: one divide, then a step per consumer; uniform over the CTA) */
     int blk_m0[C::kConsumers], blk_h[C::kConsumers];
     if constexpr (C::kByKv) {
+        const int q_end = ((seq.valid ? len_q : p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
+        const int j0 = G * (q_end / kBlockM) - C::kConsumers * (cta + 1); /* the CTA's first block */
         const int j = max(j0, 0);
         int rb = fad_fastdiv_div(j, wa.div_group), g = j - rb * G;
 #pragma unroll
@@ -807,11 +807,9 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
-    /* (the kernel's CTAs per (sequence, head): its own rows per CTA; the
-     * plan's row blocks only size the grid of fwd_kernel) */
+    /* (the kernel's CTAs, its own row blocks per CTA, block_of: kByKv's of a (sequence, kv head), else
+     * rows of a (sequence, query head); the plan's row blocks only size the grid of fwd_kernel) */
     const int group = a.p.num_heads / a.p.num_heads_k;
-    /* (the kernel's grid index, block_of: C::kByKv's blocks of a (sequence, kv head), else rows of a
-     * (sequence, query head)) */
     const int heads = C::kByKv ? a.p.num_heads_k : a.p.num_heads;
     const int64_t blocks = (int64_t)(C::kByKv ? group : 1) * ((a.p.seqlen_q + C::kBlockM - 1) / C::kBlockM);
     const int ctas = (int)((blocks + C::kConsumers - 1) / C::kConsumers);
