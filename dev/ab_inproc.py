@@ -4,6 +4,12 @@
     PYTHONPATH=$PWD python3 dev/ab_inproc.py base new [new2 ...] [--preset dq] [--rounds 8] [--placements 2] [--filter D128]
     PYTHONPATH=$PWD python3 dev/ab_inproc.py base new --fwd [--preset full] [--filter "bf16&L1024|bf16&L4096"]
     PYTHONPATH=$PWD python3 dev/ab_inproc.py base new --fwd --lens 4032,4096 [--dims 128]
+    PYTHONPATH=$PWD python3 dev/ab_inproc.py base new --decode [--lens 8192,32768] [--batches 1,8,16]
+
+--decode: bench_decode.py's calls (GQA 32/8 D128 bf16, one query token over a KV cache): each
+build and SDPA cuDNN in both layouts captured once in a CUDA graph of >= 16 calls over the config's
+input sets, then `rounds` turns of `iters` replays each; device time per call (us), the ratios as
+speed (the peer's time / the build's); the bits column compares outputs on every set.
 
 --fwd: bench_fwd.py's configs (its --filter syntax) and input sets (enough that a pass over them
 leaves L2), each build's forward and SDPA cuDNN in both layouts taking turns of `iters` calls
@@ -61,11 +67,13 @@ def print_header(builds):
     print("|" + "---|" * (2 + 3 * len(builds)))
 
 
-def print_row(label, builds, tf, cud, same):
-    """One table row: each build's TFLOP/s, cuDNN's, the ratios, whether the bits equal the first's."""
-    print(f"| {label} | " + " | ".join(f"{tf[b]:.0f}" for b in builds) + f" | {cud:.0f} | "
-          + " | ".join(f"{tf[b] / tf[builds[0]]:.3f}" for b in builds[1:]) + " | "
-          + " | ".join(f"{tf[b] / cud:.3f}" for b in builds) + " | "
+def print_row(label, builds, tf, cud, same, fmt="{:.0f}", speed=lambda x: x):
+    """One table row: each build's figure (TFLOP/s; decode: us), cuDNN's, the ratios of speed(figure),
+    whether the bits equal the first's."""
+    v = {b: speed(tf[b]) for b in builds}
+    print(f"| {label} | " + " | ".join(fmt.format(tf[b]) for b in builds) + f" | {fmt.format(cud)} | "
+          + " | ".join(f"{v[b] / v[builds[0]]:.3f}" for b in builds[1:]) + " | "
+          + " | ".join(f"{v[b] / speed(cud):.3f}" for b in builds) + " | "
           + " ".join("yes" if same[b] else "NO" for b in builds[1:]) + " |", flush=True)
 
 
@@ -87,14 +95,19 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--filter", default="", help="only configs whose label holds this text")
     ap.add_argument("--fwd", action="store_true", help="the forward, on bench_fwd.py's configs")
+    ap.add_argument("--decode", action="store_true", help="decode, on bench_decode.py's calls")
     ap.add_argument("--lens", default="", help="--fwd: these lengths (comma-separated) in place of the "
-                    "preset, bf16, causal and not, bench_fwd's batch and heads, at --dims")
+                    "preset, bf16, causal and not, bench_fwd's batch and heads, at --dims; --decode: "
+                    "bench_decode.py's --lens (default 8192,32768,131072)")
+    ap.add_argument("--batches", default="1,8,16", help="--decode: batch sizes (comma-separated)")
     ap.add_argument("--dims", default="128", help="--fwd --lens: head dims (comma-separated)")
     args = ap.parse_args()
     fad.set_deterministic_mode(True)
     mods = {b: load_build(b) for b in args.builds}
     if args.fwd:
         return main_fwd(args, mods)
+    if args.decode:
+        return main_decode(args, mods)
     impls = {i.name: i for i in common.make_impls(names=["fad_det", "sdpa_cudnn", "sdpa_cudnn_bhld"])}
     base = args.builds[0]
     print_header(args.builds)
@@ -183,6 +196,48 @@ def main_fwd(args, mods):
         tf = {b: flop / (statistics.median(ts) * 1e-3) / 1e12 for b, ts in times.items()}
         cud = max(tf["cudnn"], tf["cudnn_bhld"])
         print_row(cfg.label(), args.builds, tf, cud, same)
+
+
+def main_decode(args, mods):
+    """Decode: per config, each build's call and SDPA cuDNN's (both layouts) captured once in a
+    CUDA graph, then `rounds` turns (the order reversed every other round) of `iters` replays."""
+    import bench_decode as bd
+    dev = torch.device("cuda")
+    base = args.builds[0]
+    print_header(args.builds)
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    l2 = common.l2_cache_bytes(dev)
+    for kind in (args.lens or "8192,32768,131072").split(","):
+        for B in [int(x) for x in args.batches.split(",")]:
+            lens, cap = bd.lengths(kind, B, gen)
+            set_bytes = B * cap * bd.HKV * bd.D * 2 * 2
+            n_sets = 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))
+            sets = bd.make_sets(B, cap, lens, n_sets, dev, seed=B)
+            table = bd.impl_table(max(lens))
+            graphs, same, ref = {}, {b: True for b in args.builds}, None
+            for name in list(args.builds) + ["sdpa_cudnn", "sdpa_cudnn_bhld"]:
+                fn, context = table["fad_det" if name in mods else name]
+                if name in mods:
+                    use_build(mods[name])
+                with context():
+                    outs = [fn(*s) for s in sets]  # (every set once: the _bhld copies, before capture)
+                    if name == base:
+                        ref = outs
+                    elif name in mods:
+                        same[name] = all(torch.equal(x.view(torch.int16), y.view(torch.int16))
+                                         for x, y in zip(outs, ref))
+                    graphs[name] = bd.capture_graph(fn, sets)
+            use_build(fad._C)
+            times = {name: [] for name in graphs}
+            for r in range(args.rounds):
+                order = list(graphs)[::-1] if r % 2 else list(graphs)
+                for name in order:
+                    times[name] += bd.replay_times(*graphs[name], max(args.iters, 1))
+            us = {name: statistics.median(ts) for name, ts in times.items()}
+            print_row(f"decode L{kind} B{B}", args.builds, us, min(us["sdpa_cudnn"], us["sdpa_cudnn_bhld"]),
+                      same, fmt="{:.1f}", speed=lambda t: 1.0 / t)
+            del graphs, sets
 
 
 if __name__ == "__main__":
