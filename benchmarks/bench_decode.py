@@ -64,6 +64,12 @@ def kv_bytes(lens):
     return sum(lens) * HKV * D * 2 * 2  # K and V, bf16
 
 
+def input_set_count(B, cap, l2):
+    """Input sets to rotate among: enough that a pass over them holds 3x the L2 cache (at most 16)."""
+    set_bytes = B * cap * HKV * D * 2 * 2
+    return 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))
+
+
 def make_sets(B, cap, lens, n, device, seed):
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -245,8 +251,7 @@ def main():
             lens, cap = lengths(kind, B, gen)
             lmax = max(lens)
             need = kv_bytes(lens)
-            set_bytes = B * cap * HKV * D * 2 * 2
-            n_sets = 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))
+            n_sets = input_set_count(B, cap, l2)
             label = f"L{kind} B{B}"
             try:
                 sets = make_sets(B, cap, lens, n_sets, device, seed=B)

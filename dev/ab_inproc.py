@@ -211,9 +211,7 @@ def main_decode(args, mods):
     for kind in (args.lens or "8192,32768,131072").split(","):
         for B in [int(x) for x in args.batches.split(",")]:
             lens, cap = bd.lengths(kind, B, gen)
-            set_bytes = B * cap * bd.HKV * bd.D * 2 * 2
-            n_sets = 1 if set_bytes >= 3 * l2 else min(16, -(-3 * l2 // set_bytes))
-            sets = bd.make_sets(B, cap, lens, n_sets, dev, seed=B)
+            sets = bd.make_sets(B, cap, lens, bd.input_set_count(B, cap, l2), dev, seed=B)
             table = bd.impl_table(max(lens))
             graphs, same, ref = {}, {b: True for b in args.builds}, None
             for name in list(args.builds) + ["sdpa_cudnn", "sdpa_cudnn_bhld"]:
