@@ -61,20 +61,24 @@ def load_build(name):
 
 
 def print_header(builds):
+    """The table's header; with one build, no build-to-build ratio and no bits column."""
     base = builds[0]
-    print(f"| row | {' | '.join(builds)} | cuDNN | " + " | ".join(f"{b} / {base}" for b in builds[1:]) + " | "
-          + " | ".join(f"{b} / cuDNN" for b in builds) + " | bits = " + base + " |")
-    print("|" + "---|" * (2 + 3 * len(builds)))
+    cells = ["row", *builds, "cuDNN", *(f"{b} / {base}" for b in builds[1:]), *(f"{b} / cuDNN" for b in builds)]
+    if len(builds) > 1:
+        cells.append("bits = " + base)
+    print("| " + " | ".join(cells) + " |")
+    print("|" + "---|" * len(cells))
 
 
 def print_row(label, builds, tf, cud, same, fmt="{:.0f}", speed=lambda x: x):
     """One table row: each build's figure (TFLOP/s; decode: us), cuDNN's, the ratios of speed(figure),
     whether the bits equal the first's."""
     v = {b: speed(tf[b]) for b in builds}
-    print(f"| {label} | " + " | ".join(fmt.format(tf[b]) for b in builds) + f" | {fmt.format(cud)} | "
-          + " | ".join(f"{v[b] / v[builds[0]]:.3f}" for b in builds[1:]) + " | "
-          + " | ".join(f"{v[b] / speed(cud):.3f}" for b in builds) + " | "
-          + " ".join("yes" if same[b] else "NO" for b in builds[1:]) + " |", flush=True)
+    cells = [label, *(fmt.format(tf[b]) for b in builds), fmt.format(cud),
+             *(f"{v[b] / v[builds[0]]:.3f}" for b in builds[1:]), *(f"{v[b] / speed(cud):.3f}" for b in builds)]
+    if len(builds) > 1:
+        cells.append(" ".join("yes" if same[b] else "NO" for b in builds[1:]))
+    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def use_build(mod):
