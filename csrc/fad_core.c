@@ -306,16 +306,85 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
     }
 }
 
-/* A GPU call's plan: fad_make_plan on the current device, plus the pool of R
- * slots of Hopper's D256 prefill kernel, which keeps each consumer warp's
- * merged result R in a slot of global memory (one slot for every consumer
- * warp that can be resident: one CTA an SM). Only where that kernel can run
- * and folds (fwd_launch.cu's kWs256: wgmma on, no softcap, ALiBi or pages;
- * a one-CTA plan). The workspace query and the call both plan here, so they
- * agree. */
+/* FLASH_ATTN_DET_FWD_WS=0 in the environment (read once) runs fwd_kernel's
+ * wgmma variant where the warp-specialized kernel would run at D64 and
+ * mma.sync at D128 and D256 (so that fwd_kernel's D128 wgmma variant is not
+ * compiled for an A/B alone): an A/B knob, like FLASH_ATTN_DET_WGMMA; the
+ * bits are the same. */
+static int ws_allowed(void)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("FLASH_ATTN_DET_FWD_WS");
+        env = !(e && e[0] == '0');
+    }
+    return env;
+}
+
+/* The kernel a GPU forward runs (fad_plan.kernel), decided here once; fwd_launch.cu
+ * follows it and refuses a kernel its variant does not build.
+ *   - a one-CTA plan past FAD_MERGE_GROUP splits (X slots): fwd_kernel's kGroups variant;
+ *   - the packed kernel where fad_make_plan packed the rows;
+ *   - else the prefill kernels. Softcap/ALiBi and paged KV stay on mma.sync: their wgmma
+ *     builds spilled 8-16 B at D128, and spills around in-flight wgmma are the suspect in
+ *     the D64 failure (docs/design.md, "wgmma-limits"); so does D 192. Where the sm_90a
+ *     kernels run (fad_use_wgmma), D128 and D256 take the warp-specialized kernel, D64 from
+ *     FAD_WS_D64_MIN_SK keys (FAD_WS_D64_MIN_SK_FULL where no mask bounds rows on the right)
+ *     and fwd_kernel's wgmma variant below; its shape by the longest sequence's keys:
+ *     D128's narrow one up to FAD_WS_NARROW_MAX_SK (a CTA's prologue and epilogue weigh
+ *     against few tiles), D64's lean one up to FAD_WS_D64_LEAN_MAX_SK, D256's long one from
+ *     FAD_WS_D256_LONG_MIN_SK (rows fold often). Every kernel and shape gives each row the
+ *     same bits. */
+static fad_status plan_kernel(const fad_fwd_params *p, fad_plan *plan, char *msg, size_t msg_len)
+{
+    plan->kernel = FAD_FWD_MMA;
+    if (plan->x_slots) {
+        plan->kernel = FAD_FWD_GROUPS;
+        return FAD_OK;
+    }
+    if (plan->packed) {
+        plan->kernel = FAD_FWD_PACKED;
+        return FAD_OK;
+    }
+    const int dim = fad_fwd_head_dim_bound(p->head_dim);
+    const int plain = !fad_scores_modded(p) && !p->block_table;
+    const int has_wg = plain && dim <= 128;               /* fwd_kernel's wgmma variant exists */
+    const int ws256 = plain && dim == 256 && FAD_WG_WS && FAD_WS_D256;
+    const int ws = (has_wg && FAD_WG_WS && (dim == 128 || (dim == 64 && FAD_WS_D64_CONSUMERS))) || ws256;
+    if (!has_wg && !ws256)
+        return FAD_OK;
+    int wgmma = 0;
+    const fad_status st = fad_use_wgmma(&wgmma, msg, msg_len);
+    if (st != FAD_OK || !wgmma)
+        return st;
+    if (!ws) {
+        plan->kernel = FAD_FWD_WGMMA;
+        return FAD_OK;
+    }
+    const int sk = p->seqlen_k;
+    if (!ws_allowed() || (dim == 64 && sk < (p->window_right >= 0 ? FAD_WS_D64_MIN_SK : FAD_WS_D64_MIN_SK_FULL))) {
+        plan->kernel = dim == 64 ? FAD_FWD_WGMMA : FAD_FWD_MMA;
+        return FAD_OK;
+    }
+    plan->kernel = FAD_FWD_WS_MAIN;
+    if (dim == 128 && FAD_WS_NARROW_MAX_SK > 0 && sk <= FAD_WS_NARROW_MAX_SK)
+        plan->kernel = FAD_FWD_WS_NARROW;
+    else if (dim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0 && sk <= FAD_WS_D64_LEAN_MAX_SK)
+        plan->kernel = FAD_FWD_WS_LEAN;
+    else if (dim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0 && sk >= FAD_WS_D256_LONG_MIN_SK)
+        plan->kernel = FAD_FWD_WS_LONG;
+    return FAD_OK;
+}
+
+/* A GPU call's plan: fad_make_plan on the current device, its kernel
+ * (plan_kernel), and the pool of R slots of Hopper's D256 prefill kernel,
+ * which keeps each consumer warp's merged result R in a slot of global memory
+ * (one slot for every consumer warp that can be resident: one CTA an SM),
+ * where that kernel runs a one-CTA plan. The workspace query and the call
+ * both plan here, so they agree. */
 static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *msg, size_t msg_len)
 {
-    int num_sms = 0, wgmma = 0;
+    int num_sms = 0;
     fad_status st = fad_cuda_num_sms(&num_sms, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -330,23 +399,19 @@ static fad_status make_gpu_plan(const fad_fwd_params *p, fad_plan *plan, char *m
                         "use a larger split_size or no dropout",
                         FAD_MERGE_GROUP, p->seqlen_k, (long long)FAD_MERGE_GROUP * plan->split_size,
                         plan->split_size, (unsigned long long)FAD_GROUPS_CTA_MAX_WORKSPACE);
-#if FAD_WS_D256_CONSUMERS > 1 && FAD_WG_WS && FAD_WS_D256 /* (fwd_launch.cu's kWs256) */
-    /* (the device is asked last, so that other calls, decode's among them, skip it) */
-    if (!plan->cta_per_split && !plan->packed && !plan->x_slots && num_sms > 0 && p->head_dim > 192 &&
-        !(p->softcap > 0.f) &&
-        !p->alibi_slopes && !p->block_table) {
-        st = fad_use_wgmma(&wgmma, msg, msg_len);
-        if (st == FAD_OK && wgmma) {
-            plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
-            plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
-            plan->ws_r_flag_offset =
-                plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
-            plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
-        }
+    st = plan_kernel(p, plan, msg, msg_len);
+    if (st != FAD_OK)
+        return st;
+    /* D256's warp-specialized kernel folds into R slots (one a consumer warp, every
+     * warp that can be resident: one CTA an SM), but not where each split CTA writes
+     * its partial */
+    const int ws = plan->kernel >= FAD_FWD_WS_MAIN;
+    if (ws && fad_fwd_head_dim_bound(p->head_dim) == 256 && FAD_WS_D256_CONSUMERS > 1 && !plan->cta_per_split) {
+        plan->r_slots = 4 * FAD_WS_D256_CONSUMERS * num_sms;
+        plan->ws_r_offset = (plan->workspace_bytes + 255) / 256 * 256;
+        plan->ws_r_flag_offset = plan->ws_r_offset + (size_t)plan->r_slots * FAD_WS_R_SLOT_FLOATS * sizeof(float);
+        plan->workspace_bytes = plan->ws_r_flag_offset + (size_t)plan->r_slots * sizeof(unsigned);
     }
-#else
-    (void)wgmma;
-#endif
     return st;
 }
 

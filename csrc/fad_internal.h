@@ -58,10 +58,30 @@ typedef struct fad_plan {
     size_t ws_ml_offset; /* bytes: fp32 (m, l) partials [split][B][Hq][Sq][2] */
     size_t ws_flag_offset; /* bytes: int32 ready flags, one per split CTA [split][grid x] */
     int r_slots;           /* R slots (D256 on Hopper: fwd_prefill_ws.cu's kRGlobal), 0: none */
+    /* the kernel this call runs (fad_fwd_kernel): chosen once, by make_gpu_plan (fad_core.c),
+     * which fwd_launch.cu's launch() follows; the CPU path's plans leave it 0. (An int in the
+     * padding after r_slots: every other field keeps its offset.) */
+    int kernel;
     size_t ws_r_offset;    /* bytes: fp32 R slots [r_slots][FAD_WS_R_SLOT_FLOATS] */
     size_t ws_r_flag_offset; /* bytes: uint32 taken flags [r_slots] (zeroed by the launch) */
     size_t workspace_bytes;
 } fad_plan;
+
+/* A GPU forward's kernel (fad_plan.kernel), and for the warp-specialized
+ * sm_90a prefill kernel its shape (fwd_prefill_ws.cu's ws_shape). */
+typedef enum fad_fwd_kernel {
+    FAD_FWD_MMA = 0,   /* fwd_kernel on mma.sync: any arch, softcap, ALiBi, paged KV, D 192 */
+    FAD_FWD_GROUPS,    /* fwd_kernel's kGroups variant: a one-CTA walk past FAD_MERGE_GROUP splits */
+    FAD_FWD_PACKED,    /* fwd_packed_kernel: short query blocks (decode), GQA heads packed into M */
+    FAD_FWD_WGMMA,     /* fwd_kernel's wgmma variant (sm_90a): D64 below FAD_WS_D64_MIN_SK[_FULL] */
+    FAD_FWD_WS_MAIN,   /* fwd_ws_kernel (sm_90a): D64 from 16k keys, D128 from 257, D256 short */
+    FAD_FWD_WS_NARROW, /* D128 up to FAD_WS_NARROW_MAX_SK keys */
+    FAD_FWD_WS_LEAN,   /* D64 up to FAD_WS_D64_LEAN_MAX_SK keys */
+    FAD_FWD_WS_LONG    /* D256 from FAD_WS_D256_LONG_MIN_SK keys */
+} fad_fwd_kernel;
+
+/* The head dim a GPU forward's compile-time variant is built for (fwd_launch.cu's dispatch). */
+static inline int fad_fwd_head_dim_bound(int D) { return D <= 64 ? 64 : D <= 128 ? 128 : D <= 192 ? 192 : 256; }
 
 /* Where a plan's X slots' taken flags start in its workspace (fad_plan.x_slots). */
 static inline FAD_HOST_DEVICE size_t fad_x_flag_offset(int x_slots)

@@ -4,23 +4,8 @@
  * kernel for short query blocks; else the prefill kernel on mma.sync, on
  * wgmma, or warp-specialized), then the combine of a CTA-per-split plan.
  */
-#include <stdlib.h>
-
 #include "fwd_launch.h"
 #include "mma.cuh"
-
-/* FLASH_ATTN_DET_FWD_WS=0 in the environment (read once) runs fwd_kernel's
- * wgmma variant where the warp-specialized kernel would run (D 64, 128): an
- * A/B knob, like FLASH_ATTN_DET_WGMMA; the bits are the same. */
-static bool ws_allowed()
-{
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("FLASH_ATTN_DET_FWD_WS");
-        env = !(e && e[0] == '0');
-    }
-    return env;
-}
 
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, size_t msg_len)
@@ -28,57 +13,51 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
     fwd_args a = a_in;
     if (!combine_polls<kHeadDim>(a)) /* (else the packed kernel marks each split CTA done) */
         a.ws_flag = nullptr;
-    if (a.plan.x_slots) {
+    /* The plan's kernel (make_gpu_plan, fad_core.c, chose it); one this variant
+     * does not build is a bug, refused. Which kernels a variant builds: softcap,
+     * ALiBi and paged KV only mma.sync; a build without sm_90a code (FAD_SM90A 0)
+     * references no wgmma variant, so the sm_90a-only kernel files are left out
+     * of it; fwd_kernel's wgmma variant at D64 only where the warp-specialized
+     * kernel runs D64 (below FAD_WS_D64_MIN_SK keys), at D128 only where it does
+     * not run D128 (FAD_WG_WS 0). */
+    constexpr bool kHasWgmma = FAD_SM90A && kHeadDim <= 128 && !kMod && !kPaged;
+    constexpr bool kWs256 = FAD_SM90A && kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
+    constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||
+                         kWs256;
+    constexpr bool kWgmma = kHasWgmma && (!kWs || kHeadDim == 64);
+    fad_status st = FAD_OK;
+    switch (a.plan.kernel) {
+    case FAD_FWD_GROUPS:
         /* A one-CTA plan past FAD_MERGE_GROUP splits: fwd_kernel's kGroups
          * variant (mma.sync, the same bits as every other kernel), its X
          * slots all free first, and no combine. */
         CUDA_TRY(cudaMemsetAsync(a.ws_x_flag, 0, (size_t)a.plan.x_slots * sizeof(unsigned), stream));
-        const fad_status st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
         if (st != FAD_OK)
             return st;
         CUDA_TRY(cudaGetLastError());
         return FAD_OK;
+    case FAD_FWD_PACKED:
+        st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
+        break;
+    case FAD_FWD_MMA:
+        st = launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
+        break;
+    case FAD_FWD_WGMMA:
+        if constexpr (kWgmma)
+            st = launch_prefill<T, kHeadDim, kMod, kPaged, true>(a, stream, msg, msg_len);
+        else
+            st = fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no wgmma prefill kernel at head dim %d", kHeadDim);
+        break;
+    default: /* the warp-specialized kernel's shapes */
+        if constexpr (kWs)
+            st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
+        else
+            st = fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no warp-specialized kernel at head dim %d", kHeadDim);
+        break;
     }
-    if (a.plan.packed) {
-        fad_status st = launch_packed<T, kHeadDim, kMod, kPaged>(a, stream, msg, msg_len);
-        if (st != FAD_OK)
-            return st;
-    } else {
-        /* Softcap/ALiBi and paged KV stay on mma.sync: their wgmma builds
-         * spilled 8-16 B at D128 (where, not yet read off their SASS), and
-         * spills around in-flight wgmma are the suspect in the D64 failure
-         * (docs/design.md, "wgmma-limits"). A build without sm_90a code
-         * (FAD_SM90A 0) references no wgmma variant, so the sm_90a-only
-         * kernel files are left out of it. */
-        constexpr bool kHasWgmma = FAD_SM90A && kHeadDim <= 128 && !kMod && !kPaged;
-        /* D256 has the warp-specialized kernel only (fwd_kernel's wgmma
-         * variant is for D 64 and 128); fad_core.c's make_gpu_plan reserves
-         * its R pool under the same condition */
-        constexpr bool kWs256 = FAD_SM90A && kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
-        int wgmma = 0;
-        fad_status st = kHasWgmma || kWs256 ? fad_use_wgmma(&wgmma, msg, msg_len) : FAD_OK;
-        constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||
-                             kWs256;
-        if constexpr (kWs) {
-            /* (knob off: at D128 the mma.sync kernel, so that fwd_kernel's D128
-             * wgmma variant is not compiled for an A/B alone) */
-            constexpr bool kWgFallback = kHeadDim == 64;
-            /* (D64: the warp-specialized kernel for long walks only, FAD_WS_D64_MIN_SK,
-             * or FAD_WS_D64_MIN_SK_FULL where no mask bounds rows on the right) */
-            const bool ws = kHeadDim != 64 ||
-                            a.p.seqlen_k >= (a.p.window_right >= 0 ? FAD_WS_D64_MIN_SK : FAD_WS_D64_MIN_SK_FULL);
-            if (st == FAD_OK && wgmma && ws_allowed() && ws)
-                st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
-            else if (st == FAD_OK)
-                st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kWgFallback>(a, stream, msg, msg_len)
-                           : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
-        } else if (st == FAD_OK) {
-            st = wgmma ? launch_prefill<T, kHeadDim, kMod, kPaged, kHasWgmma>(a, stream, msg, msg_len)
-                       : launch_prefill<T, kHeadDim, kMod, kPaged, false>(a, stream, msg, msg_len);
-        }
-        if (st != FAD_OK)
-            return st;
-    }
+    if (st != FAD_OK)
+        return st;
     CUDA_TRY(cudaGetLastError());
     return launch_combine<T, kHeadDim>(a, stream, msg, msg_len);
 }
@@ -86,11 +65,12 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
 template <typename T, bool kMod, bool kPaged>
 static fad_status dispatch_head_dim(const fwd_args &a, cudaStream_t s, char *msg, size_t msg_len)
 {
-    const int D = a.p.head_dim;
-    if (D <= 64) return launch<T, 64, kMod, kPaged>(a, s, msg, msg_len);
-    if (D <= 128) return launch<T, 128, kMod, kPaged>(a, s, msg, msg_len);
-    if (D <= 192) return launch<T, 192, kMod, kPaged>(a, s, msg, msg_len);
-    return launch<T, 256, kMod, kPaged>(a, s, msg, msg_len);
+    switch (fad_fwd_head_dim_bound(a.p.head_dim)) {
+    case 64: return launch<T, 64, kMod, kPaged>(a, s, msg, msg_len);
+    case 128: return launch<T, 128, kMod, kPaged>(a, s, msg, msg_len);
+    case 192: return launch<T, 192, kMod, kPaged>(a, s, msg, msg_len);
+    default: return launch<T, 256, kMod, kPaged>(a, s, msg, msg_len);
+    }
 }
 
 /* Paged KV (block_table) is its own compile-time variant: the block-table
@@ -158,6 +138,9 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
      * so is a plan with X slots that is not a one-CTA prefill plan. */
     if (plan->x_slots && (plan->cta_per_split || plan->packed || plan->r_slots))
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: X slots in a plan that is no one-CTA prefill plan");
+    if ((plan->kernel == FAD_FWD_GROUPS) != (plan->x_slots != 0) || (plan->kernel == FAD_FWD_PACKED) != (plan->packed != 0))
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: the plan's kernel %d against its X slots and packing",
+                        plan->kernel);
     if (!plan->cta_per_split && !plan->x_slots && fad_num_splits(p->seqlen_k, plan->split_size) > FAD_MERGE_GROUP)
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: a one-CTA plan of %d splits (at most %d)",
                         fad_num_splits(p->seqlen_k, plan->split_size), FAD_MERGE_GROUP);

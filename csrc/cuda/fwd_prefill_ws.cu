@@ -71,7 +71,7 @@ struct fwd_ws_args {
 
 /* The kernel's shapes: ws_main (FAD_WS_D128_CONSUMERS at D128, FAD_WS_D64_CONSUMERS
  * at D64, FAD_WS_D256_CONSUMERS at D256), ws_narrow (D128, short keys), ws_lean (D64,
- * mid-length keys) and ws_long (D256, long keys), chosen by launch_prefill_ws; every shape runs the same
+ * mid-length keys) and ws_long (D256, long keys), as the plan chose (fad_plan.kernel); every shape runs the same
  * consumer code on its 64-row blocks, so each row gets the same bits. */
 enum ws_shape { ws_main, ws_narrow, ws_lean, ws_long };
 
@@ -837,26 +837,36 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     return FAD_OK;
 }
 
-/* The shape by the longest sequence's keys (seqlen_k): D128's narrow variant
- * up to FAD_WS_NARROW_MAX_SK, where a CTA's prologue and epilogue weigh
- * against its few tiles; D64's lean variant up to FAD_WS_D64_LEAN_MAX_SK
- * (the launcher sends D64 here from FAD_WS_D64_MIN_SK or _FULL); D256's
- * long variant from FAD_WS_D256_LONG_MIN_SK, where rows fold often. Each
+/* The shape the plan chose (fad_plan.kernel: make_gpu_plan's plan_kernel, in
+ * fad_core.c, by the longest sequence's keys): D128's narrow variant, where a
+ * CTA's prologue and epilogue weigh against its few tiles; D64's lean
+ * variant; D256's long variant, where rows fold often; else the main one. Each
  * row gets the same bits from any shape (the same consumer code on its 64
- * rows, and the same operations on R wherever it lives). */
+ * rows, and the same operations on R wherever it lives). A shape this head
+ * dim does not build is a bug, refused. */
 template <typename T, int kHeadDim>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
-    if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
-        if (a.p.seqlen_k <= FAD_WS_NARROW_MAX_SK)
+    switch (a.plan.kernel) {
+    case FAD_FWD_WS_MAIN:
+        return launch_ws<T, kHeadDim, ws_main>(a, stream, msg, msg_len);
+    case FAD_FWD_WS_NARROW:
+        if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
             return launch_ws<T, kHeadDim, ws_narrow>(a, stream, msg, msg_len);
-    if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
-        if (a.p.seqlen_k <= FAD_WS_D64_LEAN_MAX_SK)
+        break;
+    case FAD_FWD_WS_LEAN:
+        if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
             return launch_ws<T, kHeadDim, ws_lean>(a, stream, msg, msg_len);
-    if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0)
-        if (a.p.seqlen_k >= FAD_WS_D256_LONG_MIN_SK)
+        break;
+    case FAD_FWD_WS_LONG:
+        if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0)
             return launch_ws<T, kHeadDim, ws_long>(a, stream, msg, msg_len);
-    return launch_ws<T, kHeadDim, ws_main>(a, stream, msg, msg_len);
+        break;
+    default:
+        break;
+    }
+    return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: warp-specialized shape %d at head dim %d",
+                    a.plan.kernel, kHeadDim);
 }
 
 template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
