@@ -74,7 +74,7 @@ typedef enum fad_fwd_kernel {
     FAD_FWD_GROUPS,    /* fwd_kernel's kGroups variant: a one-CTA walk past FAD_MERGE_GROUP splits */
     FAD_FWD_PACKED,    /* fwd_packed_kernel: short query blocks (decode), GQA heads packed into M */
     FAD_FWD_WGMMA,     /* fwd_kernel's wgmma variant (sm_90a): D64 below FAD_WS_D64_MIN_SK[_FULL] */
-    FAD_FWD_WS_MAIN,   /* fwd_ws_kernel (sm_90a): D64 from 16k keys, D128 from 257, D256 short */
+    FAD_FWD_WS_MAIN,   /* fwd_ws_kernel (sm_90a), where no shape below applies */
     FAD_FWD_WS_NARROW, /* D128 up to FAD_WS_NARROW_MAX_SK keys */
     FAD_FWD_WS_LEAN,   /* D64 up to FAD_WS_D64_LEAN_MAX_SK keys */
     FAD_FWD_WS_LONG    /* D256 from FAD_WS_D256_LONG_MIN_SK keys */
