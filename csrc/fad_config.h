@@ -109,6 +109,13 @@
 #ifndef FAD_WS_D256
 #define FAD_WS_D256 1
 #endif
+/* FAD_WS_PAGED: 1 = a paged KV cache's prefill (no softcap or ALiBi, no
+ * dropout) runs D128's warp-specialized kernel, its producer looking each
+ * K/V row up in the block table (cp.async; no tensor map spans the pages);
+ * 0 = fwd_kernel on mma.sync, as before. The same bits. */
+#ifndef FAD_WS_PAGED
+#define FAD_WS_PAGED 1
+#endif
 #ifndef FAD_WS_PRODUCER_REGS
 #define FAD_WS_PRODUCER_REGS 40
 #endif

@@ -327,7 +327,9 @@ static int ws_allowed(void)
  *   - the packed kernel where fad_make_plan packed the rows;
  *   - else the prefill kernels. Softcap/ALiBi and paged KV stay on mma.sync: their wgmma
  *     builds spilled 8-16 B at D128, and spills around in-flight wgmma are the suspect in
- *     the D64 failure (docs/design.md, "wgmma-limits"); so does D 192. Where the sm_90a
+ *     the D64 failure (docs/design.md, "wgmma-limits"); so does D 192. A paged cache's
+ *     prefill at D128 without dropout runs the warp-specialized kernel (FAD_WS_PAGED: its
+ *     producer looks the rows up; the consumers' code is the same). Where the sm_90a
  *     kernels run (fad_use_wgmma), D128 and D256 take the warp-specialized kernel, D64 from
  *     FAD_WS_D64_MIN_SK keys (FAD_WS_D64_MIN_SK_FULL where no mask bounds rows on the right)
  *     and fwd_kernel's wgmma variant below; its shape by the longest sequence's keys:
@@ -350,8 +352,11 @@ static fad_status plan_kernel(const fad_fwd_params *p, fad_plan *plan, char *msg
     const int plain = !fad_scores_modded(p) && !p->block_table;
     const int has_wg = plain && dim <= 128;               /* fwd_kernel's wgmma variant exists */
     const int ws256 = plain && dim == 256 && FAD_WG_WS && FAD_WS_D256;
-    const int ws = (has_wg && FAD_WG_WS && (dim == 128 || (dim == 64 && FAD_WS_D64_CONSUMERS))) || ws256;
-    if (!has_wg && !ws256)
+    /* (paged: D128's warp-specialized kernel, without dropout, FAD_WS_PAGED) */
+    const int ws_paged = !fad_scores_modded(p) && p->block_table && dim == 128 && !(p->dropout_p > 0.f) &&
+                         FAD_WG_WS && FAD_WS_PAGED;
+    const int ws = (has_wg && FAD_WG_WS && (dim == 128 || (dim == 64 && FAD_WS_D64_CONSUMERS))) || ws256 || ws_paged;
+    if (!has_wg && !ws256 && !ws_paged)
         return FAD_OK;
     int wgmma = 0;
     const fad_status st = fad_use_wgmma(&wgmma, msg, msg_len);

@@ -33,6 +33,16 @@ typedef struct fad_seq {
 /* Element offsets (into k and v) of key row r of sequence s, r in [0, len_k).
  * Contiguous: k_off + r * row_stride. Paged: through the block table; returns 0
  * (and offsets 0) when the page index lies outside [0, kv_batch). */
+/* Paged: key row r of sequence s is row *row of page *pg; returns whether that
+ * page lies inside the cache ([0, kv_batch)). */
+FAD_HD int fad_kv_page(const fad_fwd_params *p, const fad_seq *s, int r, int *pg, int *row)
+{
+    const int x = s->k_start + r;
+    *pg = s->pages[x / p->page_size];
+    *row = x % p->page_size;
+    return *pg >= 0 && *pg < p->kv_batch;
+}
+
 FAD_HD int fad_kv_row(const fad_fwd_params *p, const fad_seq *s, int r, int64_t *k_off,
                       int64_t *v_off)
 {
@@ -41,8 +51,8 @@ FAD_HD int fad_kv_row(const fad_fwd_params *p, const fad_seq *s, int r, int64_t 
         *v_off = s->v_off + (int64_t)r * p->v_row_stride;
         return 1;
     }
-    const int x = s->k_start + r, pg = s->pages[x / p->page_size], row = x % p->page_size;
-    const int ok = pg >= 0 && pg < p->kv_batch;
+    int pg, row;
+    const int ok = fad_kv_page(p, s, r, &pg, &row);
     *k_off = ok ? pg * p->k_batch_stride + (int64_t)row * p->k_row_stride : 0;
     *v_off = ok ? pg * p->v_batch_stride + (int64_t)row * p->v_row_stride : 0;
     return ok;

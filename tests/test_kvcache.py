@@ -383,6 +383,27 @@ def test_paged_bad_block_gpu_is_nan(sched):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_prefill_bad_block_gpu_is_nan(page):
+    """A prefill chunk (the warp-specialized kernel at D128 reads the pages: whole tiles through
+    the copy engine, a box per 16 rows) over a cache with a page outside it in one sequence: the
+    rows that reach it are NaN, the other sequence's equal the contiguous cache's, and the call
+    returns (the box outside the map still completes its barrier)."""
+    gen = make_gen(58 + page)
+    B, S, H, Hk, D = 2, 700, 8, 2, 128
+    q = randn(gen, (B, 100, H, D), torch.bfloat16, "cuda")
+    k, v = (randn(gen, (B, S, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
+    kc, vc, bt = to_pages(gen, k, v, page, B * ((S + page - 1) // page), "cuda")
+    bt[1, 2] = kc.shape[0] + 7
+    lens = i32([S, S], "cuda")
+    out = fad.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True)
+    ref = fad.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], ref[0])
+    assert out[1].isnan().all(), "every row of the chunk sees the bad page (causal, at the cache's end)"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_decode_step_in_cuda_graph_matches_eager():
     """A decode step (append + attention over the cache) captured once and replayed with new
     cache_seqlens and new cache contents gives the eager call's bits at every step."""

@@ -21,8 +21,11 @@
  * never read, and the caller poisons the rows it computes (NaN).
  * v_src (a pipeline that copies V one tile after K): the V copies are not
  * issued; each chunk's V source offset (-1: zero-fill) is kept there for
- * load_v_paged, so each row's page is still looked up once. */
-template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kSw128 = false, int kVSrc = 1>
+ * load_v_paged, so each row's page is still looked up once. kHalves (1: K,
+ * 2: V, 3: both) copies one half alone, for a producer that copies K and V
+ * at different times (fwd_ws_kernel's, each half's rows looked up anew). */
+template <typename T, int kHeadDim, int kBlockN, int kThreads, bool kSw128 = false, int kVSrc = 1,
+          int kHalves = 3>
 __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params &p,
                                               const fad_seq &seq, const T *k_h, const T *v_h,
                                               int t0, int rows, int D,
@@ -44,11 +47,14 @@ __device__ __forceinline__ bool load_kv_paged(T *sK, T *sV, const fad_fwd_params
             ok = page_ok && col < D;
         }
         const int at = tile_off<kHeadDim, kBlockN, kSw128>(row, col);
-        cp_async16(sK + at, k_h + (ok ? ko + col : 0), ok ? 16 : 0);
-        if (v_src)
-            (*v_src)[i] = ok ? vo + col : -1;
-        else
-            cp_async16(sV + at, v_h + (ok ? vo + col : 0), ok ? 16 : 0);
+        if constexpr ((kHalves & 1) != 0)
+            cp_async16(sK + at, k_h + (ok ? ko + col : 0), ok ? 16 : 0);
+        if constexpr ((kHalves & 2) != 0) {
+            if (v_src)
+                (*v_src)[i] = ok ? vo + col : -1;
+            else
+                cp_async16(sV + at, v_h + (ok ? vo + col : 0), ok ? 16 : 0);
+        }
     }
     return bad;
 }

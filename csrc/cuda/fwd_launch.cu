@@ -15,15 +15,17 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
         a.ws_flag = nullptr;
     /* The plan's kernel (make_gpu_plan, fad_core.c, chose it); one this variant
      * does not build is a bug, refused. Which kernels a variant builds: softcap,
-     * ALiBi and paged KV only mma.sync; a build without sm_90a code (FAD_SM90A 0)
+     * ALiBi only mma.sync, paged KV mma.sync and (D128) the warp-specialized
+     * kernel; a build without sm_90a code (FAD_SM90A 0)
      * references no wgmma variant, so the sm_90a-only kernel files are left out
      * of it; fwd_kernel's wgmma variant at D64 only where the warp-specialized
      * kernel runs D64 (below FAD_WS_D64_MIN_SK keys), at D128 only where it does
      * not run D128 (FAD_WG_WS 0). */
     constexpr bool kHasWgmma = FAD_SM90A && kHeadDim <= 128 && !kMod && !kPaged;
     constexpr bool kWs256 = FAD_SM90A && kHeadDim == 256 && !kMod && !kPaged && FAD_WG_WS && FAD_WS_D256;
+    constexpr bool kWsPaged = FAD_SM90A && kHeadDim == 128 && !kMod && kPaged && FAD_WG_WS && FAD_WS_PAGED;
     constexpr bool kWs = (kHasWgmma && FAD_WG_WS && (kHeadDim == 128 || (kHeadDim == 64 && FAD_WS_D64_CONSUMERS))) ||
-                         kWs256;
+                         kWs256 || kWsPaged;
     constexpr bool kWgmma = kHasWgmma && (!kWs || kHeadDim == 64);
     fad_status st = FAD_OK;
     switch (a.plan.kernel) {
@@ -51,7 +53,7 @@ static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, s
         break;
     default: /* the warp-specialized kernel's shapes */
         if constexpr (kWs)
-            st = launch_prefill_ws<T, kHeadDim>(a, stream, msg, msg_len);
+            st = launch_prefill_ws<T, kHeadDim, kPaged>(a, stream, msg, msg_len);
         else
             st = fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: no warp-specialized kernel at head dim %d", kHeadDim);
         break;

@@ -87,7 +87,7 @@ __device__ __forceinline__ int split_of_cta() { return (int)(blockIdx.y * gridDi
 template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kWgmma>
 fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
 /* fwd_prefill_ws.cu: fwd_ws_kernel (sm_90a, D 64, 128 and 256), in the plan's shape (fad_plan.kernel). */
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPaged>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
 /* fwd_decode.cu: fwd_packed_kernel. */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>

@@ -52,6 +52,8 @@
  * next S's issue or a tile ahead they took 1.07-1.16x the time of the
  * draws here.)
  */
+#include <type_traits>
+
 #include "fwd_block.cuh"
 #include "fwd_tile_wgmma.cuh"
 #include "tma.cuh"
@@ -165,7 +167,9 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr int kBars = 2 * kStages + 1 + (kKVApart ? 2 * kStages : 0);
     /* the consumers' walks (16 B each), after the barriers */
     static constexpr size_t kWalkOffset = (kBarOffset + kBars * sizeof(uint64_t) + 15) / 16 * 16;
-    static constexpr size_t kSmemBytes = kWalkOffset + kConsumers * 16;
+    /* (then an int: kPaged's flag, a page outside the cache met by the producer) */
+    static constexpr size_t kBadOffset = kWalkOffset + kConsumers * 16;
+    static constexpr size_t kSmemBytes = kBadOffset + 16;
     static_assert((kHeadDim == 128 && (kConsumers == 2 || kThree)) || (kNarrow && kConsumers == 1) ||
                       (kHeadDim == 64 && kConsumers >= 2) || (kHeadDim == 256 && kConsumers <= 2),
                   "the consumers' registers are budgeted for D 128 (two or three), D 64 or D 256 (one or two)");
@@ -183,7 +187,7 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocks, "shared memory for kMinBlocks CTAs an SM");
 };
 
-template <typename T, int kHeadDim, ws_shape kShape, bool kDrop>
+template <typename T, int kHeadDim, ws_shape kShape, bool kDrop, bool kPaged>
 __global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kShape>::kThreads, fwd_ws_cfg<kHeadDim, kShape>::kMinBlocks)
 fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 {
@@ -349,6 +353,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         if (tid == 0)
             for (int st = 0; st < kStages; st++)
                 mbar_init(&full_v[st], 128), mbar_init(&empty_v[st], 4 * C::kConsumers);
+    /* kPaged: set by a producer thread that met a page outside the cache (before it
+     * announced that tile), read by the consumers once every tile was announced */
+    int *s_bad = reinterpret_cast<int *>(smem_raw + C::kBadOffset);
+    if (kPaged && tid == 0)
+        *s_bad = 0;
     /* (fences and syncs those too; q_full was inited above where Q takes the copy engine) */
     ring_init(full, empty, kStages, 128, 4 * C::kConsumers, wa.tma_q ? nullptr : q_full, 128);
     int u_first = INT_MAX, u_last = INT_MIN;
@@ -382,10 +391,38 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
          * and is announced once it has landed. */
         const int64_t k_row0 = wa.tma ? seq.k_off / p.k_row_stride : 0;
         const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
-        auto whole = [&](int t0) { return wa.tma && t0 + kBlockN <= len_k; };
+        /* (kPaged: by 16-row boxes, each 16-row group inside one page, as long as the
+         * sequence's first row starts a group) */
+        auto whole = [&](int t0) { return wa.tma && t0 + kBlockN <= len_k && (!kPaged || seq.k_start % 16 == 0); };
+        /* kPaged: rows [0, len_k - t0) of tile t0 through the block table, one half
+         * (kHalves 1: K, 2: V) or both; a page outside the cache sets s_bad */
+        const T *k_h = (const T *)p.k + hk * p.k_head_stride, *v_h = (const T *)p.v + hk * p.v_head_stride;
+        auto paged = [&](auto halves, T *sK_, T *sV_, int t0) {
+            if (load_kv_paged<T, kHeadDim, kBlockN, 128, true, 1, decltype(halves)::value>(sK_, sV_, p, seq, k_h, v_h,
+                                                                                           t0, len_k - t0, D))
+                *s_bad = 1;
+        };
         auto tma_half = [&](T *dst, bool is_v, int t0, uint64_t *bar) { /* (thread 0) */
-            tma_load_tile<kBlockN, kHeadDim>(dst, is_v ? &wa.v_map : &wa.k_map, hk,
-                                             (int)((is_v ? v_row0 : k_row0) + t0), bar);
+            if constexpr (kPaged) {
+                /* each 16-row group at its page's rows (the map's row page x page_size +
+                 * row in it); a page outside the cache: a box outside the map, zeros, as
+                 * cp.async fills */
+#pragma unroll
+                for (int g = 0; g < kBlockN / 16; g++) {
+                    int pg, in_page;
+                    const bool ok = fad_kv_page(&p, &seq, t0 + 16 * g, &pg, &in_page);
+                    if (!ok)
+                        *s_bad = 1;
+                    const int row = ok ? pg * p.page_size + in_page : -16;
+#pragma unroll
+                    for (int cb = 0; cb < kHeadDim / 64; cb++)
+                        tma_load_box(reinterpret_cast<unsigned char *>(dst) + (cb * kBlockN + 16 * g) * 128,
+                                     is_v ? &wa.v_map : &wa.k_map, cb * 64, hk, row, bar);
+                }
+            } else {
+                tma_load_tile<kBlockN, kHeadDim>(dst, is_v ? &wa.v_map : &wa.k_map, hk,
+                                                 (int)((is_v ? v_row0 : k_row0) + t0), bar);
+            }
         };
         if constexpr (C::kKVApart) {
             /* Each half once the consumers released its slot, K one tile
@@ -422,7 +459,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                     }
                     return;
                 }
-                if (is_v)
+                if constexpr (kPaged) {
+                    if (is_v)
+                        paged(std::integral_constant<int, 2>{}, nullptr, sK + kBlockN * kHeadDim, t0);
+                    else
+                        paged(std::integral_constant<int, 1>{}, sK, nullptr, t0);
+                } else if (is_v)
                     load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
                                                                    v_g + (int64_t)t0 * p.v_row_stride,
                                                                    (int)p.v_row_stride, len_k - t0, D);
@@ -454,6 +496,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         /* Tile t0's K and V into the stage at sK by cp.async, zero-filled
          * past the sequence's end: one commit group. */
         auto copy_tile = [&](T *sK, int t0) {
+            if constexpr (kPaged) {
+                paged(std::integral_constant<int, 3>{}, sK, sK + kBlockN * kHeadDim, t0);
+                cp_async_commit();
+                return;
+            }
             load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK, k_g + (int64_t)t0 * p.k_row_stride,
                                                            (int)p.k_row_stride, len_k - t0, D);
             load_tile_lean<T, kHeadDim, kBlockN, 128, true>(sK + kBlockN * kHeadDim,
@@ -769,10 +816,12 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         skip(pos_of(t0));
     if (m0 >= len_q)
         return;
+    /* kPaged: a page outside the cache met in the CTA's walk (every tile is announced by now) */
+    const bool poison = kPaged && *reinterpret_cast<volatile int *>(s_bad) != 0;
 
     if (partial) { /* the CTA's one split ends: write its (m, l, o) out */
         if (walked)
-            store_split_rows(a, D, fad_split_of(my_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, false);
+            store_split_rows(a, D, fad_split_of(my_first, S), lse_row0, m0, row0, len_q, acc, m_s, l_s, poison);
         return;
     }
     if (walked) /* R is now in acc, mR, lR (else: no key; acc is zeros, R empty, as in fwd_kernel) */
@@ -789,21 +838,25 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
         for (int i = 0; i < C::kConsumers; i++) /* (barrier 1 + c, a constant to ptxas) */
             if (c == i)
                 warpgroup_sync(1 + i);
-    store_result_staged<T, kHeadDim, 1>(p, D, seq, h, lse_row0, m0 + (warp % 4) * 16, len_q, acc, mR, lR, false,
+    store_result_staged<T, kHeadDim, 1>(p, D, seq, h, lse_row0, m0 + (warp % 4) * 16, len_q, acc, mR, lR, poison,
                                         kDrop ? drop.rp : 1.f,
                                         smem_addr(sQ + (c * kBlockM + (warp % 4) * 16) * kHeadDim), lane,
                                         kHeadDim == 128 && wa.tma_o ? &wa.o_map : nullptr,
                                         kHeadDim == 128 && wa.tma_o ? seq.o_off / p.out_row_stride : 0);
 }
 
-template <typename T, int kHeadDim, ws_shape kShape>
+template <typename T, int kHeadDim, ws_shape kShape, bool kPaged>
 static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     using C = fwd_ws_cfg<kHeadDim, kShape>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
-    void (*kernel)(fwd_ws_args) =
-        drop ? fwd_ws_kernel<T, kHeadDim, kShape, true> : fwd_ws_kernel<T, kHeadDim, kShape, false>;
+    if (kPaged && drop) /* (no dropout build of the paged kernel: plan_kernel sends it to mma.sync) */
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: dropout on the paged warp-specialized kernel");
+    void (*kernel)(fwd_ws_args) = fwd_ws_kernel<T, kHeadDim, kShape, false, kPaged>;
+    if constexpr (!kPaged)
+        if (drop)
+            kernel = fwd_ws_kernel<T, kHeadDim, kShape, true, false>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -821,7 +874,7 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     wa.div_group = fad_make_fastdiv((uint32_t)group);
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
-    wa.tma = fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
+    wa.tma = kPaged ? fad_make_paged_kv_maps(p, &wa.k_map, &wa.v_map) : fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
     wa.tma_q = fad_make_q_map(p, C::kBlockM, &wa.q_map); /* (Q's whole tiles too) */
     /* (the output through the copy engine at D128 only: at D256 its four
      * boxes a warp measured 0.96-1.00x the threads' stores, at D64 0.98-1.00x;
@@ -844,23 +897,23 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
  * row gets the same bits from any shape (the same consumer code on its 64
  * rows, and the same operations on R wherever it lives). A shape this head
  * dim does not build is a bug, refused. */
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPaged>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     switch (a.plan.kernel) {
     case FAD_FWD_WS_MAIN:
-        return launch_ws<T, kHeadDim, ws_main>(a, stream, msg, msg_len);
+        return launch_ws<T, kHeadDim, ws_main, kPaged>(a, stream, msg, msg_len);
     case FAD_FWD_WS_NARROW:
         if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
-            return launch_ws<T, kHeadDim, ws_narrow>(a, stream, msg, msg_len);
+            return launch_ws<T, kHeadDim, ws_narrow, kPaged>(a, stream, msg, msg_len);
         break;
     case FAD_FWD_WS_LEAN:
-        if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0)
-            return launch_ws<T, kHeadDim, ws_lean>(a, stream, msg, msg_len);
+        if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0 && !kPaged)
+            return launch_ws<T, kHeadDim, ws_lean, kPaged>(a, stream, msg, msg_len);
         break;
     case FAD_FWD_WS_LONG:
-        if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0)
-            return launch_ws<T, kHeadDim, ws_long>(a, stream, msg, msg_len);
+        if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0 && !kPaged)
+            return launch_ws<T, kHeadDim, ws_long, kPaged>(a, stream, msg, msg_len);
         break;
     default:
         break;
@@ -869,13 +922,17 @@ fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, 
                     a.plan.kernel, kHeadDim);
 }
 
-template fad_status launch_prefill_ws<__half, 128>(const fwd_args &, cudaStream_t, char *, size_t);
-template fad_status launch_prefill_ws<__nv_bfloat16, 128>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__half, 128, false>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 128, false>(const fwd_args &, cudaStream_t, char *, size_t);
+#if FAD_WS_PAGED
+template fad_status launch_prefill_ws<__half, 128, true>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 128, true>(const fwd_args &, cudaStream_t, char *, size_t);
+#endif
 #if FAD_WS_D256
-template fad_status launch_prefill_ws<__half, 256>(const fwd_args &, cudaStream_t, char *, size_t);
-template fad_status launch_prefill_ws<__nv_bfloat16, 256>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__half, 256, false>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 256, false>(const fwd_args &, cudaStream_t, char *, size_t);
 #endif
 #if FAD_WS_D64_CONSUMERS
-template fad_status launch_prefill_ws<__half, 64>(const fwd_args &, cudaStream_t, char *, size_t);
-template fad_status launch_prefill_ws<__nv_bfloat16, 64>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__half, 64, false>(const fwd_args &, cudaStream_t, char *, size_t);
+template fad_status launch_prefill_ws<__nv_bfloat16, 64, false>(const fwd_args &, cudaStream_t, char *, size_t);
 #endif
