@@ -344,11 +344,12 @@ def test_paged_c_entry_checks_pages_on_cpu():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("page", [16, 48])
+@pytest.mark.parametrize("page", [16, 48, 64, 256])
 @pytest.mark.parametrize("sched", ["one_cta", "cta_per_split"])
 def test_paged_in_kernel_equals_contiguous_gpu(page, sched):
     """Pages read in place by both kernels (shuffled blocks, tiles spanning pages) give the
-    contiguous cache's bits: decode (packed kernel) and a 40-row chunk (prefill kernel)."""
+    contiguous cache's bits: decode (packed kernel) and a 40-row chunk (prefill kernel; at
+    pages of 64 and 256 rows the warp-specialized one copies a whole tile a box)."""
     gen = make_gen(57 + page)
     B, S, H, Hk, D = 3, 1500, 8, 2, 128
     q, k, v = (randn(gen, (B, S, h, D), torch.bfloat16, "cuda") for h in (H, Hk, Hk))
@@ -386,9 +387,10 @@ def test_paged_bad_block_gpu_is_nan(sched):
 @pytest.mark.parametrize("page", [16, 64])
 def test_paged_prefill_bad_block_gpu_is_nan(page):
     """A prefill chunk (the warp-specialized kernel at D128 reads the pages: whole tiles through
-    the copy engine, a box per 16 rows) over a cache with a page outside it in one sequence: the
-    rows that reach it are NaN, the other sequence's equal the contiguous cache's, and the call
-    returns (the box outside the map still completes its barrier)."""
+    the copy engine, a box per 16 rows, or per tile at pages of 64) over a cache with a page
+    outside it in one sequence: the rows that reach it are NaN, the other sequence's equal the
+    contiguous cache's, and the call returns (the box outside the map still completes its
+    barrier)."""
     gen = make_gen(58 + page)
     B, S, H, Hk, D = 2, 700, 8, 2, 128
     q = randn(gen, (B, 100, H, D), torch.bfloat16, "cuda")

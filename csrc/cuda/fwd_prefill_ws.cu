@@ -187,10 +187,14 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocks, "shared memory for kMinBlocks CTAs an SM");
 };
 
-template <typename T, int kHeadDim, ws_shape kShape, bool kDrop, bool kPaged>
+/* kPagedBox: 0, K/V in contiguous rows; else a paged cache, whose whole tiles the
+ * producer copies as boxes of kPagedBox rows (16, or kBlockN where pages are
+ * whole tiles: launch_prefill_ws). */
+template <typename T, int kHeadDim, ws_shape kShape, bool kDrop, int kPagedBox>
 __global__ void __launch_bounds__(fwd_ws_cfg<kHeadDim, kShape>::kThreads, fwd_ws_cfg<kHeadDim, kShape>::kMinBlocks)
 fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 {
+    constexpr bool kPaged = kPagedBox != 0;
     const fwd_args &a = wa.a;
     pdl_launch_dependents(); /* the combine, if any, may start launching (it waits for us) */
     using C = fwd_ws_cfg<kHeadDim, kShape>;
@@ -391,9 +395,11 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
          * and is announced once it has landed. */
         const int64_t k_row0 = wa.tma ? seq.k_off / p.k_row_stride : 0;
         const int64_t v_row0 = wa.tma ? seq.v_off / p.v_row_stride : 0;
-        /* (kPaged: by 16-row boxes, each 16-row group inside one page, as long as the
-         * sequence's first row starts a group) */
-        auto whole = [&](int t0) { return wa.tma && t0 + kBlockN <= len_k && (!kPaged || seq.k_start % 16 == 0); };
+        /* (kPaged: by boxes of kPagedBox rows, each inside one page, as long as the
+         * sequence's first row starts a box) */
+        auto whole = [&](int t0) {
+            return wa.tma && t0 + kBlockN <= len_k && (!kPaged || seq.k_start % (kPaged ? kPagedBox : 1) == 0);
+        };
         /* kPaged: rows [0, len_k - t0) of tile t0 through the block table, one half
          * (kHalves 1: K, 2: V) or both; a page outside the cache sets s_bad */
         const T *k_h = (const T *)p.k + hk * p.k_head_stride, *v_h = (const T *)p.v + hk * p.v_head_stride;
@@ -403,10 +409,18 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                 *s_bad = 1;
         };
         auto tma_half = [&](T *dst, bool is_v, int t0, uint64_t *bar) { /* (thread 0) */
-            if constexpr (kPaged) {
-                /* each 16-row group at its page's rows (the map's row page x page_size +
-                 * row in it); a page outside the cache: a box outside the map, zeros, as
-                 * cp.async fills */
+            if constexpr (kPagedBox == kBlockN) {
+                /* pages of whole tiles: the tile at its page's row (the map's row
+                 * page x page_size + row in it), one look-up; a page outside the
+                 * cache: a box outside the map, zeros, as cp.async fills */
+                int pg, in_page;
+                const bool ok = fad_kv_page(&p, &seq, t0, &pg, &in_page);
+                if (!ok)
+                    *s_bad = 1;
+                tma_load_tile<kBlockN, kHeadDim>(dst, is_v ? &wa.v_map : &wa.k_map, hk,
+                                                 ok ? pg * p.page_size + in_page : -kBlockN, bar);
+            } else if constexpr (kPaged) {
+                /* each 16-row group at its page's row, the same way */
 #pragma unroll
                 for (int g = 0; g < kBlockN / 16; g++) {
                     int pg, in_page;
@@ -845,18 +859,19 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                                         kHeadDim == 128 && wa.tma_o ? seq.o_off / p.out_row_stride : 0);
 }
 
-template <typename T, int kHeadDim, ws_shape kShape, bool kPaged>
+template <typename T, int kHeadDim, ws_shape kShape, int kPagedBox>
 static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
+    constexpr bool kPaged = kPagedBox != 0;
     using C = fwd_ws_cfg<kHeadDim, kShape>;
     static int smem_set[FAD_MAX_DEVICES], smem_set_drop[FAD_MAX_DEVICES];
     const bool drop = a.p.dropout_p > 0.f;
     if (kPaged && drop) /* (no dropout build of the paged kernel: plan_kernel sends it to mma.sync) */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: dropout on the paged warp-specialized kernel");
-    void (*kernel)(fwd_ws_args) = fwd_ws_kernel<T, kHeadDim, kShape, false, kPaged>;
+    void (*kernel)(fwd_ws_args) = fwd_ws_kernel<T, kHeadDim, kShape, false, kPagedBox>;
     if constexpr (!kPaged)
         if (drop)
-            kernel = fwd_ws_kernel<T, kHeadDim, kShape, true, false>;
+            kernel = fwd_ws_kernel<T, kHeadDim, kShape, true, 0>;
     fad_status st = allow_smem(kernel, drop ? smem_set_drop : smem_set, C::kSmemBytes, msg, msg_len);
     if (st != FAD_OK)
         return st;
@@ -874,7 +889,8 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
     wa.div_group = fad_make_fastdiv((uint32_t)group);
     /* (the producer's whole K/V tiles through the copy engine where it can) */
     const fad_fwd_params &p = a.p;
-    wa.tma = kPaged ? fad_make_paged_kv_maps(p, &wa.k_map, &wa.v_map) : fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
+    wa.tma = kPaged ? fad_make_paged_kv_maps(p, kPagedBox, &wa.k_map, &wa.v_map)
+                    : fad_make_kv_maps(p, C::kBlockN, &wa.k_map, &wa.v_map);
     wa.tma_q = fad_make_q_map(p, C::kBlockM, &wa.q_map); /* (Q's whole tiles too) */
     /* (the output through the copy engine at D128 only: at D256 its four
      * boxes a warp measured 0.96-1.00x the threads' stores, at D64 0.98-1.00x;
@@ -897,29 +913,48 @@ static fad_status launch_ws(const fwd_args &a, cudaStream_t stream, char *msg, s
  * row gets the same bits from any shape (the same consumer code on its 64
  * rows, and the same operations on R wherever it lives). A shape this head
  * dim does not build is a bug, refused. */
-template <typename T, int kHeadDim, bool kPaged>
-fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+template <typename T, int kHeadDim, int kPagedBox>
+static fad_status launch_ws_shape(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
+    constexpr bool kPaged = kPagedBox != 0;
     switch (a.plan.kernel) {
     case FAD_FWD_WS_MAIN:
-        return launch_ws<T, kHeadDim, ws_main, kPaged>(a, stream, msg, msg_len);
+        return launch_ws<T, kHeadDim, ws_main, kPagedBox>(a, stream, msg, msg_len);
     case FAD_FWD_WS_NARROW:
         if constexpr (kHeadDim == 128 && FAD_WS_NARROW_MAX_SK > 0)
-            return launch_ws<T, kHeadDim, ws_narrow, kPaged>(a, stream, msg, msg_len);
+            return launch_ws<T, kHeadDim, ws_narrow, kPagedBox>(a, stream, msg, msg_len);
         break;
     case FAD_FWD_WS_LEAN:
         if constexpr (kHeadDim == 64 && FAD_WS_D64_LEAN_MAX_SK > 0 && !kPaged)
-            return launch_ws<T, kHeadDim, ws_lean, kPaged>(a, stream, msg, msg_len);
+            return launch_ws<T, kHeadDim, ws_lean, kPagedBox>(a, stream, msg, msg_len);
         break;
     case FAD_FWD_WS_LONG:
         if constexpr (kHeadDim == 256 && FAD_WS_D256_CONSUMERS > 1 && FAD_WS_D256_LONG_MIN_SK > 0 && !kPaged)
-            return launch_ws<T, kHeadDim, ws_long, kPaged>(a, stream, msg, msg_len);
+            return launch_ws<T, kHeadDim, ws_long, kPagedBox>(a, stream, msg, msg_len);
         break;
     default:
         break;
     }
     return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: warp-specialized shape %d at head dim %d",
                     a.plan.kernel, kHeadDim);
+}
+
+/* A paged cache's whole tiles go as one box a 64-column block where its pages
+ * hold whole tiles (page_size a multiple of kBlockN, no leftpad: every tile
+ * then starts a page's row that is a multiple of 64), else as a box per
+ * 16-row group, each with its own page look-up: pages of 64 and 256 rows
+ * measured 1.43-1.53x the 16-row boxes (H200;
+ * benchmarks/results/2026-11-30_h200_fwd_fold_probes.md, section 3). */
+template <typename T, int kHeadDim, bool kPaged>
+fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
+{
+    constexpr int kBlockN = fwd_ws_cfg<kHeadDim>::kBlockN;
+    if constexpr (!kPaged)
+        return launch_ws_shape<T, kHeadDim, 0>(a, stream, msg, msg_len);
+    else if (a.p.page_size % kBlockN == 0 && !a.p.cache_leftpad)
+        return launch_ws_shape<T, kHeadDim, kBlockN>(a, stream, msg, msg_len);
+    else
+        return launch_ws_shape<T, kHeadDim, 16>(a, stream, msg, msg_len);
 }
 
 template fad_status launch_prefill_ws<__half, 128, false>(const fwd_args &, cudaStream_t, char *, size_t);

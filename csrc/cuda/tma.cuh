@@ -151,17 +151,19 @@ static inline bool fad_make_q_map(const fad_fwd_params &p, int box_rows, fad_ten
            fad_make_map(map, p.q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride, box_rows);
 }
 /* A paged cache's K and V maps: its blocks as one tensor of kv_batch x
- * page_size rows (each block's rows contiguous in it), boxes of 16 rows, so
- * that a tile's 16-row groups (page sizes are multiples of 16) are one box
- * each, at the row its page gives (fwd_prefill_ws.cu's producer). */
-static inline bool fad_make_paged_kv_maps(const fad_fwd_params &p, fad_tensor_map *k_map, fad_tensor_map *v_map)
+ * page_size rows (each block's rows contiguous in it), boxes of box_rows rows:
+ * 16, so that a tile's 16-row groups (page sizes are multiples of 16) are one
+ * box each, or a whole tile where pages hold whole tiles; each box at the row
+ * its page gives (fwd_prefill_ws.cu's producer). */
+static inline bool fad_make_paged_kv_maps(const fad_fwd_params &p, int box_rows, fad_tensor_map *k_map,
+                                          fad_tensor_map *v_map)
 {
     return fad_tma_enabled() && p.block_table && p.page_size % 16 == 0 && p.k_row_stride > 0 &&
            p.v_row_stride > 0 && p.k_batch_stride == (int64_t)p.page_size * p.k_row_stride &&
            p.v_batch_stride == (int64_t)p.page_size * p.v_row_stride &&
            (int64_t)p.kv_batch * p.page_size <= 0x7fffffff &&
-           fad_make_map(k_map, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, 16) &&
-           fad_make_map(v_map, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, 16);
+           fad_make_map(k_map, p.k, p.head_dim, p.num_heads_k, p.k_row_stride, p.k_head_stride, box_rows) &&
+           fad_make_map(v_map, p.v, p.head_dim, p.num_heads_k, p.v_row_stride, p.v_head_stride, box_rows);
 }
 /* K's and V's maps (the rows of a KV cache's entries, or of the batch's). */
 static inline bool fad_make_kv_maps(const fad_fwd_params &p, int box_rows, fad_tensor_map *k_map,
