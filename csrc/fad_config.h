@@ -225,6 +225,11 @@
 #ifndef FAD_WS_D128_CONSUMER_REGS
 #define FAD_WS_D128_CONSUMER_REGS 160
 #endif
+/* FAD_WS_D128_R_REG_NB: of each three-consumer thread's 16 n8 blocks of R's o,
+ * how many it keeps in registers (the rest in shared memory); 0 = none. */
+#ifndef FAD_WS_D128_R_REG_NB
+#define FAD_WS_D128_R_REG_NB 2
+#endif
 /* X slots: where fwd_kernel's kGroups variant (a one-CTA walk across the end
  * of a split group, fad_math.h FAD_MERGE_GROUP) keeps the outer result of a
  * warp's rows (fwd_tile.cuh, fold_group_close): FAD_X_LANE_FLOATS a lane (o of
