@@ -606,7 +606,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
     /* kThree without dropout: R's first FAD_WS_D128_R_REG_NB n8 blocks in
      * registers, the rest in shared memory (r_in_regs_smem): each fold moves 1/8
      * fewer bytes through shared memory, which the S = Q K^T products read Q and K
-     * through too; 1.00-1.02x at 2k-16k keys (H200,
+     * through too; 0.995-1.023x at 2k-16k keys (H200,
      * benchmarks/results/2026-11-30_h200_fwd_fold_probes.md, section 7). Four
      * blocks spilled 36 B; with dropout two spilled 24 B more, in the paged
      * kernels 8 B. */
@@ -955,7 +955,7 @@ static fad_status launch_ws_shape(const fwd_args &a, cudaStream_t stream, char *
  * hold whole tiles (page_size a multiple of kBlockN, no leftpad: every tile
  * then starts a page's row that is a multiple of 64), else as a box per
  * 16-row group, each with its own page look-up: pages of 64 and 256 rows
- * measured 1.43-1.53x the 16-row boxes (H200;
+ * measured 1.67-1.78x the 16-row boxes (H200;
  * benchmarks/results/2026-11-30_h200_fwd_fold_probes.md, section 3). */
 template <typename T, int kHeadDim, bool kPaged>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
