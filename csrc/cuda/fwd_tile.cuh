@@ -415,12 +415,6 @@ template <int kMT, int kDB, int kThreads, int kRegNB> struct r_in_regs_smem {
     {
         return nb < kRegNB ? o[nb] : reinterpret_cast<float4 *>(sR)[(mt * kDB + nb) * kThreads + t];
     }
-    /* (one value of it: fold_group_close's) */
-    __device__ __forceinline__ float &at(int mt, int nb, int e) const
-    {
-        float4 &v = at4(mt, nb);
-        return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
-    }
 };
 template <int kMT, int kDB> struct r_in_regs {
     float (&o)[kMT][kDB][4];
