@@ -30,9 +30,6 @@ typedef struct fad_seq {
     int k_start;
 } fad_seq;
 
-/* Element offsets (into k and v) of key row r of sequence s, r in [0, len_k).
- * Contiguous: k_off + r * row_stride. Paged: through the block table; returns 0
- * (and offsets 0) when the page index lies outside [0, kv_batch). */
 /* Paged: key row r of sequence s is row *row of page *pg; returns whether that
  * page lies inside the cache ([0, kv_batch)). */
 FAD_HD int fad_kv_page(const fad_fwd_params *p, const fad_seq *s, int r, int *pg, int *row)
@@ -43,6 +40,9 @@ FAD_HD int fad_kv_page(const fad_fwd_params *p, const fad_seq *s, int r, int *pg
     return *pg >= 0 && *pg < p->kv_batch;
 }
 
+/* Element offsets (into k and v) of key row r of sequence s, r in [0, len_k).
+ * Contiguous: k_off + r * row_stride. Paged: through the block table; returns 0
+ * (and offsets 0) when the page index lies outside [0, kv_batch). */
 FAD_HD int fad_kv_row(const fad_fwd_params *p, const fad_seq *s, int r, int64_t *k_off,
                       int64_t *v_off)
 {
