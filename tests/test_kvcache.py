@@ -652,6 +652,41 @@ def test_packed_many_splits_equal_one_cta_gpu(paged, D, kernel, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("B, cap, lens, kw", [
+    (1, 40000, [40000], {}),                                   # 79 splits: the combine polls
+    (1, 40000, [40000], {"window_size": (700, 0)}),            # the window's 2 splits of 79
+    (2, 70000, [70000, 33001], {}),                            # 137 splits, mixed lengths
+    (8, 9000, [9000, 1, 4097, 8999, 512, 513, 7000, 3000], {}),  # 18 splits, 1152 split CTAs
+])
+def test_packed_split_ctas_equal_one_cta_gpu(B, cap, lens, kw):
+    """Decode at the default split size where the CTA-per-split schedule fills more than a wave
+    (and past 64 splits its combine folds each chunk of splits as their CTAs flag them done):
+    the automatic schedule gives the one-CTA schedule's bits, a lone sequence's, and float64's
+    answer within bf16's rounding, for one long sequence, a window that starts past its first
+    splits, mixed lengths and a ragged batch."""
+    gen = make_gen(97 + B)
+    H, Hk, D = 32, 8, 128
+    q = randn(gen, (B, 1, H, D), torch.bfloat16, "cuda")
+    k, v = (randn(gen, (B, cap, Hk, D), torch.bfloat16, "cuda") for _ in range(2))
+    seqlens = i32(lens, "cuda")
+    fad.set_deterministic_mode(True)
+    res = {}
+    for sched in ("auto", "one_cta"):
+        with force_schedule(sched):
+            res[sched] = fad.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True,
+                                                     return_softmax_lse=True, **kw)
+    (a, a_lse), (b, b_lse) = res["auto"], res["one_cta"]
+    assert torch.isfinite(a).all() and torch.equal(a, b) and torch.equal(a_lse, b_lse)
+    last = B - 1
+    alone = fad.flash_attn_with_kvcache(q[last:], k[last:], v[last:], cache_seqlens=seqlens[last:],
+                                        causal=True, **kw)
+    assert torch.equal(alone[0], a[last])
+    L = lens[0]
+    ref, _ = attention_ref(q[:1], k[:1, :L], v[:1, :L], causal=True, **kw)
+    assert_close(a[:1], ref, torch.bfloat16, 2.0 ** -7)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_packed_many_splits_bad_block_is_nan_gpu():
     """A page outside the cache in the middle of one sequence, on the CTA-per-split schedule at
     many splits (96: the combine polls the split CTAs' flags): that sequence's rows are NaN,
