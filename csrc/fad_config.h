@@ -311,6 +311,18 @@
 #ifndef FAD_PACKED_MAX_SQ
 #define FAD_PACKED_MAX_SQ 16
 #endif
+/* Knobs that never change a bit: a one-sequence CTA-per-split plan of the
+ * packed kernel past one wave (fwd_launch.h's packed_runs_shape) walks runs of
+ * splits, a row block's split CTAs numbering floor(wave / row blocks), where
+ * that is at least FAD_PACKED_RUN_MIN_CTAS (fwd_decode.cu's launch_packed;
+ * below, a CTA per split); its combine polls from
+ * FAD_COMBINE_POLL_MIN_SPLITS_RUNS splits. */
+#ifndef FAD_PACKED_RUN_MIN_CTAS
+#define FAD_PACKED_RUN_MIN_CTAS 4
+#endif
+#ifndef FAD_COMBINE_POLL_MIN_SPLITS_RUNS
+#define FAD_COMBINE_POLL_MIN_SPLITS_RUNS 32
+#endif
 #ifndef FAD_PACKED_Q_IN_REGS
 #define FAD_PACKED_Q_IN_REGS 0
 #endif

@@ -5,7 +5,7 @@ compared bit for bit with a saved file:
     python3 dev/decode_bits.py /tmp/dec_ref.pt        # with the old build
     python3 dev/decode_bits.py /tmp/dec_ref.pt cmp    # with the new one: the cases that differ
 
-Cases: GQA 32/8 D128 at B1 8k (whole tiles only) and B8 with ragged cache lengths (a cut tile at
+Cases: GQA 32/8 D128 at B1 8k (whole tiles only), B1 40k (runs of splits a CTA) and B8 with ragged cache lengths (a cut tile at
 every sequence's end), one-CTA and CTA-per-split schedules (num_splits), D 64 / 256, MQA, a
 window, a softcap, a 4-token chunk, new keys appended, a cache entry map, and a paged cache."""
 import torch
@@ -28,6 +28,7 @@ def ragged(B, hi):
 out = {}
 # (name, B, Sq, H, Hk, D, capacity, lengths or None (full), kwargs)
 cases = [("b1_8k", 1, 1, 32, 8, 128, 8192, None, {}),
+         ("b1_40k", 1, 1, 32, 8, 128, 40000, None, {}),  # split CTAs in runs, a polling combine
          ("b1_8k_one_cta", 1, 1, 32, 8, 128, 8192, None, {"num_splits": 1}),
          ("b8_ragged", 8, 1, 32, 8, 128, 8192, 8000, {}),
          ("b8_ragged_split", 8, 1, 32, 8, 128, 8192, 8000, {"num_splits": 64}),

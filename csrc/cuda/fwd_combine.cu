@@ -387,7 +387,7 @@ template <int kHeadDim> bool combine_polls(const fwd_args &a)
 {
     return FAD_COMBINE_POLL && a.plan.packed && a.plan.cta_per_split && FAD_COMBINE_BY_COLS &&
            a.p.seqlen_q < 4 && combine_cfg<kHeadDim, 4>::staged(a.plan.num_splits) &&
-           a.plan.num_splits > FAD_COMBINE_POLL_MIN_SPLITS;
+           a.plan.num_splits > (packed_runs_shape(a) ? FAD_COMBINE_POLL_MIN_SPLITS_RUNS : FAD_COMBINE_POLL_MIN_SPLITS);
 }
 
 /* CTA-per-split schedule: the combine kernel, for every (batch, head, query

@@ -63,7 +63,72 @@ template <int kHeadDim, bool kMod> struct packed_cfg {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <typename T, int kHeadDim, bool kMod, bool kPaged>
+/* The tiles a packed CTA walks, one after the other, as a cursor. Without
+ * kRuns, tile_walk's [t_first, t_last): a one-CTA plan's every split of the
+ * rows' keys (folded here), or a CTA-per-split plan's split_of_cta(). With
+ * kRuns (a CTA-per-split plan whose grid has fewer split CTAs than splits,
+ * launch_packed): the splits y, y + n, y + 2n, .. of the rows' keys (y =
+ * split_of_cta(), n = the grid's split CTAs a row block), each split's tiles
+ * by tile_walk's rule and each written as its own partial, so that the copy
+ * pipeline runs on from one split into the next and the splits done are at
+ * any time a prefix of the row's, as a polling combine folds them. Which CTA
+ * walks a split changes none of its bits. */
+template <int kBlockN, bool kRuns> struct packed_walk {
+    int t, end;     /* the tile's first key, its segment's end (t >= end: walked) */
+    int s, stride;  /* kRuns: the segment's split, and the splits between segments */
+    int s_end, lo, hi, S; /* kRuns: the rows' splits [.., s_end), their keys [lo, hi) cut at len_k */
+
+    __device__ __forceinline__ bool valid() const { return t < end; }
+    /* kRuns: split `split`'s tiles within [lo, hi), from a tile boundary */
+    __device__ __forceinline__ void enter(int split)
+    {
+        s = split;
+        if (split >= s_end) {
+            t = end = 0;
+            return;
+        }
+        const fad_key_range k = fad_split_keys(split, S);
+        t = max(k.lo, lo / kBlockN * kBlockN);
+        end = min(k.hi, hi);
+    }
+    __device__ __forceinline__ void next()
+    {
+        t += kBlockN;
+        if (t >= end) {
+            if constexpr (kRuns)
+                enter(s + stride);
+            else
+                t = end = 0;
+        }
+    }
+    /* kRuns: the segment is the CTA's last */
+    __device__ __forceinline__ bool last_segment() const { return s + stride >= s_end; }
+    /* the rows' keys first.lo .. last.hi; false: nothing to write (tile_walk's
+     * false, or no split of a run). (A one-CTA plan's empty walk, a row that
+     * sees no key, is true: it still writes the row's empty result.) */
+    __device__ __forceinline__ bool start(const fad_plan &plan, fad_key_range first, fad_key_range last,
+                                          int len_k)
+    {
+        if constexpr (!kRuns) {
+            return tile_walk<kBlockN>(plan, first, last, len_k, &t, &end);
+        } else {
+            S = plan.split_size;
+            lo = first.lo;
+            hi = min(last.hi, len_k);
+            const fad_key_range keys = {first.lo, last.hi};
+            const int s_begin = fad_first_split(keys, S);
+            s_end = fad_end_split(keys, S);
+            stride = (int)(gridDim.y * gridDim.z);
+            int y = split_of_cta();
+            if (y < s_begin) /* (a window: the rows' first split, rounded up to one of this CTA's) */
+                y += (s_begin - y + stride - 1) / stride * stride;
+            enter(y);
+            return valid();
+        }
+    }
+};
+
+template <typename T, int kHeadDim, bool kMod, bool kPaged, bool kRuns>
 __global__ void __launch_bounds__(packed_cfg<kHeadDim, kMod>::kThreads)
 fwd_packed_kernel(const __grid_constant__ fwd_args a)
 {
@@ -75,19 +140,22 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     /* a.ws_flag (a combine that polls): this CTA's flag is cleared before the
      * combine may launch, which is once every CTA of this grid has passed
      * pdl_launch_dependents, and set once its partials are written. */
-    /* (a CTA past the last split, split_grid's, has none) */
-    const int split = split_of_cta();
-    int *const flag = a.ws_flag && split < a.plan.num_splits
-                          ? a.ws_flag + (size_t)split * gridDim.x + blockIdx.x
-                          : nullptr;
-    if (flag) {
+    /* (the CTA's splits: split_of_cta() and every stride-th after it, below
+     * the plan's last; packed_walk) */
+    const int split_stride = (int)(gridDim.y * gridDim.z);
+    auto flag_of = [&](int s) { return a.ws_flag + (size_t)s * gridDim.x + blockIdx.x; };
+    if (a.ws_flag) {
         if (threadIdx.x == 0) {
-            *flag = 0;
+            for (int s = split_of_cta(); s < a.plan.num_splits; s += split_stride)
+                *flag_of(s) = 0;
             __threadfence();
         }
         __syncthreads();
     }
-    pdl_launch_dependents();
+    /* (kRuns: once this CTA enters its last split, below; a combine CTA that
+     * polls, resident beside a run from its start, measured 0.74-0.79x) */
+    if constexpr (!kRuns)
+        pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
     constexpr int kMT = 1, kRows = 2, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
     constexpr int kDB = C::kDBlocks, kStages = C::kStages, kColBlocks = C::kColBlocks;
@@ -117,9 +185,14 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     const fad_key_range last_row =
         fad_row_keys((m_end - 1) / G, len_q, len_k, p.window_left, p.window_right);
     const bool partial = a.plan.cta_per_split;
-    int t_first, t_last;
-    if (!tile_walk<kBlockN>(a.plan, first_row, last_row, len_k, &t_first, &t_last))
-        return; /* this split is masked for every row: the combine skips it too */
+    packed_walk<kBlockN, kRuns> walk; /* the consumers' tile; the copies run kStages tiles ahead (load_walk) */
+    if (!walk.start(a.plan, first_row, last_row, len_k))
+        return; /* this CTA's splits are masked for every row: the combine skips them too */
+    if constexpr (kRuns)
+        if (walk.last_segment())
+            pdl_launch_dependents();
+    packed_walk<kBlockN, kRuns> load_walk = walk;
+    int v_t = -1; /* the tile whose V the next group copies (-1: none) */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -158,7 +231,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         mR[r] = m_s[r] = -INFINITY, lR[r] = l_s[r] = 0.f;
     int cur_split = -1;
 
-    /* The pipeline. Tile j (keys t_first + j kBlockN ..) lives in stage
+    /* The pipeline. Tile j (the walk's j-th) lives in stage
      * j % kStages. The copies run K one tile ahead of V: commit group g holds
      * K(g) and V(g - 1) (and Q with K(0)), and iteration j commits group
      * j + kStages. Iteration j reads K(j + 1) and V(j), both in group j + 1.
@@ -172,24 +245,26 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     int64_t v_src[kPaged ? kBlockN * (kHeadDim / 8) / C::kThreads : 1]; /* paged: V(g - 1)'s rows */
     const T *k_h = (const T *)p.k + hk * p.k_head_stride; /* paged: the cache at this kv head */
     const T *v_h = (const T *)p.v + hk * p.v_head_stride;
-    auto tile_at = [&](int j) { return t_first + j * kBlockN; };
     /* stage offsets (elements) one tile on and one tile back */
     constexpr int kRing = kStages * C::kStageElems;
     auto next_stage = [](int st) { return st + C::kStageElems == kRing ? 0 : st + C::kStageElems; };
     auto prev_stage = [](int st) { return (st == 0 ? kRing : st) - C::kStageElems; };
     /* group g: V(g - 1) into stage st_v, K(g) into stage st_k; V first, since
-     * a paged K(g) overwrites v_src */
-    auto load_group = [&](int g, int st_v, int st_k) {
-        if (g >= 1 && tile_at(g - 1) < t_last) {
-            const int t0 = tile_at(g - 1);
+     * a paged K(g) overwrites v_src. Called for g = 0, 1, .. in turn: tile g
+     * is load_walk's, whose V the next group copies. */
+    auto load_group = [&](int st_v, int st_k) {
+        if (v_t >= 0) {
+            const int t0 = v_t;
             if constexpr (kPaged)
                 load_v_paged<T, kHeadDim, kBlockN, C::kThreads>(sV + st_v, v_h, v_src);
             else
                 load_tile_lean<T, kHeadDim, kBlockN, C::kThreads>(
                     sV + st_v, v_g + (int64_t)t0 * p.v_row_stride, (int)p.v_row_stride, len_k - t0, D);
         }
-        if (tile_at(g) < t_last) {
-            const int t0 = tile_at(g);
+        v_t = -1;
+        if (load_walk.valid()) {
+            const int t0 = v_t = load_walk.t;
+            load_walk.next();
             if constexpr (kPaged)
                 bad_page |= load_kv_paged<T, kHeadDim, kBlockN, C::kThreads>(
                     sK + st_k, nullptr, p, seq, k_h, v_h, t0, len_k - t0, D, &v_src);
@@ -218,7 +293,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     }
 #pragma unroll
     for (int g = 0; g < kStages; g++)
-        load_group(g, (g == 0 ? kStages - 1 : g - 1) * C::kStageElems, g * C::kStageElems);
+        load_group((g == 0 ? kStages - 1 : g - 1) * C::kStageElems, g * C::kStageElems);
 
     uint32_t qf[kMT][C::kQInRegs ? kHeadDim / 16 : 1][4];
     const lds_base<kHeadDim> q_lds(sQ, rw * 16 + lane % 16, lane / 16);
@@ -254,17 +329,49 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         float sp[kMT][2 * kJ][4] = {};
         qk_part(sp, 0);
         publish(sp, xchg0);
-        cur_split = fad_split_of(t_first, S);
+        cur_split = fad_split_of(walk.t, S);
         start_split(acc, m_s, l_s);
     }
 
+    /* (partial) split s's (m, l, o) out by flat row, then, where the combine
+     * polls, its flag (every warp's partials first; warp_active is
+     * CTA-uniform) */
+    auto emit_partial = [&](int s, bool poison) {
+        const size_t split_base = (size_t)s * fad_flat_rows(&p);
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            const float nan = __int_as_float(0x7fffffff);
+            const float l_row = poison ? nan : quad_sum(l_s[r]);
+            const int pr = m0 + row0 + 8 * r;
+            if (pr < m_end) {
+                const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
+                store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + row * D,
+                                  a.ws_ml + row * 2, D,
+                                  cw * kColBlocks * 16, cw == 0);
+            }
+        }
+        if (a.ws_flag) {
+            /* The CTA barrier orders every thread's partial stores before
+             * thread 0's release, which is cumulative: a combine that
+             * acquires the flag sees them all (PTX memory model; no fence in
+             * every thread, which a run paid at each split: B1 32k-128k
+             * 1.02-1.025x without it). */
+            static_assert(C::kRowWarps == 1, "every warp of the CTA reaches the flag");
+            __syncthreads();
+            if (threadIdx.x == 0)
+                st_release_gpu(flag_of(s), 1);
+        }
+    };
+
     int st = 0; /* tile j's stage */
 #pragma unroll 1
-    for (int j = 0; tile_at(j) < t_last; j++) {
-        const int t0 = tile_at(j), st_next = next_stage(st);
+    for (int j = 0; walk.valid(); j++) {
+        const int t0 = walk.t, st_next = next_stage(st);
+        packed_walk<kBlockN, kRuns> next = walk;
+        next.next();
         cp_async_wait<kStages - 2>(); /* group j + 1: K(j + 1), V(j) (this thread's copies) */
         __syncthreads(); /* ... everyone's; S(j) is whole; K(j)'s and V(j - 1)'s stages are free */
-        load_group(j + kStages, prev_stage(st), st);
+        load_group(prev_stage(st), st); /* group j + kStages */
 
         if (warp_active) {
             float s[kMT][kNB][4];
@@ -282,19 +389,28 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             /* S(j + 1), branch-free so that it shares softmax_exp's basic
              * block; on the last tile it recomputes S(j) from K(j) (intact:
              * no copy follows it) into the exchange nobody reads. */
-            const bool has_next = t0 + kBlockN < t_last;
+            const bool has_next = next.valid();
             float sp[kMT][2 * kJ][4] = {};
             qk_part(sp, has_next ? st_next : st);
             softmax_exp<false>(s, acc, m_s, l_s, m_tile, mod);
             pv_tile<T, kBlockN, kMT, kColBlocks>(acc, s, v_lds0.reload(st * 2));
             publish(sp, j % 2 ? xchg0 : xchg1);
-            /* the next tile starts a split: fold this one into R, fresh state */
-            if (has_next && fad_split_of(t0 + kBlockN, S) != cur_split) {
-                fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
-                cur_split = fad_split_of(t0 + kBlockN, S);
+            /* the next tile starts a split: fold this one into R (kRuns:
+             * write it out; a run's segments are its splits), fresh state */
+            if (has_next && (kRuns ? next.t >= walk.end : fad_split_of(next.t, S) != cur_split)) {
+                if constexpr (kRuns) {
+                    emit_partial(cur_split, false);
+                    if (next.last_segment())
+                        pdl_launch_dependents();
+                    cur_split = next.s;
+                } else {
+                    fold_split(acc, m_s, l_s, mR, lR, r_in_regs<kMT, kDB>{oR}, have_R, true);
+                    cur_split = fad_split_of(next.t, S);
+                }
                 start_split(acc, m_s, l_s);
             }
         }
+        walk = next;
         st = st_next;
     }
     cp_async_wait_all();
@@ -303,29 +419,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     if (!warp_active)
         return;
 
-    if (partial) { /* the CTA's one split ends: write its (m, l, o) out by flat row */
-        if (cur_split >= 0) {
-            const size_t split_base = (size_t)cur_split * fad_flat_rows(&p);
-#pragma unroll
-            for (int r = 0; r < kRows; r++) {
-                const float nan = __int_as_float(0x7fffffff);
-                const float l_row = poison ? nan : quad_sum(l_s[r]);
-                const int pr = m0 + row0 + 8 * r;
-                if (pr < m_end) {
-                    const size_t row = split_base + seq.row0 + (hk * G + pr % G) * head_stride + pr / G;
-                    store_partial_row(acc, r, poison ? nan : m_s[r], l_row, a.ws_o + row * D,
-                                      a.ws_ml + row * 2, D,
-                                      cw * kColBlocks * 16, cw == 0);
-                }
-            }
-        }
-        if (flag) { /* every warp's partials, then the flag (warp_active is CTA-uniform) */
-            static_assert(C::kRowWarps == 1, "every warp of the CTA reaches the flag");
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0)
-                st_release_gpu(flag, 1);
-        }
+    if (partial) { /* the CTA's last split ends */
+        if (cur_split >= 0)
+            emit_partial(cur_split, poison);
         return;
     }
     if (cur_split >= 0)
@@ -351,16 +447,53 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
 {
     const fad_plan &plan = a.plan;
     using C = packed_cfg<kHeadDim, kMod>;
-    static int smem_set[FAD_MAX_DEVICES];
-    fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, smem_set, C::kSmemBytes,
+    /* (runs: neither softcap/ALiBi nor pages, below) */
+    constexpr bool kHasRuns = !kMod && !kPaged;
+    static int smem_set[2][FAD_MAX_DEVICES];
+    fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, smem_set[0], C::kSmemBytes,
                                msg, msg_len);
     if (st != FAD_OK)
         return st;
+    if constexpr (kHasRuns) {
+        st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, kHasRuns>, smem_set[1], C::kSmemBytes, msg,
+                        msg_len);
+        if (st != FAD_OK)
+            return st;
+    }
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged>, split_grid(packed_grid_x(a), plan),
-                         C::kThreads, C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
+    /* A one-sequence CTA-per-split plan (packed_runs_shape) whose split CTAs
+     * fill more than a wave: each CTA walks a run of splits (packed_walk), a
+     * row block's split CTAs numbering floor(wave / row blocks), so that the
+     * grid is one wave and no CTA's copies drain and start again at each
+     * split. Only where that leaves a row block at least
+     * FAD_PACKED_RUN_MIN_CTAS of them (else the CTA per split, whose waves the
+     * SMs take as they free). (Not paged: a page outside the cache poisons the
+     * partial of the split whose tiles met it, and the K copies run tiles
+     * ahead of the consumers.) */
+    int split_ctas = 0; /* split CTAs a row block (0: one a split) */
+    if (kHasRuns && packed_runs_shape(a)) {
+        static int per_sm[FAD_MAX_DEVICES]; /* CTAs an SM, asked once per device */
+        int dev = 0, sms = 0;
+        st = fad_cuda_num_sms(&sms, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        CUDA_TRY(cudaGetDevice(&dev));
+        if (!per_sm[dev])
+            CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm[dev], fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, C::kThreads, C::kSmemBytes));
+        const int64_t wave = (int64_t)sms * max(per_sm[dev], 1), x = packed_grid_x(a), n = plan.num_splits;
+        const int64_t groups = wave / x;
+        if (x * n > wave && groups >= FAD_PACKED_RUN_MIN_CTAS && groups < n)
+            split_ctas = (int)groups;
+    }
+    const dim3 grid = split_grid(packed_grid_x(a), plan, split_ctas);
+    if (split_ctas)
+        return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, kHasRuns>, grid, C::kThreads,
+                             C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
+    return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, grid, C::kThreads, C::kSmemBytes,
+                         stream, FAD_ATTN_PDL, a, msg, msg_len);
 }
 
 #define FAD_INST(T, D, MOD, PAGED) \

@@ -61,13 +61,25 @@ __host__ __device__ inline int64_t combine_grid_x(const fwd_args &a)
 /* The split CTAs of a CTA-per-split plan lie on grid y and z (x: the row blocks), which CUDA
  * caps at 65535 each, where a long sequence has more splits (2^25 keys in 512-key splits:
  * 65536). Up to 65535 splits, z is the split (y = 1); past that, split = y gridDim.z + z, and
- * the y z - num_splits CTAs past the last split walk nothing (tile_walk). Which CTA runs a
- * split never changes a bit. */
-inline dim3 split_grid(int64_t x, const fad_plan &plan)
+ * the y z - num_splits CTAs past the last split walk nothing (tile_walk). split_ctas > 0 (the
+ * packed kernel's runs): that many split CTAs a row block, CTA y z + z walking every
+ * (y z)-th split from its own. Which CTA runs a split never changes a bit. */
+inline dim3 split_grid(int64_t x, const fad_plan &plan, int split_ctas = 0)
 {
-    const int splits = plan.cta_per_split ? plan.num_splits : 1;
+    const int splits = !plan.cta_per_split ? 1 : split_ctas > 0 ? split_ctas : plan.num_splits;
     const int y = (splits + 65534) / 65535;
     return dim3((unsigned)x, (unsigned)y, (unsigned)((splits + y - 1) / y));
+}
+/* Whether a decode call's split CTAs may walk runs of splits (fwd_decode.cu's
+ * launch_packed; past one wave, FAD_PACKED_RUN_MIN_CTAS): a packed CTA-per-split
+ * plan over one sequence, whose row blocks then walk one length, so that a grid
+ * sized from shapes alone shares the splits out evenly (with several sequences
+ * a long one's splits would queue in its row blocks' CTAs: 0.86-0.92x at batch
+ * 4-8 of mixed lengths), and neither pages nor softcap/ALiBi (fewer kernels). */
+inline bool packed_runs_shape(const fwd_args &a)
+{
+    return a.plan.packed && a.plan.cta_per_split && a.p.batch == 1 && !a.p.block_table &&
+           !fad_scores_modded(&a.p);
 }
 #ifdef __CUDACC__
 __device__ __forceinline__ int split_of_cta() { return (int)(blockIdx.y * gridDim.z + blockIdx.z); }
