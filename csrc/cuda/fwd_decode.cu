@@ -6,7 +6,8 @@
 #include "fwd_block.cuh"
 
 /* The packed kernel, for short query blocks (decode): one CTA per (sequence,
- * kv head, kBlockM packed rows [, split]). Packed row pr = i * G + g is query
+ * kv head, kBlockM packed rows [, split]; kRuns: [, run of splits], see
+ * packed_walk). Packed row pr = i * G + g is query
  * row i of head hk * G + g (G = Hq / Hkv), so a kv head's K/V tiles are read
  * once for all the query heads of its group: a decode step (Sq = 1) is G rows
  * of one 16-row warp, where the prefill kernel would run G CTAs of kBlockM
@@ -440,8 +441,9 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     }
 }
 
-/* One CTA per (sequence, kv head, kBlockM packed rows [, split]), launched as
- * a programmatic dependent of the kernel before it (FAD_ATTN_PDL). */
+/* One CTA per (sequence, kv head, kBlockM packed rows [, split or run of
+ * splits]), launched as a programmatic dependent of the kernel before it
+ * (FAD_ATTN_PDL). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
