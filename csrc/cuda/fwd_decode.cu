@@ -80,7 +80,9 @@ template <int kBlockN, bool kRuns> struct packed_walk {
     int s_end, lo, hi, S; /* kRuns: the rows' splits [.., s_end), their keys [lo, hi) cut at len_k */
 
     __device__ __forceinline__ bool valid() const { return t < end; }
-    /* kRuns: split `split`'s tiles within [lo, hi), from a tile boundary */
+    /* kRuns: split `split`'s tiles within [lo, hi), from a tile boundary
+     * (tile_walk's rule for one split, fwd_block.cuh, written again here
+     * over the cut keys) */
     __device__ __forceinline__ void enter(int split)
     {
         s = split;
