@@ -314,14 +314,20 @@
 /* Knobs that never change a bit: a one-sequence CTA-per-split plan of the
  * packed kernel past one wave (fwd_launch.h's packed_runs_shape) walks runs of
  * splits, a row block's split CTAs numbering floor(wave / row blocks), where
- * that is at least FAD_PACKED_RUN_MIN_CTAS (fwd_decode.cu's launch_packed;
- * below, a CTA per split); its combine polls from
+ * that is at least FAD_PACKED_RUN_MIN_CTAS (fwd_decode.cu's packed_run_ctas;
+ * below, a CTA per split); the combine of a call with runs polls from
  * FAD_COMBINE_POLL_MIN_SPLITS_RUNS splits. */
 #ifndef FAD_PACKED_RUN_MIN_CTAS
 #define FAD_PACKED_RUN_MIN_CTAS 4
 #endif
 #ifndef FAD_COMBINE_POLL_MIN_SPLITS_RUNS
 #define FAD_COMBINE_POLL_MIN_SPLITS_RUNS 32
+#endif
+/* A run lets its combine launch once it enters one of its last
+ * FAD_PACKED_RUN_LAUNCH_SEGMENTS splits (never at its first): the combine
+ * folds the splits done while the last ones run. */
+#ifndef FAD_PACKED_RUN_LAUNCH_SEGMENTS
+#define FAD_PACKED_RUN_LAUNCH_SEGMENTS 2
 #endif
 #ifndef FAD_PACKED_Q_IN_REGS
 #define FAD_PACKED_Q_IN_REGS 0

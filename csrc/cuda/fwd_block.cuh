@@ -93,6 +93,17 @@ __device__ __forceinline__ void poison_row(const fad_fwd_params &p, const fad_se
         p.softmax_lse[seq.row0 + h * fad_lse_head_stride(&p) + i] = nan;
 }
 
+/* The tiles of splits [s_begin, s_end) over keys [lo, hi) (hi already cut at
+ * len_k): from the kBlockN boundary at or below lo, but not before the first
+ * split's first key, to the last split's end or hi. The one rule of every
+ * walk (tile_walk below, the packed kernel's runs), since it decides bits. */
+template <int kBlockN>
+__device__ __forceinline__ void split_tiles(int s_begin, int s_end, int S, int lo, int hi, int *t_first, int *t_last)
+{
+    *t_first = max(fad_split_keys(s_begin, S).lo, lo / kBlockN * kBlockN);
+    *t_last = min(fad_split_keys(s_end, S).lo, hi);
+}
+
 /* The key tiles a CTA walks, the same rule for both forward kernels (the walk
  * decides bits): the kBlockN-aligned tiles of splits [s_begin, s_end) that
  * intersect keys [first.lo, last.hi) of its rows (first/last: the key ranges of
@@ -113,8 +124,7 @@ __device__ __forceinline__ bool tile_walk(const fad_plan &plan, fad_key_range fi
         s_begin = split;
         s_end = split + 1;
     }
-    *t_first = max(fad_split_keys(s_begin, S).lo, keys.lo / kBlockN * kBlockN);
-    *t_last = min(min(fad_split_keys(s_end, S).lo, keys.hi), len_k);
+    split_tiles<kBlockN>(s_begin, s_end, S, keys.lo, min(keys.hi, len_k), t_first, t_last);
     return true;
 }
 

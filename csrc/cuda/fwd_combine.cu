@@ -227,8 +227,9 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
              * other for every odd u (split_stride's parity). */
             const int stride_odd = (int)(split_stride & 1);
             /* polls: chunk k is issued once the split CTAs of all its splits
-             * have flagged (one relaxed load a lane, a warp vote, then the
-             * acquire fence); the flags of the chunks next in line are
+             * have flagged (one acquiring load a lane, a warp vote, then
+             * the warp's barrier, so that each lane's copies come after every
+             * lane's acquire); the flags of the chunks next in line are
              * loaded before a chunk's merges and read after them, so the
              * round trip runs under the merges. Chunks ch + 1 ..
              * ch + kStages may be in flight once chunk ch is merged. */
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
 #pragma unroll
                 for (int k = 0; k < C::kStages; k++) {
                     const int sp = s0 + (issued + k) * C::kChunk + lane;
-                    fv[k] = issued + k < limit && sp < s_end ? ld_relaxed_gpu(flags + (size_t)sp * flag_step)
+                    fv[k] = issued + k < limit && sp < s_end ? ld_acquire_gpu(flags + (size_t)sp * flag_step)
                                                              : (issued + k < limit ? 1 : 0);
                 }
             };
@@ -251,7 +252,6 @@ __global__ void __launch_bounds__(128, 1) combine_kernel(const __grid_constant__
                 for (int k = 0; k < C::kStages; k++)
                     n += __all_sync(0xffffffffu, fv[k] != 0) && n == k;
                 if (n) {
-                    fence_acquire_gpu();
                     __syncwarp(); /* (every lane's acquire before any lane's copies) */
                     for (int k = 0; k < n; k++)
                         issue(issued++);
@@ -387,7 +387,7 @@ template <int kHeadDim> bool combine_polls(const fwd_args &a)
 {
     return FAD_COMBINE_POLL && a.plan.packed && a.plan.cta_per_split && FAD_COMBINE_BY_COLS &&
            a.p.seqlen_q < 4 && combine_cfg<kHeadDim, 4>::staged(a.plan.num_splits) &&
-           a.plan.num_splits > (packed_runs_shape(a) ? FAD_COMBINE_POLL_MIN_SPLITS_RUNS : FAD_COMBINE_POLL_MIN_SPLITS);
+           a.plan.num_splits > (a.run_ctas ? FAD_COMBINE_POLL_MIN_SPLITS_RUNS : FAD_COMBINE_POLL_MIN_SPLITS);
 }
 
 /* CTA-per-split schedule: the combine kernel, for every (batch, head, query

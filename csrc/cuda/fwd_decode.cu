@@ -80,9 +80,7 @@ template <int kBlockN, bool kRuns> struct packed_walk {
     int s_end, lo, hi, S; /* kRuns: the rows' splits [.., s_end), their keys [lo, hi) cut at len_k */
 
     __device__ __forceinline__ bool valid() const { return t < end; }
-    /* kRuns: split `split`'s tiles within [lo, hi), from a tile boundary
-     * (tile_walk's rule for one split, fwd_block.cuh, written again here
-     * over the cut keys) */
+    /* kRuns: split `split`'s tiles within [lo, hi) (split_tiles, fwd_block.cuh) */
     __device__ __forceinline__ void enter(int split)
     {
         s = split;
@@ -90,9 +88,7 @@ template <int kBlockN, bool kRuns> struct packed_walk {
             t = end = 0;
             return;
         }
-        const fad_key_range k = fad_split_keys(split, S);
-        t = max(k.lo, lo / kBlockN * kBlockN);
-        end = min(k.hi, hi);
+        split_tiles<kBlockN>(split, split + 1, S, lo, hi, &t, &end);
     }
     __device__ __forceinline__ void next()
     {
@@ -106,6 +102,8 @@ template <int kBlockN, bool kRuns> struct packed_walk {
     }
     /* kRuns: the segment is the CTA's last */
     __device__ __forceinline__ bool last_segment() const { return s + stride >= s_end; }
+    /* kRuns: the segment is one of the CTA's last k (k >= 1) */
+    __device__ __forceinline__ bool late_segment(int k) const { return s + k * stride >= s_end; }
     /* the rows' keys first.lo .. last.hi; false: nothing to write (tile_walk's
      * false, or no split of a run). (A one-CTA plan's empty walk, a row that
      * sees no key, is true: it still writes the row's empty result.) */
@@ -155,8 +153,11 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         }
         __syncthreads();
     }
-    /* (kRuns: once this CTA enters its last split, below; a combine CTA that
-     * polls, resident beside a run from its start, measured 0.74-0.79x) */
+    /* (kRuns: once this CTA enters one of its last splits, below: a combine
+     * CTA that polls, resident beside a run from its start, measured
+     * 0.74-0.79x; let launch at a run's last split, the combine met 256
+     * splits' backlog at B1 128k, 10 us of tail after the last run, and at
+     * its second to last, 5 us) */
     if constexpr (!kRuns)
         pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
@@ -403,7 +404,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
             if (has_next && (kRuns ? next.t >= walk.end : fad_split_of(next.t, S) != cur_split)) {
                 if constexpr (kRuns) {
                     emit_partial(cur_split, false);
-                    if (next.last_segment())
+                    if (next.late_segment(FAD_PACKED_RUN_LAUNCH_SEGMENTS))
                         pdl_launch_dependents();
                     cur_split = next.s;
                 } else {
@@ -443,15 +444,49 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     }
 }
 
+/* The runs a packed plan gets (launch() asks before the combine's flags): a
+ * one-sequence CTA-per-split plan (packed_runs_shape) whose split CTAs fill
+ * more than a wave walks runs of splits (packed_walk), a row block's split
+ * CTAs numbering floor(wave / row blocks), so that the grid is one wave and
+ * no CTA's copies drain and start again at each split. Only where that leaves
+ * a row block at least FAD_PACKED_RUN_MIN_CTAS of them (else the CTA per
+ * split, whose waves the SMs take as they free). (Not paged: a page outside
+ * the cache poisons the partial of the split whose tiles met it, and the K
+ * copies run tiles ahead of the consumers.) */
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
+fad_status packed_run_ctas(const fwd_args &a, int *ctas, char *msg, size_t msg_len)
+{
+    *ctas = 0;
+    if constexpr (!kMod && !kPaged) {
+        using C = packed_cfg<kHeadDim, kMod>;
+        if (!packed_runs_shape(a))
+            return FAD_OK;
+        static int per_sm[FAD_MAX_DEVICES]; /* CTAs an SM, asked once per device */
+        int dev = 0, sms = 0;
+        const fad_status st = fad_cuda_num_sms(&sms, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+        CUDA_TRY(cudaGetDevice(&dev));
+        if (!per_sm[dev])
+            CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm[dev], fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, C::kThreads, C::kSmemBytes));
+        const int64_t wave = (int64_t)sms * max(per_sm[dev], 1), x = packed_grid_x(a), n = a.plan.num_splits;
+        const int64_t groups = wave / x;
+        if (x * n > wave && groups >= FAD_PACKED_RUN_MIN_CTAS && groups < n)
+            *ctas = (int)groups;
+    }
+    return FAD_OK;
+}
+
 /* One CTA per (sequence, kv head, kBlockM packed rows [, split or run of
- * splits]), launched as a programmatic dependent of the kernel before it
- * (FAD_ATTN_PDL). */
+ * splits: a.run_ctas]), launched as a programmatic dependent of the kernel
+ * before it (FAD_ATTN_PDL). */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len)
 {
     const fad_plan &plan = a.plan;
     using C = packed_cfg<kHeadDim, kMod>;
-    /* (runs: neither softcap/ALiBi nor pages, below) */
+    /* (runs: neither softcap/ALiBi nor pages, packed_run_ctas) */
     constexpr bool kHasRuns = !kMod && !kPaged;
     static int smem_set[2][FAD_MAX_DEVICES];
     fad_status st = allow_smem(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, smem_set[0], C::kSmemBytes,
@@ -467,33 +502,10 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
     if (C::kBlockM != fad_packed_block_m()) /* the plan's m_blocks assume this tile */
         return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: packed tile rows %d != plan's %d",
                         C::kBlockM, fad_packed_block_m());
-    /* A one-sequence CTA-per-split plan (packed_runs_shape) whose split CTAs
-     * fill more than a wave: each CTA walks a run of splits (packed_walk), a
-     * row block's split CTAs numbering floor(wave / row blocks), so that the
-     * grid is one wave and no CTA's copies drain and start again at each
-     * split. Only where that leaves a row block at least
-     * FAD_PACKED_RUN_MIN_CTAS of them (else the CTA per split, whose waves the
-     * SMs take as they free). (Not paged: a page outside the cache poisons the
-     * partial of the split whose tiles met it, and the K copies run tiles
-     * ahead of the consumers.) */
-    int split_ctas = 0; /* split CTAs a row block (0: one a split) */
-    if (kHasRuns && packed_runs_shape(a)) {
-        static int per_sm[FAD_MAX_DEVICES]; /* CTAs an SM, asked once per device */
-        int dev = 0, sms = 0;
-        st = fad_cuda_num_sms(&sms, msg, msg_len);
-        if (st != FAD_OK)
-            return st;
-        CUDA_TRY(cudaGetDevice(&dev));
-        if (!per_sm[dev])
-            CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm[dev], fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, C::kThreads, C::kSmemBytes));
-        const int64_t wave = (int64_t)sms * max(per_sm[dev], 1), x = packed_grid_x(a), n = plan.num_splits;
-        const int64_t groups = wave / x;
-        if (x * n > wave && groups >= FAD_PACKED_RUN_MIN_CTAS && groups < n)
-            split_ctas = (int)groups;
-    }
-    const dim3 grid = split_grid(packed_grid_x(a), plan, split_ctas);
-    if (split_ctas)
+    if (a.run_ctas && !kHasRuns)
+        return fad_fail(FAD_ERR_CUDA, msg, msg_len, "internal: runs of splits in a paged or score-mod call");
+    const dim3 grid = split_grid(packed_grid_x(a), plan, a.run_ctas);
+    if (a.run_ctas)
         return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, kHasRuns>, grid, C::kThreads,
                              C::kSmemBytes, stream, FAD_ATTN_PDL, a, msg, msg_len);
     return launch_kernel(fwd_packed_kernel<T, kHeadDim, kMod, kPaged, false>, grid, C::kThreads, C::kSmemBytes,
@@ -501,5 +513,6 @@ fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size
 }
 
 #define FAD_INST(T, D, MOD, PAGED) \
-    template fad_status launch_packed<T, D, MOD, PAGED>(const fwd_args &, cudaStream_t, char *, size_t);
+    template fad_status launch_packed<T, D, MOD, PAGED>(const fwd_args &, cudaStream_t, char *, size_t); \
+    template fad_status packed_run_ctas<T, D, MOD, PAGED>(const fwd_args &, int *, char *, size_t);
 FAD_FWD_VARIANTS(FAD_INST)

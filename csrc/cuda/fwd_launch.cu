@@ -11,6 +11,11 @@ template <typename T, int kHeadDim, bool kMod, bool kPaged>
 static fad_status launch(const fwd_args &a_in, cudaStream_t stream, char *msg, size_t msg_len)
 {
     fwd_args a = a_in;
+    if (a.plan.kernel == FAD_FWD_PACKED) { /* (before the flags: a run's combine polls from fewer splits) */
+        const fad_status st = packed_run_ctas<T, kHeadDim, kMod, kPaged>(a, &a.run_ctas, msg, msg_len);
+        if (st != FAD_OK)
+            return st;
+    }
     if (!combine_polls<kHeadDim>(a)) /* (else the packed kernel marks each split CTA done) */
         a.ws_flag = nullptr;
     /* The plan's kernel (make_gpu_plan, fad_core.c, chose it); one this variant
@@ -129,6 +134,7 @@ extern "C" fad_status fad_fwd_cuda_launch(const fad_fwd_params *p, const fad_pla
     a.ws_r_flag = plan->r_slots ? (unsigned *)((char *)workspace + plan->ws_r_flag_offset) : nullptr;
     a.ws_x = plan->x_slots ? (float *)workspace : nullptr;
     a.ws_x_flag = plan->x_slots ? (unsigned *)((char *)workspace + fad_x_flag_offset(plan->x_slots)) : nullptr;
+    a.run_ctas = 0; /* (launch(): packed plans) */
     const fad_status st = check_grid(a, msg, msg_len);
     if (st != FAD_OK)
         return st;

@@ -34,6 +34,11 @@ struct fwd_args {
      * none. (Last, so that every other field keeps its offset.) */
     float *ws_x;
     unsigned *ws_x_flag;
+    /* The packed kernel's runs (fwd_decode.cu, packed_run_ctas): split CTAs
+     * a row block, each walking every run_ctas-th split; 0: a CTA a split.
+     * Host-side, chosen once a call, so that the launch and the combine's
+     * polling agree. */
+    int run_ctas;
 };
 
 /* The packed kernel's grid: x = (sequence b, kv head hk, block of
@@ -71,7 +76,7 @@ inline dim3 split_grid(int64_t x, const fad_plan &plan, int split_ctas = 0)
     return dim3((unsigned)x, (unsigned)y, (unsigned)((splits + y - 1) / y));
 }
 /* Whether a decode call's split CTAs may walk runs of splits (fwd_decode.cu's
- * launch_packed; past one wave, FAD_PACKED_RUN_MIN_CTAS): a packed CTA-per-split
+ * packed_run_ctas; past one wave, FAD_PACKED_RUN_MIN_CTAS): a packed CTA-per-split
  * plan over one sequence, whose row blocks then walk one length, so that a grid
  * sized from shapes alone shares the splits out evenly (with several sequences
  * a long one's splits would queue in its row blocks' CTAs: 0.86-0.92x at batch
@@ -101,9 +106,12 @@ fad_status launch_prefill(const fwd_args &a, cudaStream_t stream, char *msg, siz
 /* fwd_prefill_ws.cu: fwd_ws_kernel (sm_90a, D 64, 128 and 256), in the plan's shape (fad_plan.kernel). */
 template <typename T, int kHeadDim, bool kPaged>
 fad_status launch_prefill_ws(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
-/* fwd_decode.cu: fwd_packed_kernel. */
+/* fwd_decode.cu: fwd_packed_kernel, in runs where a.run_ctas is set; packed_run_ctas:
+ * the runs a packed plan gets (0: none), from its shape, the SMs and the kernel's occupancy. */
 template <typename T, int kHeadDim, bool kMod, bool kPaged>
 fad_status launch_packed(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);
+template <typename T, int kHeadDim, bool kMod, bool kPaged>
+fad_status packed_run_ctas(const fwd_args &a, int *ctas, char *msg, size_t msg_len);
 /* fwd_combine.cu: combine_kernel (nothing to do unless the plan is CTA-per-split). */
 template <typename T, int kHeadDim>
 fad_status launch_combine(const fwd_args &a, cudaStream_t stream, char *msg, size_t msg_len);

@@ -158,19 +158,19 @@ fad_status launch_kernel(void (*kernel)(Args), dim3 grid, int block, size_t smem
 
 /* A flag between grids that run at once (gpu scope): the writer's release
  * orders its earlier writes (and, after a barrier, its CTA's) before the
- * flag; a relaxed poll that sees it, then fence_acquire_gpu (which also
- * drops L1's lines), orders the reader's later reads after them. */
+ * flag; a poll that acquires it by its own load orders the reader's later
+ * reads after them. (Not a relaxed load and fence.acq_rel.gpu: that fence is
+ * MEMBAR.ALL.GPU, which also waits for every copy the reader has in flight.) */
 __device__ __forceinline__ void st_release_gpu(int *p, int v)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ int ld_relaxed_gpu(const int *p)
+__device__ __forceinline__ int ld_acquire_gpu(const int *p)
 {
     int v;
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ void fence_acquire_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 /* Waits until at most N of this thread's commit groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
