@@ -324,8 +324,8 @@
 #define FAD_COMBINE_POLL_MIN_SPLITS_RUNS 32
 #endif
 /* A run lets its combine launch once it enters one of its last
- * FAD_PACKED_RUN_LAUNCH_SEGMENTS splits (never at its first): the combine
- * folds the splits done while the last ones run. */
+ * FAD_PACKED_RUN_LAUNCH_SEGMENTS splits (at its first only where that is its
+ * last): the combine folds the splits done while the last ones run. */
 #ifndef FAD_PACKED_RUN_LAUNCH_SEGMENTS
 #define FAD_PACKED_RUN_LAUNCH_SEGMENTS 2
 #endif

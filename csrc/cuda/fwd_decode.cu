@@ -153,11 +153,11 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
         }
         __syncthreads();
     }
-    /* (kRuns: once this CTA enters one of its last splits, below: a combine
-     * CTA that polls, resident beside a run from its start, measured
-     * 0.74-0.79x; let launch at a run's last split, the combine met 256
-     * splits' backlog at B1 128k, 10 us of tail after the last run, and at
-     * its second to last, 5 us) */
+    /* (kRuns: once this CTA enters its second to last split, below. A
+     * polling combine CTA resident beside a run from its start measured
+     * 0.74-0.79x; launched at each run's last split, the combine met 256
+     * splits of backlog at B1 128k and ended 10 us after the last run, at
+     * the second to last 5 us.) */
     if constexpr (!kRuns)
         pdl_launch_dependents();
     using C = packed_cfg<kHeadDim, kMod>;
