@@ -2,6 +2,7 @@
 """Fluid model of one decode call's K/V streaming (GQA 32/8 D128 bf16, 512-key splits):
 
     python3 dev/sim_decode_shares.py [--bw 4.6] [--cta-rate 40] [--sms 132]
+    python3 dev/sim_decode_shares.py --check   (dev/probe_decode_shares.patch's share arithmetic)
 
 Every active CTA streams at min(cta_rate, bw / active) GB/s; a CTA pays `start_us` before its
 first tile, `switch_us` each time it moves to another row block (Q reload, pipeline refill), and
@@ -111,8 +112,62 @@ def schedules(lengths, sms, bw, cta_rate, start_us, switch_us, combine_us):
     return total, out
 
 
+def check_shares(trials=2000, seed=1):
+    """The arithmetic of dev/probe_decode_shares.patch, replayed: every CTA's pieces (the kernel's
+    binary search over the splits before each sequence), each (row block, split) item walked once,
+    and the combine's owner test agreeing with which row blocks a share holds whole."""
+    import random
+    rnd = random.Random(seed)
+    for _ in range(trials):
+        B, hkv = rnd.randint(2, 40), rnd.choice([1, 2, 8])
+        lens = [rnd.choice([0, 1, 100, 512, 513, 2048, 8192, 32768, rnd.randint(0, 40000)]) for _ in range(B)]
+        if not any(lens):
+            continue
+        rows = B * hkv
+        C = rnd.choice([1, 7, 132, 264, rows, 2 * rows])
+        n = [(L + S - 1) // S for L in lens]
+        pre = [0]
+        for x in n:
+            pre.append(pre[-1] + x)
+        W = hkv * pre[B]
+        seen, whole = {}, set()
+        for c in range(C):
+            i, hi = c * W // C, (c + 1) * W // C
+            while i < hi:
+                lo_b, hi_b = 0, B - 1
+                while lo_b < hi_b:
+                    mid = (lo_b + hi_b + 1) // 2
+                    if hkv * pre[mid] <= i:
+                        lo_b = mid
+                    else:
+                        hi_b = mid - 1
+                b = lo_b
+                nb = pre[b + 1] - pre[b]
+                assert nb > 0
+                j = i - hkv * pre[b]
+                hk, s0 = j // nb, j % nb
+                s1 = min(nb, s0 + (hi - i))
+                for s in range(s0, s1):
+                    assert (b, hk, s) not in seen
+                    seen[(b, hk, s)] = c
+                if s0 == 0 and s1 == nb:
+                    whole.add((b, hk))
+                i += s1 - s0
+        assert len(seen) == W
+        owner = lambda i: ((i + 1) * C - 1) // W
+        for b in range(B):
+            for hk in range(hkv):
+                if n[b]:
+                    off = hkv * pre[b] + hk * n[b]
+                    assert (owner(off) == owner(off + n[b] - 1)) == ((b, hk) in whole)
+                    assert seen[(b, hk, 0)] == owner(off)
+    return trials
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true",
+                    help="replay dev/probe_decode_shares.patch's share arithmetic on random batches")
     ap.add_argument("--bw", type=float, default=4.6, help="TB/s, the whole GPU")
     ap.add_argument("--cta-rate", type=float, default=40.0, help="GB/s, one CTA at most")
     ap.add_argument("--sms", type=int, default=132)
@@ -120,6 +175,10 @@ def main():
     ap.add_argument("--switch-us", type=float, default=3.0)
     ap.add_argument("--combine-us", type=float, default=4.0)
     a = ap.parse_args()
+    if a.check:
+        print(f"share arithmetic: {check_shares()} random batches, every item walked once, "
+              f"the combine's owner test agreeing")
+        return 0
     bw = a.bw * 1e3  # GB/s
     cases = {
         "B1 128k": [131072],
