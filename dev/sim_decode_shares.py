@@ -13,7 +13,8 @@ a schedule that writes partials pays `combine_us` after its last CTA. Schedules:
          573 us modelled, 500 measured): compare the shares with rowblk, which the measurement
          at B16 calibrates;
   rowblk one CTA a row block (num_splits=1), 2 an SM;
-  shareN one wave of N CTAs an SM, CTA c taking items [c W / C, (c + 1) W / C) of the W
+  shareN one wave of N CTAs an SM (shareR: a multiple of the row blocks where they fit in one
+         CTA an SM, dev/probe_decode_shares.patch's count), CTA c taking items [c W / C, (c + 1) W / C) of the W
          (row block, split) items in row-block order; a row block inside one share needs no
          partials, a cut one does (the combine then runs).
 
@@ -91,8 +92,12 @@ def schedules(lengths, sms, bw, cta_rate, start_us, switch_us, combine_us):
     # one wave of balanced contiguous shares
     flat = [(r, s, min(S, L - s * S)) for r, n, L in rows for s in range(n)]
     W = len(flat)
-    for per_sm in (1, 2):
-        C = min(per_sm * sms, W)
+    R = sum(1 for _, n, _ in rows if n)
+    for per_sm in (1, 2, "R"):
+        if per_sm == "R":  # the probe's count: a multiple of the row blocks where they fit in a wave
+            C = min(R * (sms // R) if R <= sms else sms, W)
+        else:
+            C = min(per_sm * sms, W)
         ctas, cut = [], set()
         owner = {}
         for c in range(C):
@@ -192,13 +197,14 @@ def main():
     }
     print(f"model: {a.bw} TB/s, {a.cta_rate} GB/s a CTA, {a.sms} SMs, start {a.start_us} us, "
           f"switch {a.switch_us} us, combine {a.combine_us} us")
-    print("| case | bytes at bw (us) | split | rowblk | share1 (cut rows) | share2 (cut rows) |")
-    print("|---|---|---|---|---|---|")
+    print("| case | bytes at bw (us) | split | rowblk | share1 (cut rows) | share2 (cut rows) | shareR (cut rows) |")
+    print("|---|---|---|---|---|---|---|")
     for name, lengths in cases.items():
         total, o = schedules(lengths, a.sms, bw, a.cta_rate, a.start_us, a.switch_us, a.combine_us)
         ideal = total / (bw * 1e3)
         print(f"| {name} | {ideal:.1f} | {o['split']:.1f} | {o['rowblk']:.1f} | "
-              f"{o['share1']:.1f} ({o['share1_cut']}) | {o['share2']:.1f} ({o['share2_cut']}) |")
+              f"{o['share1']:.1f} ({o['share1_cut']}) | {o['share2']:.1f} ({o['share2_cut']}) | "
+              f"{o['shareR']:.1f} ({o['shareR_cut']}) |")
     return 0
 
 
