@@ -100,9 +100,7 @@ template <int kBlockN, bool kRuns> struct packed_walk {
                 t = end = 0;
         }
     }
-    /* kRuns: the segment is the CTA's last */
-    __device__ __forceinline__ bool last_segment() const { return s + stride >= s_end; }
-    /* kRuns: the segment is one of the CTA's last k (k >= 1) */
+    /* kRuns: the segment is one of the CTA's last k (k >= 1; 1: its last) */
     __device__ __forceinline__ bool late_segment(int k) const { return s + k * stride >= s_end; }
     /* the rows' keys first.lo .. last.hi; false: nothing to write (tile_walk's
      * false, or no split of a run). (A one-CTA plan's empty walk, a row that
@@ -193,7 +191,7 @@ fwd_packed_kernel(const __grid_constant__ fwd_args a)
     if (!walk.start(a.plan, first_row, last_row, len_k))
         return; /* this CTA's splits are masked for every row: the combine skips them too */
     if constexpr (kRuns)
-        if (walk.last_segment())
+        if (walk.late_segment(1))
             pdl_launch_dependents();
     packed_walk<kBlockN, kRuns> load_walk = walk;
     int v_t = -1; /* the tile whose V the next group copies (-1: none) */
