@@ -1,7 +1,8 @@
-// probe_decode_transposed.cu: A decode walk with the query rows in the MMA's N (S^T = K Q^T, O^T += V^T P^T), how fast it streams a KV cache at one or two CTAs an SM, against the device copy. Verdict: with no S exchange, half the packed kernel's exponentials and no combine it streams no faster than num_splits=1 (95-107% of the copy at one CTA an SM; benchmarks/results/2026-12-01_h200_decode_shares_transposed.md, section 4). A timing probe, checked against fp64, without the product's l order.
+// probe_decode_transposed.cu: A decode walk with the query rows in the MMA's N (S^T = K Q^T, O^T += V^T P^T), how fast it streams a KV cache at one or two CTAs an SM, against the device copy. Verdict: with no S exchange, half the packed kernel's exponentials and no combine it streams no faster than num_splits=1 (92-107% of the copy at one CTA an SM, either cache layout; benchmarks/results/2026-12-01_h200_decode_shares_transposed.md, section 4). A timing probe, checked against fp64, without the product's l order.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Idev dev/probe_decode_transposed.cu -o /tmp/pdt
-//   /tmp/pdt            # checks two small cases against fp64, then times the configs below
+//   /tmp/pdt            # checks four small cases against fp64, then times the configs below in both
+//                       # cache layouts (the median of 31 launches a row)
 //
 // Why: the packed kernel (fwd_decode.cu) puts a kv head's G query rows in the M of m16n8k16,
 // 16 rows of which G = 4 are real, and each of its four warps recomputes the whole tile's
@@ -76,7 +77,7 @@ template <int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                                                          const __nv_bfloat16 *v, const int *lens, int L,
                                                          int Hkv, int G, int chunk, float scale_log2,
-                                                         float *po, float *pml)
+                                                         float *po, float *pml, int head_major)
 {
     constexpr int kThreads = kWarps * 32, kDT = D / 16 / kWarps; /* 16-column tiles of O^T a warp */
     extern __shared__ __align__(128) unsigned char smem[];
@@ -84,8 +85,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
     const int len = lens[b];
     const int lo = c * chunk, hi = min(len, lo + chunk);
-    const size_t row_stride = (size_t)Hkv * D; /* elements between keys */
-    const __nv_bfloat16 *kg = k + ((size_t)b * L * Hkv + hk) * D, *vg = v + ((size_t)b * L * Hkv + hk) * D;
+    /* (B, L, Hkv, D), a key's rows of the kv heads side by side, or head-major (B, Hkv, L, D) */
+    const size_t row_stride = head_major ? (size_t)D : (size_t)Hkv * D; /* elements between keys */
+    const size_t head0 = head_major ? (size_t)(b * Hkv + hk) * L * D : ((size_t)b * L * Hkv + hk) * D;
+    const __nv_bfloat16 *kg = k + head0, *vg = v + head0;
     const int n_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
 
     /* Q as the B operand of S^T = K Q^T: b0 = Q[row g][16 ks + 2 qd, +1], b1 = the same + 8 */
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
 template <int kWarps, int kStages> struct runner {
     static size_t smem() { return (size_t)kStages * 2 * kTileBytes; }
     static void launch(dim3 grid, const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
-                       const int *lens, int L, int Hkv, int G, int chunk, float sl, float *po, float *pml)
+                       const int *lens, int L, int Hkv, int G, int chunk, float sl, float *po, float *pml, int hm)
     {
         static bool set = false;
         if (!set) {
@@ -245,12 +248,12 @@ template <int kWarps, int kStages> struct runner {
                                     (int)smem()));
             set = true;
         }
-        decode_t<kWarps, kStages><<<grid, kWarps * 32, smem()>>>(q, k, v, lens, L, Hkv, G, chunk, sl, po, pml);
+        decode_t<kWarps, kStages><<<grid, kWarps * 32, smem()>>>(q, k, v, lens, L, Hkv, G, chunk, sl, po, pml, hm);
     }
 };
 
 typedef void (*launch_fn)(dim3, const __nv_bfloat16 *, const __nv_bfloat16 *, const __nv_bfloat16 *,
-                          const int *, int, int, int, int, float, float *, float *);
+                          const int *, int, int, int, int, float, float *, float *, int);
 
 static uint64_t rs = 88172645463325252ull;
 static float urand()
@@ -260,7 +263,7 @@ static float urand()
 }
 
 /* Runs (B, L, chunk) once on random inputs and checks every row against fp64. */
-static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len_cut)
+static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len_cut, int hm)
 {
     const size_t nq = (size_t)B * Hkv * G * D, nkv = (size_t)B * L * Hkv * D;
     std::vector<__nv_bfloat16> hq(nq), hk(nkv), hv(nkv);
@@ -282,13 +285,16 @@ static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len
     CHECK(cudaMemcpy(dv, hv.data(), nkv * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dl, hl.data(), B * 4, cudaMemcpyHostToDevice));
     const float sl = (float)(1.0 / std::sqrt((double)D) * 1.4426950408889634);
-    fn(dim3(B * Hkv, nc), dq, dk, dv, dl, L, Hkv, G, chunk, sl, po, pml);
+    fn(dim3(B * Hkv, nc), dq, dk, dv, dl, L, Hkv, G, chunk, sl, po, pml, hm);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     std::vector<float> ho(np * D), hml(np * 2);
     CHECK(cudaMemcpy(ho.data(), po, ho.size() * 4, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(hml.data(), pml, hml.size() * 4, cudaMemcpyDeviceToHost));
     double worst = 0;
+    auto kv_at = [&](int b, int t, int h) { /* element offset of (b, key t, kv head h, d = 0) */
+        return hm ? ((size_t)(b * Hkv + h) * L + t) * D : (((size_t)b * L + t) * Hkv + h) * D;
+    };
     for (int b = 0; b < B; b++)
         for (int hk2 = 0; hk2 < Hkv; hk2++)
             for (int r = 0; r < G; r++) {
@@ -312,7 +318,7 @@ static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len
                     double acc = 0;
                     for (int d = 0; d < D; d++)
                         acc += (double)__bfloat162float(hq[((size_t)b * Hkv * G + h) * D + d]) *
-                               __bfloat162float(hk[(((size_t)b * L + t) * Hkv + hk2) * D + d]);
+                               __bfloat162float(hk[kv_at(b, t, hk2) + d]);
                     sc[t] = acc / std::sqrt((double)D);
                     mx = std::max(mx, sc[t]);
                 }
@@ -321,7 +327,7 @@ static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len
                     const double p = std::exp(sc[t] - mx);
                     den += p;
                     for (int d = 0; d < D; d++)
-                        ref[d] += p * __bfloat162float(hv[(((size_t)b * L + t) * Hkv + hk2) * D + d]);
+                        ref[d] += p * __bfloat162float(hv[kv_at(b, t, hk2) + d]);
                 }
                 for (int d = 0; d < D; d++) {
                     const double err = std::fabs(out[d] / l - ref[d] / den);
@@ -329,12 +335,12 @@ static bool check(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int len
                 }
             }
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dl), cudaFree(po), cudaFree(pml);
-    printf("check B%d L%d G%d chunk %d (odd sequences %d keys): max |err| %.3g %s\n", B, L, G, chunk, len_cut,
-           worst, worst < 2e-2 ? "ok" : "FAIL");
+    printf("check B%d L%d G%d chunk %d (odd sequences %d keys)%s: max |err| %.3g %s\n", B, L, G, chunk, len_cut,
+           hm ? ", head-major" : "", worst, worst < 2e-2 ? "ok" : "FAIL");
     return worst < 2e-2;
 }
 
-static float time_it(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int reps)
+static float time_it(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int reps, int hm)
 {
     const size_t nq = (size_t)B * Hkv * G * D, nkv = (size_t)B * L * Hkv * D;
     /* two cache sets, alternated, each larger than L2 where the config allows */
@@ -357,7 +363,7 @@ static float time_it(launch_fn fn, int B, int L, int Hkv, int G, int chunk, int 
     std::vector<float> ts;
     for (int r = 0; r < reps + 3; r++) {
         CHECK(cudaEventRecord(e0));
-        fn(dim3(B * Hkv, nc), dq, dk[r % 2], dv[r % 2], dl, L, Hkv, G, chunk, 0.1f, po, pml);
+        fn(dim3(B * Hkv, nc), dq, dk[r % 2], dv[r % 2], dl, L, Hkv, G, chunk, 0.1f, po, pml, hm);
         CHECK(cudaEventRecord(e1));
         CHECK(cudaEventSynchronize(e1));
         float ms;
@@ -396,9 +402,10 @@ static float copy_bw() /* (read + write) bytes / s of a 1 GiB device copy */
 int main()
 {
     bool ok = true;
-    ok &= check(runner<4, 4>::launch, 3, 3000, 2, 4, 3000, 2000);
-    ok &= check(runner<4, 4>::launch, 2, 5000, 2, 8, 1024, 1777);
-    ok &= check(runner<2, 3>::launch, 2, 2600, 1, 4, 512, 700);
+    ok &= check(runner<4, 4>::launch, 3, 3000, 2, 4, 3000, 2000, 0);
+    ok &= check(runner<4, 4>::launch, 2, 5000, 2, 8, 1024, 1777, 0);
+    ok &= check(runner<2, 3>::launch, 2, 2600, 1, 4, 512, 700, 0);
+    ok &= check(runner<4, 3>::launch, 2, 5000, 2, 4, 1024, 1777, 1);
     if (!ok)
         return 1;
     const float bw = copy_bw();
@@ -409,19 +416,24 @@ int main()
     struct var { const char *name; launch_fn fn; };
     const var vars[] = {{"4 warps, 4 stages", runner<4, 4>::launch}, {"4 warps, 3 stages", runner<4, 3>::launch},
                         {"2 warps, 3 stages", runner<2, 3>::launch}, {"8 warps, 3 stages", runner<8, 3>::launch}};
-    printf("| B | L | keys a CTA | CTAs |");
-    for (const var &vv : vars) printf(" %s us (%% copy bw) |", vv.name);
-    printf("\n|---|---|---|---|");
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) printf("---|");
-    printf("\n");
-    for (const cfg &cc : cfgs) {
-        const double bytes = (double)cc.B * cc.L * 8 * D * 2 * 2;
-        printf("| %d | %d | %d | %d |", cc.B, cc.L, cc.chunk, cc.B * 8 * ((cc.L + cc.chunk - 1) / cc.chunk));
-        for (const var &vv : vars) {
-            const float us = time_it(vv.fn, cc.B, cc.L, 8, 4, cc.chunk, 15);
-            printf(" %.1f (%.0f%%) |", us, 100.0 * bytes / (us * 1e-6) / bw);
-        }
+    /* the cache as (B, L, Hkv, D), then head-major, then (B, L, Hkv, D) again (run to run) */
+    for (int pass = 0; pass < 3; pass++) {
+        const int hm = pass == 1;
+        printf("\n%s, pass %d\n\n| B | L | keys a CTA | CTAs |", hm ? "head-major cache (B, Hkv, L, D)" : "cache (B, L, Hkv, D)",
+               pass);
+        for (const var &vv : vars) printf(" %s us (%% copy bw) |", vv.name);
+        printf("\n|---|---|---|---|");
+        for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) printf("---|");
         printf("\n");
+        for (const cfg &cc : cfgs) {
+            const double bytes = (double)cc.B * cc.L * 8 * D * 2 * 2;
+            printf("| %d | %d | %d | %d |", cc.B, cc.L, cc.chunk, cc.B * 8 * ((cc.L + cc.chunk - 1) / cc.chunk));
+            for (const var &vv : vars) {
+                const float us = time_it(vv.fn, cc.B, cc.L, 8, 4, cc.chunk, 31, hm);
+                printf(" %.1f (%.0f%%) |", us, 100.0 * bytes / (us * 1e-6) / bw);
+            }
+            printf("\n");
+        }
     }
     return 0;
 }
