@@ -3,6 +3,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Idev dev/probe_decode_transposed.cu -o /tmp/pdt
 //   /tmp/pdt            # checks four small cases against fp64, then times the configs below in both
 //                       # cache layouts (the median of 31 launches a row)
+//   /tmp/pdt chunks     # keys a CTA swept at B4-B16, the (B, L, Hkv, D) cache, two passes
 //
 // Why: the packed kernel (fwd_decode.cu) puts a kv head's G query rows in the M of m16n8k16,
 // 16 rows of which G = 4 are real, and each of its four warps recomputes the whole tile's
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda_check.h"
@@ -399,8 +401,9 @@ static float copy_bw() /* (read + write) bytes / s of a 1 GiB device copy */
     return 2.0 * n / (ts[4] * 1e-3);
 }
 
-int main()
+int main(int argc, char **argv)
 {
+    const bool chunks = argc > 1 && std::string(argv[1]) == "chunks"; /* the chunk sweep below */
     bool ok = true;
     ok &= check(runner<4, 4>::launch, 3, 3000, 2, 4, 3000, 2000, 0);
     ok &= check(runner<4, 4>::launch, 2, 5000, 2, 8, 1024, 1777, 0);
@@ -411,14 +414,21 @@ int main()
     const float bw = copy_bw();
     printf("copy bandwidth %.2f TB/s (read + write)\n", bw / 1e12);
     struct cfg { int B, L, chunk; };
-    const cfg cfgs[] = {{16, 8192, 8192}, {16, 32768, 32768}, {32, 8192, 8192}, {8, 8192, 4096}, {8, 32768, 16384},
-                        {4, 8192, 2048}, {4, 32768, 8192}, {1, 131072, 4096}, {1, 32768, 1024}, {8, 8192, 8192}};
+    const std::vector<cfg> cfgs =
+        chunks ? std::vector<cfg>{{8, 8192, 4096}, {8, 8192, 2048}, {8, 8192, 1024}, {8, 8192, 512}, {16, 8192, 8192},
+                                  {16, 8192, 4096}, {16, 8192, 2048}, {4, 8192, 1024}, {4, 8192, 512},
+                                  {8, 32768, 16384}, {8, 32768, 8192}, {8, 32768, 4096}, {16, 32768, 16384}}
+               : std::vector<cfg>{{16, 8192, 8192}, {16, 32768, 32768}, {32, 8192, 8192}, {8, 8192, 4096},
+                                  {8, 32768, 16384}, {4, 8192, 2048}, {4, 32768, 8192}, {1, 131072, 4096},
+                                  {1, 32768, 1024}, {8, 8192, 8192}};
     struct var { const char *name; launch_fn fn; };
     const var vars[] = {{"4 warps, 4 stages", runner<4, 4>::launch}, {"4 warps, 3 stages", runner<4, 3>::launch},
                         {"2 warps, 3 stages", runner<2, 3>::launch}, {"8 warps, 3 stages", runner<8, 3>::launch}};
     /* the cache as (B, L, Hkv, D), then head-major, then (B, L, Hkv, D) again (run to run) */
     for (int pass = 0; pass < 3; pass++) {
         const int hm = pass == 1;
+        if (chunks && hm)
+            continue; /* (the sweep: the first layout, twice) */
         printf("\n%s, pass %d\n\n| B | L | keys a CTA | CTAs |", hm ? "head-major cache (B, Hkv, L, D)" : "cache (B, L, Hkv, D)",
                pass);
         for (const var &vv : vars) printf(" %s us (%% copy bw) |", vv.name);
