@@ -15,7 +15,8 @@
 // each row's l in the packed kernel's order (not done here: l is summed per thread, then across
 // the eight lanes of a row).
 //
-// Shapes: q (B, Hq, D) bf16 (one token), k, v (B, L, Hkv, D) bf16, D = 128, G = Hq / Hkv <= 8.
+// Shapes: q (B, Hq, D) bf16 (one token), k, v (B, L, Hkv, D) bf16 (or head-major (B, Hkv, L, D)),
+// D = 128, G = Hq / Hkv <= 8.
 // CTA (x = b Hkv + hk, c): keys [c C, (c + 1) C) of row block x (C = chunk keys), 64-key tiles,
 // its 512-key splits folded in registers (fad_merge_weights), written as one partial (o, m, l)
 // fp32; kWarps warps, each owning D / kWarps output columns and computing the whole S^T tile.
