@@ -30,51 +30,24 @@
 #include <string>
 #include <vector>
 
+#include "cuda/mma.cuh" /* (fad_math.h with it) */
 #include "cuda_check.h"
-#include "fad_math.h"
 
 
 constexpr int D = 128, kBlockN = 64, kSplit = 512;
 constexpr int kRowBytes = D * 2, kTileBytes = kBlockN * kRowBytes; /* one K or V tile: 16 KB */
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int n> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n)); }
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
+/* movmatrix (the S^T fragment to P^T's B operand); the rest is csrc/cuda/mma.cuh's */
 __device__ __forceinline__ uint32_t movm_t(uint32_t a)
 {
     uint32_t d;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
     return d;
 }
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-/* byte offset of 16-byte chunk cc of row r in a tile (rows of 256 B, XOR swizzle: ldmatrix's
- * eight rows of one chunk column land in eight different bank groups) */
-__device__ __forceinline__ int swz(int r, int cc) { return r * kRowBytes + ((cc ^ (r % 8)) * 16); }
+using ops = dtype_ops<__nv_bfloat16>;
+/* byte offset of 16-byte chunk cc of row r in a tile: mma.cuh's swizzle (ldmatrix's eight rows of
+ * one chunk column land in eight different bank groups) */
+__device__ __forceinline__ int swz_bytes(int r, int cc) { return 2 * swz<D>(r, 8 * cc); }
 
 template <int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -117,11 +90,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
                 const int ch = tid + i * kThreads, r = ch / 16, cc = ch % 16, key = t0 + r;
                 const bool ok = key < hi;
                 const size_t off = (size_t)(ok ? key : lo) * row_stride + cc * 8;
-                cp_async16(smem_u32(st + swz(r, cc)), kg + off, ok ? 16 : 0);
-                cp_async16(smem_u32(st + kTileBytes + swz(r, cc)), vg + off, ok ? 16 : 0);
+                cp_async16(st + swz_bytes(r, cc), kg + off, ok ? 16 : 0);
+                cp_async16(st + kTileBytes + swz_bytes(r, cc), vg + off, ok ? 16 : 0);
             }
         }
-        cp_commit();
+        cp_async_commit();
     };
 #pragma unroll
     for (int j = 0; j < kStages - 1; j++)
@@ -151,11 +124,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
 
 #pragma unroll 1
     for (int j = 0; j < n_tiles; j++) {
-        cp_wait<kStages - 2>();
+        cp_async_wait<kStages - 2>();
         __syncthreads(); /* tile j is in; stage (j - 1) % kStages is free */
         load_tile(j + kStages - 1);
         const unsigned char *st = smem + (size_t)(j % kStages) * 2 * kTileBytes;
-        const uint32_t sk = smem_u32(st), sv = smem_u32(st + kTileBytes);
+        const uint32_t sk = smem_addr(st), sv = smem_addr(st + kTileBytes);
         const int t0 = lo + j * kBlockN;
 
         /* S^T (64 keys x 8 rows): s[mt] = (key 16 mt + g, rows 2 qd, +1), (key + 8, the same rows) */
@@ -166,8 +139,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
             for (int mt = 0; mt < 4; mt++) {
                 uint32_t a[4];
                 const int r = 16 * mt + lane % 16;
-                ldsm_x4(a, sk + swz(r, 2 * ks + lane / 16));
-                mma(s[mt], a, qb[ks][0], qb[ks][1]);
+                ldmatrix_x4(a, sk + swz_bytes(r, 2 * ks + lane / 16));
+                ops::mma(s[mt], a, qb[ks][0], qb[ks][1]);
             }
         if (t0 + kBlockN > hi) /* the chunk's last tile: keys past it */
 #pragma unroll
@@ -205,20 +178,20 @@ __global__ void __launch_bounds__(kWarps * 32) decode_t(const __nv_bfloat16 *q, 
         /* O^T += V^T P^T: B = P^T (keys 16 mt + 2 qd.. x row g), by transposing the S^T fragment */
 #pragma unroll
         for (int mt = 0; mt < 4; mt++) {
-            const uint32_t b0 = movm_t(pack_bf16(s[mt][0], s[mt][1]));
-            const uint32_t b1 = movm_t(pack_bf16(s[mt][2], s[mt][3]));
+            const uint32_t b0 = movm_t(ops::pack(s[mt][0], s[mt][1]));
+            const uint32_t b1 = movm_t(ops::pack(s[mt][2], s[mt][3]));
 #pragma unroll
             for (int dt = 0; dt < kDT; dt++) {
                 uint32_t a[4];
                 const int key = 16 * mt + lane % 8 + 8 * (lane / 16);
-                ldsm_x4_t(a, sv + swz(key, 2 * (warp * kDT + dt) + (lane / 8) % 2));
-                mma(o[dt], a, b0, b1);
+                ldmatrix_x4_trans(a, sv + swz_bytes(key, 2 * (warp * kDT + dt) + (lane / 8) % 2));
+                ops::mma(o[dt], a, b0, b1);
             }
         }
         if ((t0 + kBlockN) % kSplit == 0 || j == n_tiles - 1)
             fold();
     }
-    cp_wait<0>();
+    cp_async_wait_all();
 
     /* the partial: o (unnormalized), m, l of rows 2 qd + e < G */
     const size_t part = (size_t)x * gridDim.y + c;

@@ -1,6 +1,6 @@
 // probe_mma_transpose.cu: Whether mma.sync m16n8k16 gives the same fp32 bits with its operands' roles swapped (S = Q K^T against S^T = K Q^T; O = P V + C against O^T = V^T P^T + C^T), the premise of a decode kernel with the query rows in N. Verdict: the same bits, 0 of 7,680,000 elements differ in bf16 and fp16 (benchmarks/results/2026-12-01_h200_decode_shares_transposed.md, section 3).
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Idev dev/probe_mma_transpose.cu -o /tmp/probe_mma_t
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Idev dev/probe_mma_transpose.cu -o /tmp/probe_mma_t
 //   /tmp/probe_mma_t [trials]      # prints the elements that differ, per test and dtype
 //
 // Each trial is one warp on fresh random inputs whose exponents spread over 2^-24 .. 2^24 (so
@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/mma.cuh"
 #include "cuda_check.h"
 
 #include <cmath>
@@ -23,29 +24,8 @@
 #include <vector>
 
 
-template <typename T> __device__ uint32_t pack2(T lo, T hi)
-{
-    uint16_t a, b;
-    memcpy(&a, &lo, 2);
-    memcpy(&b, &hi, 2);
-    return (uint32_t)a | ((uint32_t)b << 16);
-}
-
-template <typename T> __device__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <> __device__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+/* two elements as an MMA operand register (a float holds either type exactly) */
+template <typename T> __device__ uint32_t pack2(T lo, T hi) { return dtype_ops<T>::pack((float)lo, (float)hi); }
 
 /* D (16 x 8, fp32, row-major, pre-loaded with C) += A (16 x K, row-major, lda) B (K x 8, given
  * as Bt: 8 x K row-major, ldb), in K / 16 chained steps; the PTX fragment layouts. */
@@ -62,7 +42,7 @@ __device__ void gemm_16x8(float *D, const T *A, int lda, const T *Bt, int ldb, i
         a[3] = pack2(A[(g + 8) * lda + k0 + 8 + 2 * q], A[(g + 8) * lda + k0 + 8 + 2 * q + 1]);
         const uint32_t b0 = pack2(Bt[g * ldb + k0 + 2 * q], Bt[g * ldb + k0 + 2 * q + 1]);
         const uint32_t b1 = pack2(Bt[g * ldb + k0 + 8 + 2 * q], Bt[g * ldb + k0 + 8 + 2 * q + 1]);
-        mma<T>(d, a, b0, b1);
+        dtype_ops<T>::mma(d, a, b0, b1); /* (csrc/cuda/mma.cuh) */
     }
     __syncwarp();
     D[g * 8 + 2 * q] = d[0], D[g * 8 + 2 * q + 1] = d[1];
