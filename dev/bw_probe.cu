@@ -1,4 +1,4 @@
-// bw_probe.cu: How fast one CTA per SM can stream a decode split's K/V. Verdict: cp.async reaches 3.3 TB/s (10.1 us for 8k keys, H200); 256-byte bulk copies took 35 us, so decode keeps cp.async.
+// bw_probe.cu: How fast one CTA per SM can stream a decode split's K/V. Verdict: cp.async reaches 3.3 TB/s (10.1 us for 8k keys, H200); 256-byte bulk copies took 35 us, so decode keeps cp.async. `big`: B16 x 8k keys read at best in 123.2 us (4.36 TB/s), where cuDNN's whole decode call takes 122.5 (benchmarks/results/2026-12-01_h200_decode_even_rows_placement.md, section 5).
 // bw_probe.cu — how fast can one CTA per SM stream a decode split's K/V into shared memory?
 //
 // The read pattern of the packed decode kernel at batch 1 (Hkv 8, D 128, bf16, cache 8k):
@@ -12,11 +12,15 @@
 //         with complete_tx, the consumers wait on its phase.
 // and the layout: "heads" (the cache's (L, Hkv, D), 2 KB stride) or "flat" (each CTA's rows
 // contiguous, 256 B stride), as a control.
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a dev/bw_probe.cu -o bw_probe
+// `bw_probe big`: the read ceiling of a batched decode call, B16 x 8k keys (537 MB of K and V, as
+// one 131,072-key cache: a batch's sequences follow each other), CTAs of 512-8,192 keys a kv
+// head, 2-6 stages (3 CTAs an SM at 2, 2 at 3, 1 from 4), cp.async only.
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Idev dev/bw_probe.cu -o bw_probe
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cuda_check.h"
@@ -143,8 +147,40 @@ static float time_it(const args &a, int ctas, int reps)
     return ts[ts.size() / 2];
 }
 
-int main()
+/* `big`: B16 x 8k keys as one cache, CTAs of `rows` keys a kv head, cp.async at 2-6 stages */
+static void read_ceiling()
 {
+    const int L = 16 * 8192, Hkv = 8;
+    const size_t cache = (size_t)L * Hkv * kRowBytes; // one of K, V: 268 MB
+    char *buf;
+    CHECK(cudaMalloc(&buf, 2 * cache));
+    CHECK(cudaMemset(buf, 1, 2 * cache));
+    unsigned *sink;
+    CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
+    printf("B16 x 8k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * cache / 1e6);
+    for (int rows : {8192, 4096, 2048, 512}) {
+        args a;
+        a.k = buf, a.v = buf + cache;
+        a.key_stride = (int64_t)Hkv * kRowBytes, a.head_stride = kRowBytes;
+        a.heads = Hkv, a.rows = rows, a.sink = sink;
+        const int ctas = L / rows * Hkv;
+        const float us[5] = {time_it<2, false>(a, ctas, 20), time_it<3, false>(a, ctas, 20),
+                             time_it<4, false>(a, ctas, 20), time_it<5, false>(a, ctas, 20),
+                             time_it<6, false>(a, ctas, 20)};
+        for (int i = 0; i < 5; i++)
+            printf("  %5d CTAs x %5d keys, %d stages: %7.1f us  %5.2f TB/s\n", ctas, rows, i + 2, us[i],
+                   2.0 * cache / (us[i] * 1e-6) / 1e12);
+    }
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(sink));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && std::string(argv[1]) == "big") {
+        read_ceiling();
+        return 0;
+    }
     const int L = 8192, Hkv = 8, split = 512, sets = 4;
     const size_t cache = (size_t)L * Hkv * kRowBytes; // one of K, V: 16.8 MB
     char *buf;
