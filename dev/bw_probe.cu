@@ -1,4 +1,4 @@
-// bw_probe.cu: How fast one CTA per SM can stream a decode split's K/V. Verdict: cp.async reaches 3.3 TB/s (10.1 us for 8k keys, H200); 256-byte bulk copies took 35 us, so decode keeps cp.async. `big`: B16 x 8k keys read at best in 123.2 us (4.36 TB/s), where cuDNN's whole decode call takes 122.5 (benchmarks/results/2026-12-01_h200_decode_even_rows_placement.md, section 5).
+// bw_probe.cu: How fast one CTA per SM can stream a decode split's K/V. Verdict: cp.async reaches 3.3 TB/s (10.1 us for 8k keys, H200); 256-byte bulk copies took 35 us, so decode keeps cp.async. `big`: B16 x 8k keys read at best in 123.2 us (4.36 TB/s), where cuDNN's whole decode call takes 122.5; `runs`: the one-sequence runs' reads at 123.9 us, a CTA a split's at 122.6 (benchmarks/results/2026-12-01_h200_decode_even_rows_placement.md, sections 5-6).
 // bw_probe.cu — how fast can one CTA per SM stream a decode split's K/V into shared memory?
 //
 // The read pattern of the packed decode kernel at batch 1 (Hkv 8, D 128, bf16, cache 8k):
@@ -14,7 +14,9 @@
 // contiguous, 256 B stride), as a control.
 // `bw_probe big`: the read ceiling of a batched decode call, B16 x 8k keys (537 MB of K and V, as
 // one 131,072-key cache: a batch's sequences follow each other), CTAs of 512-8,192 keys a kv
-// head, 2-6 stages (3 CTAs an SM at 2, 2 at 3, 1 from 4), cp.async only.
+// head, 2-6 stages (3 CTAs an SM at 2, 2 at 3, 1 from 4), cp.async only. `bw_probe runs`: B1 x 128k keys
+// in the packed kernel's runs (33 CTAs a kv head, every 33rd split), with and without its barrier
+// and release at each split's end, beside one segment a CTA.
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Idev dev/bw_probe.cu -o bw_probe
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +37,10 @@ struct args {
     int64_t key_stride;  // bytes from one key to the next of the same head
     int64_t head_stride; // bytes from head hk to hk + 1 (same key)
     int heads;           // CTAs per split
-    int rows;            // keys per CTA
+    int rows;            // keys per segment (a CTA's split)
+    int splits, stride;  // segments of a head; CTA y walks segments y, y + stride, .. < splits
+    int seg_sync;        // 1: a CTA barrier and thread 0's release store at each segment's end
+    unsigned *flags;     // seg_sync: a word a segment and head
     unsigned *sink;
 };
 
@@ -50,10 +55,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const args a)
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) uint64_t bar[kStages];
     const int tid = threadIdx.x;
-    const int hk = blockIdx.x % a.heads, s = blockIdx.x / a.heads;
-    const char *k0 = a.k + (int64_t)s * a.rows * a.key_stride + hk * a.head_stride;
-    const char *v0 = a.v + (int64_t)s * a.rows * a.key_stride + hk * a.head_stride;
-    const int tiles = a.rows / kTileRows;
+    const int hk = blockIdx.x % a.heads, y = blockIdx.x / a.heads;
+    const int tps = a.rows / kTileRows; // tiles a segment
+    const int tiles = (a.splits - y + a.stride - 1) / a.stride * tps;
+    auto key_of = [&](int t) { return (int64_t)(y + t / tps * a.stride) * a.rows + t % tps * kTileRows; };
     if (kBulk && tid == 0) {
         for (int i = 0; i < kStages; i++)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])));
@@ -62,8 +67,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const args a)
     __syncthreads();
     auto issue = [&](int t, int st) {
         unsigned char *dk = smem + (size_t)st * 2 * kTileBytes, *dv = dk + kTileBytes;
-        const char *gk = k0 + (int64_t)t * kTileRows * a.key_stride;
-        const char *gv = v0 + (int64_t)t * kTileRows * a.key_stride;
+        const char *gk = a.k + key_of(t) * a.key_stride + hk * a.head_stride;
+        const char *gv = a.v + key_of(t) * a.key_stride + hk * a.head_stride;
         if constexpr (kBulk) {
             if (tid < 32) {
                 const uint32_t b = smem_u32(&bar[st]);
@@ -117,6 +122,12 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const args a)
             asm volatile("cp.async.commit_group;\n" ::);
         const unsigned *w = (const unsigned *)(smem + (size_t)st * 2 * kTileBytes);
         acc += w[tid * 7 % (2 * kTileBytes / 4)];
+        if (a.seg_sync && (t + 1) % tps == 0) { // as the packed kernel's runs at each split's end
+            __syncthreads();
+            if (tid == 0)
+                asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(
+                                 a.flags + (size_t)(y + t / tps * a.stride) * a.heads + hk), "r"(acc | 1u) : "memory");
+        }
     }
     if (acc == 0x12345678u)
         a.sink[blockIdx.x] = acc;
@@ -163,6 +174,7 @@ static void read_ceiling()
         a.k = buf, a.v = buf + cache;
         a.key_stride = (int64_t)Hkv * kRowBytes, a.head_stride = kRowBytes;
         a.heads = Hkv, a.rows = rows, a.sink = sink;
+        a.splits = a.stride = L / rows, a.seg_sync = 0, a.flags = nullptr;
         const int ctas = L / rows * Hkv;
         const float us[5] = {time_it<2, false>(a, ctas, 20), time_it<3, false>(a, ctas, 20),
                              time_it<4, false>(a, ctas, 20), time_it<5, false>(a, ctas, 20),
@@ -175,10 +187,50 @@ static void read_ceiling()
     CHECK(cudaFree(sink));
 }
 
+/* `runs`: B1 x 128k keys read as the packed kernel's runs do: 33 CTAs a kv head (a wave at two an
+ * SM), CTA y walking the 512-key splits y, y + 33, ..; with and without a barrier and a release at
+ * each split's end; against the same keys in one segment a CTA (256 x 4096, 2048 x 512). */
+static void read_runs()
+{
+    const int L = 131072, Hkv = 8, split = 512, splits = L / split;
+    const size_t cache = (size_t)L * Hkv * kRowBytes;
+    char *buf;
+    CHECK(cudaMalloc(&buf, 2 * cache));
+    CHECK(cudaMemset(buf, 1, 2 * cache));
+    unsigned *sink, *flags;
+    CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
+    CHECK(cudaMalloc(&flags, (size_t)splits * Hkv * sizeof(unsigned)));
+    printf("B1 x 128k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * cache / 1e6);
+    auto make = [&](int rows, int stride, int sync) {
+        args a;
+        a.k = buf, a.v = buf + cache;
+        a.key_stride = (int64_t)Hkv * kRowBytes, a.head_stride = kRowBytes;
+        a.heads = Hkv, a.rows = rows, a.sink = sink;
+        a.splits = L / rows, a.stride = stride, a.seg_sync = sync, a.flags = flags;
+        return a;
+    };
+    auto report = [&](const char *what, float us) {
+        printf("  %-52s %7.1f us  %5.2f TB/s\n", what, us, 2.0 * cache / (us * 1e-6) / 1e12);
+    };
+    report("runs: 264 CTAs, splits y + 33k, 3 stages", time_it<3, false>(make(split, 33, 0), 33 * Hkv, 20));
+    report("runs, a barrier and a release a split, 3 stages", time_it<3, false>(make(split, 33, 1), 33 * Hkv, 20));
+    report("runs: 264 CTAs, 4 stages (one an SM)", time_it<4, false>(make(split, 33, 0), 33 * Hkv, 20));
+    report("a CTA a split: 2048 CTAs x 512 keys, 3 stages", time_it<3, false>(make(split, splits, 0), splits * Hkv, 20));
+    report("a CTA a split, a barrier and a release at its end", time_it<3, false>(make(split, splits, 1), splits * Hkv, 20));
+    report("256 CTAs x 4096 keys, 3 stages", time_it<3, false>(make(4096, L / 4096, 0), L / 4096 * Hkv, 20));
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(sink));
+    CHECK(cudaFree(flags));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && std::string(argv[1]) == "big") {
         read_ceiling();
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "runs") {
+        read_runs();
         return 0;
     }
     const int L = 8192, Hkv = 8, split = 512, sets = 4;
@@ -200,6 +252,7 @@ int main(int argc, char **argv)
         a.key_stride = flat ? kRowBytes : (int64_t)Hkv * kRowBytes;
         a.head_stride = flat ? (int64_t)L * kRowBytes : kRowBytes; // flat: head hk's keys contiguous
         a.heads = Hkv, a.rows = rows, a.sink = sink;
+        a.splits = a.stride = L / rows, a.seg_sync = 0, a.flags = nullptr;
         return a;
     };
     auto report = [&](const char *what, float us) {
