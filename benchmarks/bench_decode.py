@@ -16,7 +16,10 @@ large device-to-device copy / its time, same run).
 
 flash_attn_det: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., causal=True) in
 deterministic mode (fad_det; fad_det_ns1: with num_splits=1, every split of a (sequence, kv
-head) in one CTA, the same bits; fad_fast: fast mode). SDPA: (B, H, 1, D) q and (B, Hkv, L, D)
+head) in one CTA, the same bits; fad_fast: fast mode). fad_det_func: flash_attn_func(q, k, v,
+causal=True) on the cache up to the longest sequence, as a model without per-sequence lengths
+calls it (transformers' flash_attention_2 on an unpadded batch): its plan sees every length in
+the shapes (on "mix" configs it attends every row of that span, as SDPA does). SDPA: (B, H, 1, D) q and (B, Hkv, L, D)
 transposed views of the same cache, enable_gqa=True (no expanded copies), is_causal=False (one
 query row sees every key); the `_bhld` impls give SDPA the cache in its own contiguous
 (B, Hkv, L, D) layout instead (a copy made before timing), and the report's ratio takes the
@@ -45,7 +48,7 @@ except ImportError:  # torch < 2.3
     SDPBackend = sdpa_kernel = None
 
 H, HKV, D = 32, 8, 128
-IMPLS = ["fad_det", "fad_det_ns1", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
+IMPLS = ["fad_det", "fad_det_ns1", "fad_det_func", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
          "sdpa_flash_bhld", "sdpa_cudnn_bhld"]
 
 
@@ -88,6 +91,11 @@ def fad_call(q, kc, vc, seqlens, num_splits=0):
                                        num_splits=num_splits)
 
 
+def fad_func_call(q, kc, vc, lmax):
+    import flash_attn_det as fad
+    return fad.flash_attn_func(q, kc[:, :lmax], vc[:, :lmax], causal=True)
+
+
 def sdpa_call(q, kc, vc, seqlens, lmax):
     qt = q.transpose(1, 2)
     kt, vt = kc[:, :lmax].transpose(1, 2), vc[:, :lmax].transpose(1, 2)
@@ -119,6 +127,7 @@ def impl_table(lmax, split_size=None):
 
     return {"fad_det": (fad_call, lambda: fad_mode(True, split_size)),
             "fad_det_ns1": (lambda q, k, v, s: fad_call(q, k, v, s, 1), lambda: fad_mode(True, split_size)),
+            "fad_det_func": (lambda q, k, v, s: fad_func_call(q, k, v, lmax), lambda: fad_mode(True, split_size)),
             "fad_fast": (fad_call, lambda: fad_mode(False)),
             "sdpa_flash": sdpa("FLASH_ATTENTION"),
             "sdpa_cudnn": sdpa("CUDNN_ATTENTION"),
@@ -298,7 +307,7 @@ def main():
     writer.close()
 
     # each fad_det impl's speed over each SDPA backend's at the faster of its two layouts
-    dets = [n for n in ("fad_det", "fad_det_ns1") if n in names]
+    dets = [n for n in ("fad_det", "fad_det_ns1", "fad_det_func") if n in names]
     peers = [b for b in ("sdpa_flash", "sdpa_cudnn") if b in names or b + "_bhld" in names]
     headers = ["config"] + [f"{n} us (graph / eager)" for n in names] + \
               [f"{n} % bw" for n in names] + \

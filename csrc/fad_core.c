@@ -264,12 +264,20 @@ void fad_make_plan(const fad_fwd_params *p, int num_sms, fad_plan *plan)
          * below 1.9 CTAs an SM, where a CTA per split measured 1.07-1.18x the
          * one-CTA schedule at 136-192 CTAs (H100, 132 SMs) and 0.95-0.97x at
          * 256-512 (docs/design.md, "split-plan").
-         * (One CTA per kv head would also win from 0.6 to 1 CTA an SM for
-         * same-length batches, 1.03-1.08x, but a plan that sees shapes only
-         * cannot know them, and with mixed lengths a long sequence's splits
-         * then queue in one CTA: 0.59-0.60x. num_splits = 1 asks for it.) */
+         * One CTA per kv head also wins for same-length batches from 0.8 to 1
+         * CTA an SM, where its grid lands one CTA an SM and each walks a whole
+         * row at the bandwidth of a copy (deterministic mode, H200, num_splits
+         * = 1 against the CTA per split: 1.03-1.11x at 0.85-0.97 CTAs an SM,
+         * 0.76-0.94x at 0.61-0.73). With mixed lengths a long sequence's splits
+         * would queue in one CTA (0.59-0.60x), so only a call whose shapes give
+         * every length (no cache_seqlens, cu_seqlens_k or seqused_k: every
+         * sequence has seqlen_k keys) gets it; num_splits = 1 asks for it on
+         * any call (docs/design.md, "split-plan"). */
         const long long split_below = plan->packed ? (long long)num_sms * 19 / 10 : num_sms;
-        plan->cta_per_split = num_sms > 0 && plan->num_splits > 1 && ctas < split_below &&
+        const int lengths_known = !p->cache_seqlens && !p->cu_seqlens_k && !p->seqused_k;
+        const int one_cta_even = p->deterministic && plan->packed && lengths_known &&
+                                 ctas * 5 >= (long long)num_sms * 4 && ctas <= num_sms;
+        plan->cta_per_split = num_sms > 0 && plan->num_splits > 1 && ctas < split_below && !one_cta_even &&
                               o_bytes + ml_bytes <= FAD_MAX_WORKSPACE_BYTES;
     }
     }

@@ -543,11 +543,37 @@ def test_plan_past_one_merge_group():
 
 
 @requires_cuda
+def test_decode_plan_one_cta_where_the_shapes_give_the_lengths():
+    """From 0.8 to 1 CTA an SM (B x Hkv CTAs of the packed kernel), a deterministic call whose
+    every sequence has seqlen_k keys (no cache_seqlens, cu_seqlens_k or seqused_k) runs one CTA
+    per (sequence, kv head): no workspace (fad_core.c). A kv-cache call of the same shapes, whose
+    lengths the plan cannot see, and num_splits=1 give the same bits."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B = sms // 8
+    assert 5 * B * 8 >= 4 * sms
+    g = make_gen(17)
+    q, k, v = make_qkv(g, B, 1, 4096, 32, 8, 128, torch.bfloat16, "cuda")
+    assert workspace_bytes(q, k) == 0
+    with force_schedule("cta_per_split"):
+        assert workspace_bytes(q, k) > 0
+    o = flash_attn_func(q, k, v, causal=True)
+    seqlens = torch.full((B,), 4096, dtype=torch.int32, device="cuda")
+    o_cache = flash_attn_det.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True)
+    o_one = flash_attn_det.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True,
+                                                   num_splits=1)
+    assert torch.equal(o, o_cache) and torch.equal(o, o_one)
+    # below 0.8 an SM the CTA per split stays
+    q2, k2, _ = make_qkv(g, max(1, (sms * 6 // 10) // 8), 1, 4096, 32, 8, 128, torch.bfloat16, "cuda")
+    assert workspace_bytes(q2, k2) > 0
+
+
+@requires_cuda
 def test_decode_plan_spreads_splits_below_two_ctas_an_sm():
     """The automatic schedule of the packed (decode) kernel, deterministic mode: a CTA per
     split (a workspace for the partials) while the B x Hkv CTAs number below 1.9 an SM, one CTA
     per (sequence, kv head) from there (no workspace): fad_core.c's rule, from the measured
-    probe. GQA 32/8, one query token, a 4k cache."""
+    probe (and from 0.8 to 1 an SM where the shapes give the lengths: the test above). GQA
+    32/8, one query token, a 4k cache."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     g = make_gen(16)
     for ctas, split in ((sms // 2, True), (sms + 8, True), (sms * 19 // 10 - 8, True),
