@@ -19,8 +19,8 @@ deterministic mode (fad_det; fad_det_ns1: with num_splits=1, every split of a (s
 head) in one CTA, the same bits; fad_fast: fast mode). fad_det_func: flash_attn_func(q, k, v,
 causal=True) on the cache up to the longest sequence, as a model without per-sequence lengths
 calls it (transformers' flash_attention_2 on an unpadded batch): its plan sees every length in
-the shapes (on "mix" configs it attends every row of that span, as SDPA does). SDPA: (B, H, 1, D) q and (B, Hkv, L, D)
-transposed views of the same cache, enable_gqa=True (no expanded copies), is_causal=False (one
+the shapes (on "mix" configs it attends every row of that span, as SDPA does). SDPA:
+(B, H, 1, D) q and (B, Hkv, L, D) transposed views of the same cache, enable_gqa=True (no expanded copies), is_causal=False (one
 query row sees every key); the `_bhld` impls give SDPA the cache in its own contiguous
 (B, Hkv, L, D) layout instead (a copy made before timing), and the report's ratio takes the
 faster of each backend's two layouts. SDPA has no per-sequence lengths: on the "mix" configs it attends the
@@ -48,8 +48,8 @@ except ImportError:  # torch < 2.3
     SDPBackend = sdpa_kernel = None
 
 H, HKV, D = 32, 8, 128
-IMPLS = ["fad_det", "fad_det_ns1", "fad_det_func", "fad_fast", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
-         "sdpa_flash_bhld", "sdpa_cudnn_bhld"]
+IMPLS = ["fad_det", "fad_det_ns1", "fad_det_func", "fad_fast", "sdpa_flash", "sdpa_cudnn",
+         "sdpa_efficient", "sdpa_flash_bhld", "sdpa_cudnn_bhld"]
 
 
 def lengths(kind, B, gen):
@@ -127,7 +127,8 @@ def impl_table(lmax, split_size=None):
 
     return {"fad_det": (fad_call, lambda: fad_mode(True, split_size)),
             "fad_det_ns1": (lambda q, k, v, s: fad_call(q, k, v, s, 1), lambda: fad_mode(True, split_size)),
-            "fad_det_func": (lambda q, k, v, s: fad_func_call(q, k, v, lmax), lambda: fad_mode(True, split_size)),
+            "fad_det_func": (lambda q, k, v, s: fad_func_call(q, k, v, lmax),
+                             lambda: fad_mode(True, split_size)),
             "fad_fast": (fad_call, lambda: fad_mode(False)),
             "sdpa_flash": sdpa("FLASH_ATTENTION"),
             "sdpa_cudnn": sdpa("CUDNN_ATTENTION"),
