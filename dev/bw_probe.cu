@@ -158,33 +158,59 @@ static float time_it(const args &a, int ctas, int reps)
     return ts[ts.size() / 2];
 }
 
-/* `big`: B16 x 8k keys as one cache, CTAs of `rows` keys a kv head, cp.async at 2-6 stages */
-static void read_ceiling()
-{
-    const int L = 16 * 8192, Hkv = 8;
-    const size_t cache = (size_t)L * Hkv * kRowBytes; // one of K, V: 268 MB
+/* K and V of L keys x Hkv heads in the cache's layout (a key's heads side by side), a sink, and
+ * a flag a (split, head) for `seg_sync`: the `big` and `runs` modes' memory. */
+struct cache_mem {
+    int L, Hkv;
+    size_t cache; // bytes of one of K, V
     char *buf;
-    CHECK(cudaMalloc(&buf, 2 * cache));
-    CHECK(cudaMemset(buf, 1, 2 * cache));
-    unsigned *sink;
-    CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
-    printf("B16 x 8k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * cache / 1e6);
-    for (int rows : {8192, 4096, 2048, 512}) {
+    unsigned *sink, *flags;
+    explicit cache_mem(int L_, int Hkv_) : L(L_), Hkv(Hkv_), cache((size_t)L_ * Hkv_ * kRowBytes)
+    {
+        CHECK(cudaMalloc(&buf, 2 * cache));
+        CHECK(cudaMemset(buf, 1, 2 * cache));
+        CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
+        CHECK(cudaMalloc(&flags, (size_t)L * Hkv * sizeof(unsigned))); // (at least a word a split)
+    }
+    ~cache_mem()
+    {
+        CHECK(cudaFree(buf));
+        CHECK(cudaFree(sink));
+        CHECK(cudaFree(flags));
+    }
+    /* CTA y of a head walks the `rows`-key segments y, y + stride, .. */
+    args walk(int rows, int stride, int sync) const
+    {
         args a;
         a.k = buf, a.v = buf + cache;
         a.key_stride = (int64_t)Hkv * kRowBytes, a.head_stride = kRowBytes;
         a.heads = Hkv, a.rows = rows, a.sink = sink;
-        a.splits = a.stride = L / rows, a.seg_sync = 0, a.flags = nullptr;
-        const int ctas = L / rows * Hkv;
+        a.splits = L / rows, a.stride = stride, a.seg_sync = sync, a.flags = flags;
+        return a;
+    }
+    void report(const char *what, float us) const
+    {
+        printf("  %-52s %7.1f us  %5.2f TB/s\n", what, us, 2.0 * cache / (us * 1e-6) / 1e12);
+    }
+};
+
+/* `big`: B16 x 8k keys as one cache, CTAs of `rows` keys a kv head, cp.async at 2-6 stages */
+static void read_ceiling()
+{
+    const cache_mem m(16 * 8192, 8);
+    printf("B16 x 8k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * m.cache / 1e6);
+    for (int rows : {8192, 4096, 2048, 512}) {
+        const args a = m.walk(rows, m.L / rows, 0);
+        const int ctas = m.L / rows * m.Hkv;
         const float us[5] = {time_it<2, false>(a, ctas, 20), time_it<3, false>(a, ctas, 20),
                              time_it<4, false>(a, ctas, 20), time_it<5, false>(a, ctas, 20),
                              time_it<6, false>(a, ctas, 20)};
-        for (int i = 0; i < 5; i++)
-            printf("  %5d CTAs x %5d keys, %d stages: %7.1f us  %5.2f TB/s\n", ctas, rows, i + 2, us[i],
-                   2.0 * cache / (us[i] * 1e-6) / 1e12);
+        for (int i = 0; i < 5; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "%5d CTAs x %5d keys, %d stages", ctas, rows, i + 2);
+            m.report(what, us[i]);
+        }
     }
-    CHECK(cudaFree(buf));
-    CHECK(cudaFree(sink));
 }
 
 /* `runs`: B1 x 128k keys read as the packed kernel's runs do: 33 CTAs a kv head (a wave at two an
@@ -192,35 +218,17 @@ static void read_ceiling()
  * each split's end; against the same keys in one segment a CTA (256 x 4096, 2048 x 512). */
 static void read_runs()
 {
-    const int L = 131072, Hkv = 8, split = 512, splits = L / split;
-    const size_t cache = (size_t)L * Hkv * kRowBytes;
-    char *buf;
-    CHECK(cudaMalloc(&buf, 2 * cache));
-    CHECK(cudaMemset(buf, 1, 2 * cache));
-    unsigned *sink, *flags;
-    CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
-    CHECK(cudaMalloc(&flags, (size_t)splits * Hkv * sizeof(unsigned)));
-    printf("B1 x 128k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * cache / 1e6);
-    auto make = [&](int rows, int stride, int sync) {
-        args a;
-        a.k = buf, a.v = buf + cache;
-        a.key_stride = (int64_t)Hkv * kRowBytes, a.head_stride = kRowBytes;
-        a.heads = Hkv, a.rows = rows, a.sink = sink;
-        a.splits = L / rows, a.stride = stride, a.seg_sync = sync, a.flags = flags;
-        return a;
-    };
-    auto report = [&](const char *what, float us) {
-        printf("  %-52s %7.1f us  %5.2f TB/s\n", what, us, 2.0 * cache / (us * 1e-6) / 1e12);
-    };
-    report("runs: 264 CTAs, splits y + 33k, 3 stages", time_it<3, false>(make(split, 33, 0), 33 * Hkv, 20));
-    report("runs, a barrier and a release a split, 3 stages", time_it<3, false>(make(split, 33, 1), 33 * Hkv, 20));
-    report("runs: 264 CTAs, 4 stages (one an SM)", time_it<4, false>(make(split, 33, 0), 33 * Hkv, 20));
-    report("a CTA a split: 2048 CTAs x 512 keys, 3 stages", time_it<3, false>(make(split, splits, 0), splits * Hkv, 20));
-    report("a CTA a split, a barrier and a release at its end", time_it<3, false>(make(split, splits, 1), splits * Hkv, 20));
-    report("256 CTAs x 4096 keys, 3 stages", time_it<3, false>(make(4096, L / 4096, 0), L / 4096 * Hkv, 20));
-    CHECK(cudaFree(buf));
-    CHECK(cudaFree(sink));
-    CHECK(cudaFree(flags));
+    const cache_mem m(131072, 8);
+    const int split = 512, splits = m.L / split, H = m.Hkv;
+    printf("B1 x 128k keys, Hkv 8, D 128: K+V %.1f MB per call; median of 20\n", 2.0 * m.cache / 1e6);
+    m.report("runs: 264 CTAs, splits y + 33k, 3 stages", time_it<3, false>(m.walk(split, 33, 0), 33 * H, 20));
+    m.report("runs, a barrier and a release a split, 3 stages", time_it<3, false>(m.walk(split, 33, 1), 33 * H, 20));
+    m.report("runs: 264 CTAs, 4 stages (one an SM)", time_it<4, false>(m.walk(split, 33, 0), 33 * H, 20));
+    m.report("a CTA a split: 2048 CTAs x 512 keys, 3 stages",
+             time_it<3, false>(m.walk(split, splits, 0), splits * H, 20));
+    m.report("a CTA a split, a barrier and a release at its end",
+             time_it<3, false>(m.walk(split, splits, 1), splits * H, 20));
+    m.report("256 CTAs x 4096 keys, 3 stages", time_it<3, false>(m.walk(4096, m.L / 4096, 0), m.L / 4096 * H, 20));
 }
 
 int main(int argc, char **argv)

@@ -1,5 +1,5 @@
-# decode_checks.py: What dev/runs_check.py and dev/even_check.py share: a call against its other schedules and its repeats, and a float64 row. Verdict: tool.
-"""Helpers of the decode bit checks (dev/runs_check.py, dev/even_check.py)."""
+# decode_checks.py: What dev/runs_check.py, dev/even_check.py and dev/shares_check.py share: a call against its other schedules and its repeats, and a float64 row. Verdict: tool.
+"""Helpers of the decode bit checks (dev/runs_check.py, dev/even_check.py, dev/shares_check.py)."""
 import torch
 
 
