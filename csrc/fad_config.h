@@ -226,9 +226,26 @@
 #define FAD_WS_D128_CONSUMER_REGS 160
 #endif
 /* FAD_WS_D128_R_REG_NB: of each three-consumer thread's 16 n8 blocks of R's o,
- * how many it keeps in registers (the rest in shared memory); 0 = none. */
+ * how many it keeps in registers (the rest in shared memory); 0 = none. Its 8
+ * registers go to Q's first two k-chunks instead (FAD_WS_D128_Q_REG_K): they
+ * spare each tile's S products 4 KB of shared-memory reads, where R's two
+ * blocks spared a fold 8 KB every 8 tiles; 0.997-1.022x (H200, in one process;
+ * both at once spill, three k-chunks read 0.976-1.009x). */
 #ifndef FAD_WS_D128_R_REG_NB
-#define FAD_WS_D128_R_REG_NB 2
+#define FAD_WS_D128_R_REG_NB 0
+#endif
+/* FAD_WS_D128_Q_REG_K, FAD_WS_LEAN_Q_REG_K, FAD_WS_D256_Q_REG_K: of Q's k-chunks
+ * (D / 16), how many each consumer thread of D128's three-consumer shape, D64's
+ * lean shape and D256's shapes holds as A fragments in registers (4 registers
+ * each; RS products), the rest read by SS products from shared memory; 0 = none. */
+#ifndef FAD_WS_D128_Q_REG_K
+#define FAD_WS_D128_Q_REG_K 2
+#endif
+#ifndef FAD_WS_LEAN_Q_REG_K
+#define FAD_WS_LEAN_Q_REG_K 0
+#endif
+#ifndef FAD_WS_D256_Q_REG_K
+#define FAD_WS_D256_Q_REG_K 0
 #endif
 /* X slots: where fwd_kernel's kGroups variant (a one-CTA walk across the end
  * of a split group, fad_math.h FAD_MERGE_GROUP) keeps the outer result of a

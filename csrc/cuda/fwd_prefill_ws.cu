@@ -120,6 +120,12 @@ template <int kHeadDim, ws_shape kShape = ws_main> struct fwd_ws_cfg {
     static constexpr int kStages = kWide || kThree ? 2 : kNarrow ? FAD_WS_NARROW_STAGES : FAD_WS_STAGES; /* K/V ring depth */
     static constexpr bool kQInRegs = FAD_WS_Q_REGS && !kWide && !kLean && !kThree; /* Q's A fragments held by the consumers */
     static constexpr bool kRSmem = kWide || kLean || kThree; /* R's o not in registers: in shared memory or (kRGlobal) global */
+    /* kQRegK: where Q is read by SS products (not kQInRegs), the k-chunks of Q
+     * whose A fragments a consumer thread holds in registers all the same (4
+     * registers each), from the first; the rest are read from shared memory
+     * (FAD_WS_D128_Q_REG_K, FAD_WS_LEAN_Q_REG_K, FAD_WS_D256_Q_REG_K). */
+    static constexpr int kQRegK = kQInRegs ? 0 : kThree ? FAD_WS_D128_Q_REG_K : kLean ? FAD_WS_LEAN_Q_REG_K
+                                  : kWide ? FAD_WS_D256_Q_REG_K : 0;
     /* kRGlobal (D256, two consumers): no room for R's 64 KB a consumer beside
      * Q and two stages, so R's o lives in global memory (L2, written and read
      * back once a split): each consumer warp takes a slot of the plan's pool
@@ -609,7 +615,8 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
      * through too; 0.995-1.023x at 2k-16k keys (H200,
      * benchmarks/results/2026-11-30_h200_fwd_fold_probes.md, section 7). Four
      * blocks spilled 36 B; with dropout two spilled 24 B more, in the paged
-     * kernels 8 B. */
+     * kernels 8 B. (0 by default: those registers hold Q's first k-chunks,
+     * kQRegK below, which spare more shared-memory reads a tile.) */
     constexpr int kRRegNB = C::kThree && !kDrop && !kPaged ? FAD_WS_D128_R_REG_NB : 0;
     float4 oRv[kRRegNB > 0 ? kRRegNB : 1]; /* (written by the first fold before any read) */
     float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes); /* (kRSmem) */
@@ -726,11 +733,15 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
      * dropout (FAD_WS_DROP_Q_SMEM) Q stays in shared memory: its 32 registers
      * go to the draws, which spilled beside them. */
     constexpr bool kQInRegs = C::kQInRegs && !(kDrop && FAD_WS_DROP_Q_SMEM);
-    uint32_t qf[1][kQInRegs ? kHeadDim / 16 : 1][4];
-    if constexpr (kQInRegs)
+    /* Where Q is read from shared memory, its first C::kQRegK k-chunks may be
+     * held in registers all the same (RS products; fwd_ws_cfg): an SS
+     * product reads Q's 2 KB a k-chunk there beside K's. */
+    constexpr int kQRegK = kQInRegs ? kHeadDim / 16 : !kDrop && !kPaged ? C::kQRegK : 0;
+    uint32_t qf[1][kQRegK > 0 ? kQRegK : 1][4];
+    if constexpr (kQRegK > 0)
         if (walked)
 #pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; kk++)
+            for (int kk = 0; kk < kQRegK; kk++)
                 ldmatrix_x4(qf[0][kk], smem_addr(sQ + c * kBlockM * kHeadDim +
                                                  swz128<kBlockM>((warp % 4) * 16 + lane % 16,
                                                                  16 * kk + 8 * (lane / 16))));
@@ -744,7 +755,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; j++)
                 s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs>(s, qf, q_addr, k_addr(r));
+            issue_qk_wgmma<T, kHeadDim, kBlockN, kBlockM, kQInRegs, kQRegK>(s, qf, q_addr, k_addr(r));
         };
         /* Prologue: S and the softmax of the first tile. */
         int t0 = my_first;

@@ -19,21 +19,28 @@
  * wgmma group and returns; the caller waits (wgmma_wait) before it reads the
  * results or reuses the operands.
  * S = Q K^T into s (zeroed by the caller): Q from qf (kQInRegs: this warp's A
- * fragments) or at q_addr = this warpgroup's first Q row in a swz128 tile of
+ * fragments; kQRegK: those of its first kQRegK k-chunks only, the rest read
+ * from shared memory -- the same products in the same order, so the same
+ * bits) or at q_addr = this warpgroup's first Q row in a swz128 tile of
  * kQRows rows; K at k_addr, a swz128 tile of kBlockN rows. */
-template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs>
+template <typename T, int kHeadDim, int kBlockN, int kQRows, bool kQInRegs,
+          int kQRegK = kQInRegs ? kHeadDim / 16 : 0>
 __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
-                                               const uint32_t (&qf)[1][kQInRegs ? kHeadDim / 16 : 1][4],
+                                               const uint32_t (&qf)[1][kQRegK > 0 ? kQRegK : 1][4],
                                                uint32_t q_addr, uint32_t k_addr)
 {
+    static_assert(kQRegK >= 0 && kQRegK <= kHeadDim / 16, "k-chunks of Q in registers");
     const uint64_t k_desc0 = gmma_desc(k_addr, 16, 1024), q_desc0 = gmma_desc(q_addr, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
         const uint64_t k_desc = gmma_desc_at(k_desc0, ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2);
-        if constexpr (kQInRegs)
-            wgmma_rs_kmajor(s[0], qf[0][kk], k_desc, (const T *)nullptr);
-        else
+        if constexpr (kQRegK > 0)
+            if (kk < kQRegK) { /* (kk is a constant once unrolled: no branch) */
+                wgmma_rs_kmajor(s[0], qf[0][kk < kQRegK ? kk : 0], k_desc, (const T *)nullptr);
+                continue;
+            }
+        if constexpr (kQRegK < kHeadDim / 16)
             wgmma_ss(s[0], gmma_desc_at(q_desc0, ((kk / 4) * kQRows * 64 + (kk % 4) * 16) * 2),
                      k_desc, (const T *)nullptr);
     }
