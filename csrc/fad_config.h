@@ -225,19 +225,16 @@
 #ifndef FAD_WS_D128_CONSUMER_REGS
 #define FAD_WS_D128_CONSUMER_REGS 160
 #endif
-/* FAD_WS_D128_R_REG_NB: of each three-consumer thread's 16 n8 blocks of R's o,
- * how many it keeps in registers (the rest in shared memory); 0 = none. Its 8
- * registers go to Q's first two k-chunks instead (FAD_WS_D128_Q_REG_K): they
- * spare each tile's S products 4 KB of shared-memory reads, where R's two
- * blocks spared a fold 8 KB every 8 tiles; 0.997-1.022x (H200, in one process;
- * both at once spill, three k-chunks read 0.976-1.009x). */
-#ifndef FAD_WS_D128_R_REG_NB
-#define FAD_WS_D128_R_REG_NB 0
-#endif
 /* FAD_WS_D128_Q_REG_K, FAD_WS_LEAN_Q_REG_K, FAD_WS_D256_Q_REG_K: of Q's k-chunks
  * (D / 16), how many each consumer thread of D128's three-consumer shape, D64's
  * lean shape and D256's shapes holds as A fragments in registers (4 registers
- * each; RS products), the rest read by SS products from shared memory; 0 = none. */
+ * each; RS products), the rest read by SS products from shared memory; 0 = none.
+ * D128: the 8 registers a three-consumer thread has to spare, which held two n8
+ * blocks of R's o (1/8 fewer bytes through shared memory a fold) until the two
+ * k-chunks spared each tile's S products 4 KB there: 0.996-1.039x (H200, in one
+ * process, two calls; three chunks 0.976-1.009x, two beside R's blocks spill).
+ * D64 lean (1 chunk) 0.97-0.99x and D256 (2 or 4 of 16) 0.98-1.03x: 0
+ * (benchmarks/results/2026-12-01_h200_fwd_q_chunks_regs.md). */
 #ifndef FAD_WS_D128_Q_REG_K
 #define FAD_WS_D128_Q_REG_K 2
 #endif

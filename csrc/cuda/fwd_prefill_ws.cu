@@ -609,16 +609,6 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
 
     float mR[2], lR[2], m_s[2], l_s[2];
     float oR[1][C::kRSmem ? 1 : kHeadDim / 8][4] = {}; /* R's o in registers: the empty state's */
-    /* kThree without dropout: R's first FAD_WS_D128_R_REG_NB n8 blocks in
-     * registers, the rest in shared memory (r_in_regs_smem): each fold moves 1/8
-     * fewer bytes through shared memory, which the S = Q K^T products read Q and K
-     * through too; 0.995-1.023x at 2k-16k keys (H200,
-     * benchmarks/results/2026-11-30_h200_fwd_fold_probes.md, section 7). Four
-     * blocks spilled 36 B; with dropout two spilled 24 B more, in the paged
-     * kernels 8 B. (0 by default: those registers hold Q's first k-chunks,
-     * kQRegK below, which spare more shared-memory reads a tile.) */
-    constexpr int kRRegNB = C::kThree && !kDrop && !kPaged ? FAD_WS_D128_R_REG_NB : 0;
-    float4 oRv[kRRegNB > 0 ? kRRegNB : 1]; /* (written by the first fold before any read) */
     float *sR = reinterpret_cast<float *>(smem_raw + C::kROffset + c * C::kRBytes); /* (kRSmem) */
     /* (kRGlobal) this lane's first value in its warp's shared part */
     float *sR_lane = sR + (warp % 4) * (C::kRBytes / 4 / sizeof(float)) + lane;
@@ -669,10 +659,7 @@ fwd_ws_kernel(const __grid_constant__ fwd_ws_args wa)
                        to_R);
             if (!to_R)
                 give_slot();
-        } else if constexpr (kRRegNB > 0)
-            fold_split(acc, m_s, l_s, mR, lR, r_in_regs_smem<1, kHeadDim / 8, 128, kRRegNB>{oRv, sR, tid % 128},
-                       have_R, to_R);
-        else if constexpr (C::kRSmem)
+        } else if constexpr (C::kRSmem)
             fold_split(acc, m_s, l_s, mR, lR, r_in_smem<1, kHeadDim / 8, 128>{sR, tid % 128}, have_R, to_R);
         else
             fold_split(acc, m_s, l_s, mR, lR, r_in_regs<1, kHeadDim / 8>{oR}, have_R, to_R);

@@ -399,23 +399,6 @@ template <int kMT, int kDB, int kSN, int kBatch_> struct r_in_smem_global {
         return nb < kSN ? sR[((mt * kSN + nb) * 4 + e) * 32] : gR[((mt * (kDB - kSN) + nb - kSN) * 4 + e) * 32];
     }
 };
-/* R's o with its first kRegNB n8 blocks in registers (a float4 each) and the
- * others in r_in_smem's float4 slots (those of the first kRegNB unused): a
- * fold then moves fewer bytes through shared memory, where a consumer has
- * registers to spare. The same operations on the same values. */
-template <int kMT, int kDB, int kThreads, int kRegNB> struct r_in_regs_smem {
-    float4 (&o)[kRegNB];
-    float *sR;
-    int t; /* the thread's index among the kThreads that share sR */
-    static constexpr bool kSmem = true;
-    static constexpr bool kVec = true;
-    static constexpr int kBatch = 1;
-    static_assert(kMT == 1 && kRegNB > 0 && kRegNB < kDB, "one row tile, blocks in both places");
-    __device__ __forceinline__ float4 &at4(int mt, int nb) const
-    {
-        return nb < kRegNB ? o[nb] : reinterpret_cast<float4 *>(sR)[(mt * kDB + nb) * kThreads + t];
-    }
-};
 template <int kMT, int kDB> struct r_in_regs {
     float (&o)[kMT][kDB][4];
     static constexpr bool kSmem = false;

@@ -36,7 +36,8 @@ __device__ __forceinline__ void issue_qk_wgmma(float (&s)[1][kBlockN / 8][4],
     for (int kk = 0; kk < kHeadDim / 16; kk++) { /* K-major: 32 bytes per k-chunk in a 64-column block */
         const uint64_t k_desc = gmma_desc_at(k_desc0, ((kk / 4) * kBlockN * 64 + (kk % 4) * 16) * 2);
         if constexpr (kQRegK > 0)
-            if (kk < kQRegK) { /* (kk is a constant once unrolled: no branch) */
+            if (kk < kQRegK) { /* (kk is a constant once unrolled: no branch; the index below
+                                * is clamped so that the branch ptxas drops stays in bounds) */
                 wgmma_rs_kmajor(s[0], qf[0][kk < kQRegK ? kk : 0], k_desc, (const T *)nullptr);
                 continue;
             }
